@@ -1,0 +1,272 @@
+"""``DSparkConfig``: both checkpoint formats normalised to one frozen config.
+
+Formats (``../shared/docs/dspark-spec.md`` §3):
+
+* **deepseek** (DeepSeek/DeepSpec, ``architectures: ["Qwen3DSparkModel"]``): the target's Qwen3 config
+  overridden with ``block_size``, ``target_layer_ids``, ``markov_rank``, ``mask_token_id``, ...
+* **speculators** (``speculators_model_type: "dspark"``): draft-layer hyper-parameters nested in
+  ``transformer_layer_config``; taps in ``aux_hidden_state_layer_ids`` (capture convention = DeepSeek
+  id + 1); ``draft_vocab_size`` always present.
+
+Layer ids are stored in the **DeepSeek convention** (id i = output of target decoder layer i, 0-based;
+-1 = embedding output). ``hf_hidden_state_indices`` converts to ``output_hidden_states`` indices; the
+speculators/vLLM capture ids are ``id + 1`` as well. This module is the one place that converts.
+
+Block layout (§3.4): ``block_size`` is the number of query slots per request, as both ecosystems name
+it. With ``sample_from_anchor`` (anchor-first, DeepSeek) every slot is a prediction, so the drafter
+proposes ``N = block_size`` tokens; without it (bonus-anchor) slot 0 only carries the anchor and
+``N = block_size - 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import DSparkTrtError
+
+__all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture_ids"]
+
+SUPPORTED_MARKOV_HEADS = ("vanilla",)
+
+
+def hf_hidden_state_indices(target_layer_ids: tuple[int, ...] | list[int]) -> list[int]:
+    """DeepSeek layer ids → indices into transformers' ``output_hidden_states`` (index 0 = embeddings)."""
+    return [i + 1 for i in target_layer_ids]
+
+
+def deepseek_ids_from_capture_ids(capture_ids: list[int]) -> list[int]:
+    """speculators ``aux_hidden_state_layer_ids`` / vLLM capture ids (input of layer L) → DeepSeek ids."""
+    return [i - 1 for i in capture_ids]
+
+
+@dataclasses.dataclass(frozen=True)
+class DSparkConfig:
+    """One DSpark drafter's hyper-parameters, whatever format its checkpoint came in.
+
+    Field names follow the ecosystem (DeepSpec, speculators, vLLM, TensorRT-LLM).
+    """
+
+    # -- vocabulary -------------------------------------------------------------------------------
+    vocab_size: int  # V: target (input) vocabulary; W1 and embed_tokens rows
+    draft_vocab_size: int  # V_d: LM-head (output) vocabulary; W2 and lm_head rows
+    # -- draft backbone (Qwen3 decoder layers) ----------------------------------------------------
+    hidden_size: int  # d
+    intermediate_size: int
+    num_hidden_layers: int  # draft decoder layers L_d
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    # -- DSpark -----------------------------------------------------------------------------------
+    block_size: int  # query slots per request (see module docstring)
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]  # DeepSeek convention
+    num_target_layers: int | None  # target depth, when the checkpoint records it
+    markov_rank: int  # r
+    markov_head_type: Literal["vanilla"] = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    logit_scale: float = 1.0  # s: multiplies the base logits and the Markov bias
+    sample_from_anchor: bool = True  # anchor-first (True) or bonus-anchor (False) layout
+    draft_topk: int | None = None  # vLLM's `dspark_draft_topk`; None = dense Markov head
+    source_format: Literal["deepseek", "speculators"] = "deepseek"
+
+    def __post_init__(self) -> None:
+        if self.markov_head_type not in SUPPORTED_MARKOV_HEADS:
+            raise DSparkTrtError(
+                f"markov_head_type {self.markov_head_type!r} is not supported: dspark-trt implements the "
+                f"'vanilla' Markov head only (no released Qwen3 DSpark checkpoint uses gated/rnn heads)"
+            )
+        problems = []
+        for name in ("vocab_size", "draft_vocab_size", "hidden_size", "num_hidden_layers", "head_dim",
+                     "num_attention_heads", "num_key_value_heads", "block_size", "markov_rank"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab_size > self.vocab_size:
+            problems.append(f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}")
+        if self.num_attention_heads % max(self.num_key_value_heads, 1):
+            problems.append(f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                            f"num_key_value_heads {self.num_key_value_heads}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            problems.append(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if not self.target_layer_ids:
+            problems.append("target_layer_ids is empty: DSpark needs at least one tapped target layer")
+        if not self.sample_from_anchor and self.block_size < 2:
+            problems.append("block_size must be >= 2 for the bonus-anchor layout (sample_from_anchor=false)")
+        if self.draft_topk is not None and not 1 <= self.draft_topk <= self.draft_vocab_size:
+            problems.append(f"draft_topk {self.draft_topk} must be in [1, draft_vocab_size={self.draft_vocab_size}]")
+        if problems:
+            raise DSparkTrtError("invalid DSpark config: " + "; ".join(problems))
+
+    # -- derived ----------------------------------------------------------------------------------
+    @property
+    def num_draft_tokens(self) -> int:
+        """N: tokens proposed per round (block_size, minus the anchor slot in the bonus-anchor layout)."""
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
+
+    @property
+    def num_taps(self) -> int:
+        """m: number of tapped target layers."""
+        return len(self.target_layer_ids)
+
+    @property
+    def has_reduced_vocab(self) -> bool:
+        return self.draft_vocab_size < self.vocab_size
+
+    @property
+    def hf_hidden_state_indices(self) -> list[int]:
+        return hf_hidden_state_indices(self.target_layer_ids)
+
+    @property
+    def confidence_input_size(self) -> int:
+        return self.hidden_size + (self.markov_rank if self.confidence_head_with_markov else 0)
+
+    def digest(self) -> str:
+        """A stable sha256 of the normalised config (recorded in export manifests)."""
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def replace(self, **changes: Any) -> "DSparkConfig":
+        return dataclasses.replace(self, **changes)
+
+    def check_target_layers(self, num_target_layers: int) -> None:
+        """Tapped ids must lie in [-1, L_t - 2]: the last target layer may not be tapped (spec §3.3)."""
+        bad = [i for i in self.target_layer_ids if not -1 <= i <= num_target_layers - 2]
+        if bad:
+            raise DSparkTrtError(
+                f"target_layer_ids {list(self.target_layer_ids)} are invalid for a {num_target_layers}-layer "
+                f"target: {bad} outside [-1, {num_target_layers - 2}] (DeepSeek convention; the last layer may "
+                f"not be tapped); use a drafter trained for this target"
+            )
+
+    # -- loading ----------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "DSparkConfig":
+        """Read ``config.json`` (a file or the directory holding it) in either checkpoint format."""
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() else path
+        if not file.is_file():
+            raise DSparkTrtError(f"no config.json at {path}: point at a DSpark checkpoint directory")
+        try:
+            raw = json.loads(file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise DSparkTrtError(f"cannot read {file} as JSON ({e}); fix or re-download the checkpoint") from None
+        return cls.from_dict(raw, where=str(file))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], *, where: str = "config") -> "DSparkConfig":
+        if not isinstance(raw, dict):
+            raise DSparkTrtError(f"{where}: expected a JSON object")
+        if raw.get("speculators_model_type") is not None:
+            if raw["speculators_model_type"] != "dspark":
+                raise DSparkTrtError(
+                    f"{where}: speculators_model_type is {raw['speculators_model_type']!r}, not 'dspark'; "
+                    f"dspark-trt exports DSpark drafters only"
+                )
+            return _from_speculators(raw, where)
+        archs = raw.get("architectures") or []
+        if any("DSpark" in a for a in archs) or "target_layer_ids" in raw or "dspark_target_layer_ids" in raw:
+            return _from_deepseek(raw, where)
+        raise DSparkTrtError(
+            f"{where}: not a DSpark config (expected architectures ['Qwen3DSparkModel'] with target_layer_ids, "
+            f"or speculators_model_type 'dspark'); point at the drafter directory, not the target"
+        )
+
+
+def _require(raw: dict[str, Any], key: str, where: str) -> Any:
+    if raw.get(key) is None:
+        raise DSparkTrtError(f"{where}: missing required key {key!r}; the checkpoint's config.json is incomplete")
+    return raw[key]
+
+
+def _rope_theta(raw: dict[str, Any], where: str) -> float:
+    """RoPE base from ``rope_parameters`` (newer transformers) or top-level ``rope_theta``; default RoPE only."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise DSparkTrtError(
+            f"{where}: rope_type {rope_type!r} is not supported; dspark-trt implements default RoPE (Qwen3)"
+        )
+    theta = params.get("rope_theta", raw.get("rope_theta"))
+    return float(theta if theta is not None else 10000.0)
+
+
+def _backbone_fields(layer: dict[str, Any], where: str) -> dict[str, Any]:
+    if layer.get("attention_bias"):
+        raise DSparkTrtError(f"{where}: attention_bias=true is not supported (Qwen3 DSpark has no attention bias)")
+    hidden = int(_require(layer, "hidden_size", where))
+    heads = int(_require(layer, "num_attention_heads", where))
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(_require(layer, "intermediate_size", where)),
+        num_hidden_layers=int(_require(layer, "num_hidden_layers", where)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+        head_dim=int(layer.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(layer, where),
+    )
+
+
+def _draft_topk(raw: dict[str, Any]) -> int | None:
+    value = raw.get("draft_topk", raw.get("dspark_draft_topk"))
+    return None if value in (None, 0) else int(value)
+
+
+def _from_deepseek(raw: dict[str, Any], where: str) -> DSparkConfig:
+    if "target_layer_ids" in raw and raw["target_layer_ids"] is not None:
+        ids = raw["target_layer_ids"]
+    else:
+        ids = raw.get("dspark_target_layer_ids")
+    if ids is None:
+        raise DSparkTrtError(f"{where}: missing required key 'target_layer_ids'")
+    vocab = int(_require(raw, "vocab_size", where))
+    return DSparkConfig(
+        vocab_size=vocab,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+        **_backbone_fields(raw, where),
+        block_size=int(_require(raw, "block_size", where)),
+        mask_token_id=int(_require(raw, "mask_token_id", where)),
+        target_layer_ids=tuple(int(i) for i in ids),
+        num_target_layers=None if raw.get("num_target_layers") is None else int(raw["num_target_layers"]),
+        markov_rank=int(_require(raw, "markov_rank", where)),
+        markov_head_type=raw.get("markov_head_type", "vanilla"),
+        enable_confidence_head=bool(raw.get("enable_confidence_head", True)),
+        confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", True)),
+        logit_scale=float(raw.get("logit_scale", 1.0)),
+        sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
+        draft_topk=_draft_topk(raw),
+        source_format="deepseek",
+    )
+
+
+def _from_speculators(raw: dict[str, Any], where: str) -> DSparkConfig:
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise DSparkTrtError(f"{where}: speculators config without a transformer_layer_config object")
+    vocab = int(_require(layer, "vocab_size", where + ":transformer_layer_config"))
+    capture = _require(raw, "aux_hidden_state_layer_ids", where)
+    verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
+    num_target = raw.get("num_target_layers", verifier.get("num_hidden_layers"))
+    return DSparkConfig(
+        vocab_size=vocab,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+        **_backbone_fields(layer, where + ":transformer_layer_config"),
+        block_size=int(raw.get("block_size", 8)),
+        mask_token_id=int(_require(raw, "mask_token_id", where)),
+        target_layer_ids=tuple(deepseek_ids_from_capture_ids([int(i) for i in capture])),
+        num_target_layers=None if num_target is None else int(num_target),
+        markov_rank=int(_require(raw, "markov_rank", where)),
+        markov_head_type=raw.get("markov_head_type", "vanilla"),
+        enable_confidence_head=bool(raw.get("enable_confidence_head", False)),
+        confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", False)),
+        logit_scale=float(raw.get("logit_scale", 1.0)),
+        sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
+        draft_topk=_draft_topk(raw),
+        source_format="speculators",
+    )

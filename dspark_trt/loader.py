@@ -1,0 +1,118 @@
+"""``load_drafter``: checkpoint directory → reference ``DSparkDrafter`` with its weights, contract-checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import SHARED_WITH_TARGET, SafetensorsCheckpoint, check_checkpoint, expected_tensors
+from .config import DSparkConfig
+from .errors import DSparkTrtError
+
+__all__ = ["load_drafter", "read_target_config", "resolve_dtype"]
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise DSparkTrtError(f"unknown dtype {dtype!r}: use one of fp32, fp16, bf16")
+
+
+def read_target_config(target_dir: str | Path) -> dict:
+    """The target's ``config.json`` as a dict (text-model part for multimodal configs)."""
+    file = Path(target_dir) / "config.json"
+    if not file.is_file():
+        raise DSparkTrtError(f"no config.json in target directory {target_dir}; pass the target model directory")
+    try:
+        raw = json.loads(file.read_text())
+    except ValueError as e:
+        raise DSparkTrtError(f"cannot parse {file} ({e})") from None
+    return raw.get("text_config", raw)
+
+
+def load_drafter(
+    model_dir: str | Path,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    target_dir: str | Path | None = None,
+):
+    """Load a DSpark drafter checkpoint into the reference module.
+
+    Args:
+        model_dir (str or Path): drafter directory with ``config.json`` and ``model.safetensors`` or a sharded
+            ``model.safetensors.index.json``, in DeepSeek or speculators format.
+        dtype (torch.dtype or str, *optional*, defaults to fp32): parameter dtype (``d2t`` stays int64).
+        device (*optional*, defaults to "cpu").
+        target_dir (*optional*): the target model directory; required when the drafter shares
+            ``embed_tokens`` / ``lm_head`` with it, and used to check the tapped layer ids.
+
+    Returns:
+        ``DSparkDrafter`` in eval mode, without gradients; its ``config`` is the normalised ``DSparkConfig``.
+
+    Example:
+        >>> drafter = load_drafter("drafter/", target_dir="target/")
+        >>> drafter.config.num_draft_tokens
+        7
+    """
+    from .reference.drafter import DSparkDrafter
+
+    dtype = resolve_dtype(dtype)
+    model_dir = Path(model_dir)
+    config = DSparkConfig.from_pretrained(model_dir)
+    target_cfg = None
+    if target_dir is not None:
+        target_cfg = read_target_config(target_dir)
+        if config.num_target_layers is None and target_cfg.get("num_hidden_layers"):
+            config = config.replace(num_target_layers=int(target_cfg["num_hidden_layers"]))
+        if target_cfg.get("num_hidden_layers"):
+            config.check_target_layers(int(target_cfg["num_hidden_layers"]))
+
+    with SafetensorsCheckpoint(model_dir) as ck:
+        shapes = ck.shapes()
+        from_target = check_checkpoint(config, shapes, model_dir=str(model_dir), target_available=target_dir is not None)
+        if config.enable_confidence_head and "confidence_head.proj.weight" not in shapes:
+            config = config.replace(enable_confidence_head=False)  # spec §3.5: confidence disabled
+        spec = expected_tensors(config)
+        state = {}
+        for name in spec:
+            if name in shapes:
+                tensor = ck.get(name)
+                state[name] = tensor.to(torch.int64) if name == "d2t" else tensor.to(dtype)
+    if "d2t" not in state:
+        state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.int64)
+    if from_target:
+        state.update(_shared_from_target(Path(target_dir), from_target, spec, dtype))  # type: ignore[arg-type]
+
+    with torch.device("meta"):
+        model = DSparkDrafter(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def _shared_from_target(target_dir: Path, names: list[str], spec, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    out = {}
+    with SafetensorsCheckpoint(target_dir) as ck:
+        for name in names:
+            source = next((s for s in SHARED_WITH_TARGET[name] if s in ck), None)
+            if source is None:
+                raise DSparkTrtError(
+                    f"the drafter needs {name} from the target, but {target_dir} has none of "
+                    f"{list(SHARED_WITH_TARGET[name])}; pass the target this drafter was trained for"
+                )
+            tensor = ck.get(source)
+            if tuple(tensor.shape) != spec[name].shape:
+                raise DSparkTrtError(
+                    f"target tensor {source} has shape {list(tensor.shape)} but the drafter expects {name} "
+                    f"{list(spec[name].shape)}; the target does not match the drafter (vocab or hidden size)"
+                )
+            out[name] = tensor.to(dtype)
+    return out
+

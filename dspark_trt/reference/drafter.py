@@ -1,0 +1,138 @@
+"""The reference DSpark drafter: pure PyTorch, module names mirroring the checkpoint (spec §4–§7).
+
+One round for a batch of independent requests, each with ``p`` context tokens (target positions
+``0 … p-1``, whose taps are already fused into the K/V cache) and an anchor at position ``p``::
+
+    context_kv(taps, positions)      taps [B, T, m·d] → per-layer K/V [L, B, T, H_kv, D]     (once per token)
+    block_hidden(anchor, K, V, p)    query block → final-normed hidden H [B, N, d]
+    base_logits(H)                   U = s · lm_head(H)                [B, N, V_d]
+    draft(...)                       U → Markov walk → tokens, candidates, confidence
+
+Layouts (§3.4): anchor-first (``sample_from_anchor``) feeds ``[a, M × (N-1)]`` at positions
+``p … p+N-1`` and slot j predicts ``d_{j+1}``; bonus-anchor feeds ``[a, M × N]`` at ``p … p+N`` and slot
+``j ≥ 1`` predicts ``d_j``. Either way ``block_hidden`` returns the N prediction slots in order, so
+everything downstream is layout-free.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import DSparkConfig
+from .layers import DSparkDecoderLayer, RMSNorm
+from .markov import MarkovWalkResult, markov_walk
+
+__all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead"]
+
+
+class MarkovHead(nn.Module):
+    """Vanilla low-rank Markov head: bias_j = W2 · W1[d_j] (spec §5)."""
+
+    def __init__(self, vocab: int, draft_vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)  # [V, r], indexed by the predecessor's *target* id
+        self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)  # weight [V_d, r]
+
+
+class ConfidenceHead(nn.Module):
+    """c_j = σ(w · [H_j ; W1[d_j]] + b) (spec §6)."""
+
+    def __init__(self, in_features: int):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 1, bias=True)
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, config: DSparkConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.fc = nn.Linear(c.num_taps * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DSparkDecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                               c.head_dim, c.rms_norm_eps, c.rope_theta)
+            for _ in range(c.num_hidden_layers)
+        )
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.markov_head = MarkovHead(c.vocab_size, c.draft_vocab_size, c.markov_rank)
+        self.confidence_head = ConfidenceHead(c.confidence_input_size) if c.enable_confidence_head else None
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))  # [V_d] offsets
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    @property
+    def d2t_or_none(self) -> torch.Tensor | None:
+        return self.d2t if self.config.has_reduced_vocab else None
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """taps [B, T, m·d] (tapped target hidden states, concatenated in target_layer_ids order),
+        positions [B, T] int64 → K, V [L, B, T, H_kv, D] for every draft layer."""
+        h = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))  # [B, T, d] fused context
+        kv = [layer.self_attn.key_value(h, positions) for layer in self.layers]
+        return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+
+    def block_hidden(
+        self,
+        anchor: torch.Tensor,  # [B] int64 target id at position p
+        ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_len: torch.Tensor,  # [B] int64: p, valid context tokens per request (rest is padding)
+    ) -> torch.Tensor:
+        """Final-normed hidden states of the N prediction slots, [B, N, d]."""
+        c = self.config
+        B, Q, T = anchor.shape[0], c.block_size, ctx_k.shape[2]
+        slots = torch.arange(Q, device=anchor.device)
+        ids = torch.where(slots == 0, anchor.view(B, 1).to(torch.int64), c.mask_token_id)  # [B, Q]
+        positions = ctx_len.view(B, 1).to(torch.int64) + slots  # [B, Q]: p, p+1, ...
+        ctx_valid = torch.arange(T, device=anchor.device).view(1, T) < ctx_len.view(B, 1)  # [B, T]
+        key_valid = torch.cat((ctx_valid, torch.ones(B, Q, dtype=torch.bool, device=anchor.device)), dim=1)
+        x = self.embed_tokens(ids)  # [B, Q, d]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, ctx_k[i], ctx_v[i], key_valid)
+        h = self.norm(x)
+        return h if c.sample_from_anchor else h[:, 1:]
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """U = s · lm_head(H): [B, N, d] → [B, N, V_d] in the module dtype."""
+        return self.lm_head(hidden) * self.config.logit_scale
+
+    def confidence_parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Split c_j = σ(w_h·H_j + b + w_e·W1[d_j]): returns (w_h·H + b [B, N] fp32, w_e [r]) or (None, None)."""
+        if self.confidence_head is None:
+            return None, None
+        w = self.confidence_head.proj.weight[0].to(torch.float32)  # [d (+ r)]
+        d = self.config.hidden_size
+        base = hidden.to(torch.float32) @ w[:d] + self.confidence_head.proj.bias.to(torch.float32)
+        return base, (w[d:] if self.config.confidence_head_with_markov else None)
+
+    # -- one round ------------------------------------------------------------------------------------
+    def draft(
+        self,
+        anchor: torch.Tensor,  # [B] int64
+        ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_len: torch.Tensor,  # [B] int64
+        *,
+        topk: int | None = None,
+        temperature: torch.Tensor | None = None,  # [B] fp32
+        seed: torch.Tensor | None = None,  # [B] int64
+    ) -> MarkovWalkResult:
+        """Draft N tokens per request: backbone, base logits, Markov walk (dense or top-k), confidence."""
+        hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len)
+        conf_base, conf_w = self.confidence_parts(hidden)
+        return markov_walk(
+            self.base_logits(hidden),
+            anchor,
+            self.markov_head.markov_w1.weight,
+            self.markov_head.markov_w2.weight,
+            logit_scale=self.config.logit_scale,
+            d2t=self.d2t_or_none,
+            topk=topk,
+            temperature=temperature,
+            seed=seed,
+            positions=ctx_len.to(torch.int64) + 1,  # d_1 sits right after the anchor
+            conf_base=conf_base,
+            conf_w_markov=conf_w,
+        )

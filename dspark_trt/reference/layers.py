@@ -1,0 +1,115 @@
+"""Qwen3 building blocks of the DSpark draft backbone, in plain PyTorch (spec §4).
+
+Names mirror the checkpoint (``self_attn.q_proj``, ``mlp.gate_proj``, ...) so ``load_state_dict`` needs
+no name map. Numerics follow transformers' Qwen3: RMSNorm in fp32 then cast back, RoPE tables in fp32,
+softmax in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["RMSNorm", "rope_tables", "apply_rope", "DSparkAttention", "DSparkMLP", "DSparkDecoderLayer"]
+
+
+class RMSNorm(nn.Module):
+    """``w ⊙ x / sqrt(mean(x²) + eps)`` over the last dim, computed in fp32 (Qwen3RMSNorm)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [..., D] for integer positions [...] (default RoPE, rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [..., D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [..., D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, H, D]; cos/sin [B, S, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2)
+
+
+class DSparkAttention(nn.Module):
+    """Block queries attend, non-causally, to the cached context K/V and to every block slot."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, theta: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, head_dim, theta
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def key_value(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [B, S, d], positions [B, S] → K, V [B, S, H_kv, D] (k_norm + RoPE on K, nothing on V)."""
+        B, S, _ = h.shape
+        k = self.k_norm(self.k_proj(h).view(B, S, self.kv_heads, self.head_dim))
+        cos, sin = rope_tables(positions, self.head_dim, self.theta, h.dtype)
+        return apply_rope(k, cos, sin), self.v_proj(h).view(B, S, self.kv_heads, self.head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, Q, d] normed block input
+        positions: torch.Tensor,  # [B, Q] int64
+        ctx_k: torch.Tensor,  # [B, T, H_kv, D] cached context keys (RoPE applied)
+        ctx_v: torch.Tensor,  # [B, T, H_kv, D]
+        key_valid: torch.Tensor,  # [B, T + Q] bool
+    ) -> torch.Tensor:
+        B, Q, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, Q, self.heads, self.head_dim))
+        cos, sin = rope_tables(positions, self.head_dim, self.theta, x.dtype)
+        q = apply_rope(q, cos, sin)  # [B, Q, H, D]
+        k_blk, v_blk = self.key_value(x, positions)
+        k = torch.cat((ctx_k.to(x.dtype), k_blk), dim=1).transpose(1, 2)  # [B, H_kv, T+Q, D]
+        v = torch.cat((ctx_v.to(x.dtype), v_blk), dim=1).transpose(1, 2)
+        groups = self.heads // self.kv_heads
+        k = k.repeat_interleave(groups, dim=1)  # [B, H, T+Q, D]: query head h uses kv head h // groups
+        v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q.transpose(1, 2).float(), k.float().transpose(-1, -2)) * self.head_dim**-0.5
+        scores = scores.masked_fill(~key_valid[:, None, None, :], float("-inf"))  # [B, H, Q, T+Q]
+        probs = torch.softmax(scores, dim=-1).to(x.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, Q, self.heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class DSparkMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DSparkDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 layer; the context K/V skip ``input_layernorm`` (spec §4.2)."""
+
+    def __init__(self, hidden, intermediate, heads, kv_heads, head_dim, eps, theta):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = DSparkAttention(hidden, heads, kv_heads, head_dim, eps, theta)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = DSparkMLP(hidden, intermediate)
+
+    def forward(self, x, positions, ctx_k, ctx_v, key_valid):
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, key_valid)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,117 @@
+"""The DSpark Markov walk, dense and top-k: the oracle for the kernel, the ONNX graphs and the engines.
+
+Per request, with base logits ``U`` [N, V_d] (already × ``s``), anchor ``a`` and ``d_0 = a``
+(spec §5, §7, §8)::
+
+    dense:  S_j = all of V_d                      top-k:  S_j = TopK_k(U_j)   (base logits only, once)
+    for j in 0..N-1:
+        e_j   = W1[d_j]                                        # [r]  predecessor as a *target* id
+        Z_j   = U_j[S_j] + s · (W2[S_j] @ e_j)                 # [k]  corrected candidate logits, fp32
+        c_j   = σ(w_h · H_j + b + w_e · e_j)                   #      confidence (optional)
+        t     = argmax_{v∈S_j} Z_j(v)                           greedy (T < 1e-5)
+              = argmax_{v∈S_j} Z_j(v) / T + G(seed, p+1+j, v)   probabilistic (Gumbel-max, draft stream)
+        d_{j+1} = t + d2t[t]                                   # draft id → target id
+
+The verifier must use ``q_j = softmax(Z_j / T)`` over ``S_j`` — the dense corrected distribution restricted
+to the candidates and renormalised — or one-hot for greedy drafts. The candidate logits are returned
+*before* temperature. With ``k = V_d`` the top-k walk equals the dense walk bit for bit in fp32: both
+project with the same GEMM shape per row and key the noise by token id, not by candidate rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import DSparkTrtError
+from .sampling import DRAFT_SALT, gumbel_noise, is_greedy
+
+__all__ = ["MarkovWalkResult", "markov_walk", "draft_to_target"]
+
+
+@dataclass
+class MarkovWalkResult:
+    tokens: torch.Tensor  # [B, N] int64, target-vocab ids (d2t applied)
+    cand_ids: torch.Tensor  # [B, N, k] int64, draft-vocab ids of the candidates (k = V_d when dense)
+    cand_logits: torch.Tensor  # [B, N, k] fp32, corrected logits Z at cand_ids, before temperature
+    pick: torch.Tensor  # [B, N] int64, index of the chosen candidate in the k
+    confidence: torch.Tensor | None  # [B, N] fp32 in (0, 1), or None without a confidence head
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[B, N] int64: the chosen tokens as draft-vocab ids."""
+        return self.cand_ids.gather(-1, self.pick.unsqueeze(-1)).squeeze(-1)
+
+
+def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
+    """Draft-vocab ids → target ids (``t = d + d2t[d]``); identity without a table."""
+    return draft_ids if d2t is None else draft_ids + d2t.to(draft_ids.device)[draft_ids]
+
+
+def markov_walk(
+    base_logits: torch.Tensor,  # [B, N, V_d] any float dtype, already × logit_scale
+    anchor: torch.Tensor,  # [B] int, target id of the anchor
+    w1: torch.Tensor,  # [V, r] markov_w1 (indexed by target id)
+    w2: torch.Tensor,  # [V_d, r] markov_w2 (Linear r → V_d, layout [out, in])
+    *,
+    logit_scale: float = 1.0,
+    d2t: torch.Tensor | None = None,  # [V_d] int64 offsets, or None for V_d = V
+    topk: int | None = None,  # None = dense
+    temperature: torch.Tensor | None = None,  # [B] fp32, per request; < 1e-5 = greedy; None = all greedy
+    seed: torch.Tensor | None = None,  # [B] int64 >= 0, noise key (probabilistic only)
+    positions: torch.Tensor | None = None,  # [B] int64: sequence position of d_1 (= anchor position + 1)
+    conf_base: torch.Tensor | None = None,  # [B, N] fp32: w_h · H_j + b, the hidden-state part of c_j
+    conf_w_markov: torch.Tensor | None = None,  # [r]: the Markov-embedding part of the confidence weight
+) -> MarkovWalkResult:
+    """Walk the N sequential Markov steps (see the module docstring for the math)."""
+    B, N, Vd = base_logits.shape
+    if topk is not None and not 1 <= topk <= Vd:
+        raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
+    device = base_logits.device
+    base = base_logits.to(torch.float32)
+    if topk is None:
+        cand_vals = base  # [B, N, V_d]
+        cand_ids = torch.arange(Vd, device=device).expand(B, N, Vd)
+    else:
+        cand_vals, cand_ids = torch.topk(base, topk, dim=-1)  # [B, N, k], order irrelevant
+    # Export-friendly: which path runs depends on which arguments are given, never on tensor values.
+    sampling = temperature is not None
+    if sampling and (seed is None or positions is None):
+        raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
+    if sampling:
+        greedy = is_greedy(temperature).view(B, 1)  # [B, 1]
+        temp = torch.where(greedy, 1.0, temperature.to(torch.float32).view(B, 1))  # [B, 1]
+    w2f = w2.to(torch.float32)
+    wc = None if conf_w_markov is None else conf_w_markov.to(torch.float32)
+
+    prev = anchor.to(torch.int64)  # [B] target ids
+    tokens, picks, logits, conf = [], [], [], []
+    for j in range(N):
+        e = w1[prev].to(torch.float32)  # [B, r]
+        if conf_base is not None:
+            part = conf_base[:, j].to(torch.float32)
+            conf.append(torch.sigmoid(part + e @ wc if wc is not None else part))  # [B]
+        if topk is None:
+            bias = (w2f @ e.T).T  # [B, V_d]: one GEMM over the whole vocabulary
+        else:
+            rows = w2f[cand_ids[:, j]]  # [B, k, r]: gather the candidates' W2 rows
+            bias = torch.bmm(rows, e.unsqueeze(-1)).squeeze(-1)  # [B, k]
+        z = cand_vals[:, j] + logit_scale * bias  # [B, k] fp32
+        score = z
+        if sampling:
+            g = gumbel_noise(seed.view(B, 1), (positions + j).view(B, 1), cand_ids[:, j], DRAFT_SALT)  # [B, k]
+            score = torch.where(greedy, z, z / temp + g)
+        pick = score.argmax(dim=-1)  # [B]
+        tok = draft_to_target(cand_ids[:, j].gather(-1, pick.unsqueeze(-1)).squeeze(-1), d2t)
+        tokens.append(tok)
+        picks.append(pick)
+        logits.append(z)
+        prev = tok
+    return MarkovWalkResult(
+        tokens=torch.stack(tokens, dim=1),
+        cand_ids=cand_ids,
+        cand_logits=torch.stack(logits, dim=1),
+        pick=torch.stack(picks, dim=1),
+        confidence=torch.stack(conf, dim=1) if conf else None,
+    )
