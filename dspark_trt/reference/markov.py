@@ -35,13 +35,7 @@ class MarkovWalkResult:
     tokens: torch.Tensor  # [B, N] int64, target-vocab ids (d2t applied)
     cand_ids: torch.Tensor  # [B, N, k] int64, draft-vocab ids of the candidates (k = V_d when dense)
     cand_logits: torch.Tensor  # [B, N, k] fp32, corrected logits Z at cand_ids, before temperature
-    pick: torch.Tensor  # [B, N] int64, index of the chosen candidate in the k
     confidence: torch.Tensor | None  # [B, N] fp32 in (0, 1), or None without a confidence head
-
-    @property
-    def draft_ids(self) -> torch.Tensor:
-        """[B, N] int64: the chosen tokens as draft-vocab ids."""
-        return self.cand_ids.gather(-1, self.pick.unsqueeze(-1)).squeeze(-1)
 
 
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
@@ -86,7 +80,7 @@ def markov_walk(
     wc = None if conf_w_markov is None else conf_w_markov.to(torch.float32)
 
     prev = anchor.to(torch.int64)  # [B] target ids
-    tokens, picks, logits, conf = [], [], [], []
+    tokens, logits, conf = [], [], []
     for j in range(N):
         e = w1[prev].to(torch.float32)  # [B, r]
         if conf_base is not None:
@@ -105,13 +99,11 @@ def markov_walk(
         pick = score.argmax(dim=-1)  # [B]
         tok = draft_to_target(cand_ids[:, j].gather(-1, pick.unsqueeze(-1)).squeeze(-1), d2t)
         tokens.append(tok)
-        picks.append(pick)
         logits.append(z)
         prev = tok
     return MarkovWalkResult(
         tokens=torch.stack(tokens, dim=1),
         cand_ids=cand_ids,
         cand_logits=torch.stack(logits, dim=1),
-        pick=torch.stack(picks, dim=1),
         confidence=torch.stack(conf, dim=1) if conf else None,
     )

@@ -36,10 +36,16 @@ class VerifyResult:
         return self.num_accepted + 1
 
 
-def draft_probs(cand_logits: torch.Tensor, pick: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
-    """q over the candidates [B, N, k] fp32: ``softmax(Z / T)``, or one-hot at ``pick`` for greedy requests."""
+def draft_probs(
+    cand_logits: torch.Tensor,  # [B, N, k] corrected logits Z (before temperature)
+    cand_target_ids: torch.Tensor,  # [B, N, k] int64 candidates as target ids
+    tokens: torch.Tensor,  # [B, N] int64 drafted target ids
+    temperature: torch.Tensor | None,  # [B] fp32; None = all greedy
+) -> torch.Tensor:
+    """q over the candidates [B, N, k] fp32: ``softmax(Z / T)``, or one-hot at the drafted token for greedy
+    requests (the exact distribution each token was drawn from)."""
     B = cand_logits.shape[0]
-    onehot = torch.zeros_like(cand_logits, dtype=torch.float32).scatter_(-1, pick.unsqueeze(-1), 1.0)
+    onehot = (cand_target_ids == tokens.unsqueeze(-1)).to(torch.float32)
     if temperature is None:
         return onehot
     greedy = is_greedy(temperature).view(B, 1, 1)

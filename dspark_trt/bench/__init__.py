@@ -1,0 +1,1 @@
+"""Benchmarks (``dspark bench ...``): speed and memory reported as ratios measured in one run."""

@@ -1,0 +1,1 @@
+"""Checkpoint → ONNX graphs → TensorRT / TensorRT-RTX engines → export directory with a manifest."""

@@ -1,0 +1,1 @@
+"""The DSparkTopKMarkov op in all its forms: Triton kernel, AOT PTX, TensorRT plugin, ONNX schema."""

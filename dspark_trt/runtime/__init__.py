@@ -1,0 +1,1 @@
+"""Speculative decoding: a target model, a DSpark drafter backend, and the loop between them."""

@@ -1,0 +1,84 @@
+"""The drafter-backend interface: what the runtime needs from any executor of the DSpark drafter.
+
+A backend owns the drafter's weights on one device and runs two things, both checked against the
+reference ``DSparkDrafter`` (whose methods have the same names and meaning):
+
+* ``context_kv(taps, positions)`` — fuse newly accepted tokens' target taps into per-layer K/V
+  (the runtime appends them to its cache);
+* ``draft(anchor, ctx_k, ctx_v, ctx_len, topk=, temperature=, seed=)`` — one round: N draft tokens,
+  the sparse draft distribution (candidate ids + corrected logits) and the confidence.
+
+Backends are context managers (acquire sessions/buffers/graphs in ``activate``, free them in
+``deactivate``), registered by name in ``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+
+import torch
+
+from ...config import DSparkConfig
+from ...errors import DSparkTrtError
+from ...reference.markov import MarkovWalkResult
+
+__all__ = ["DrafterBackend", "BACKENDS", "backend_class"]
+
+#: backend name → "module:Class" (imported on demand so optional packages stay optional)
+BACKENDS: dict[str, str] = {
+    "torch": "dspark_trt.runtime.backends.torch_backend:TorchDrafterBackend",
+    "onnxruntime": "dspark_trt.runtime.backends.ort_backend:OnnxRuntimeDrafterBackend",
+}
+
+
+def backend_class(name: str) -> type["DrafterBackend"]:
+    if name not in BACKENDS:
+        raise DSparkTrtError(f"unknown drafter backend {name!r}: choose one of {', '.join(sorted(BACKENDS))}")
+    module, _, cls = BACKENDS[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as e:
+        raise DSparkTrtError(f"drafter backend {name!r} needs the optional package {e.name!r}: "
+                             f"pip install 'dspark-trt[onnx]'") from None
+
+
+class DrafterBackend(abc.ABC):
+    name: str = "abstract"
+    config: DSparkConfig
+    device: torch.device
+
+    def activate(self) -> None:
+        """Acquire sessions, buffers, graphs. Called by ``__enter__``."""
+
+    def deactivate(self) -> None:
+        """Free what ``activate`` acquired. Called by ``__exit__``."""
+
+    def __enter__(self) -> "DrafterBackend":
+        self.activate()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+    @abc.abstractmethod
+    def context_kv(
+        self,
+        taps: torch.Tensor,  # [B, T, m·d] target taps, DeepSeek layer order
+        positions: torch.Tensor,  # [B, T] int64
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # K, V: [L, B, T, H_kv, D]
+        ...
+
+    @abc.abstractmethod
+    def draft(
+        self,
+        anchor: torch.Tensor,  # [B] int64 target ids
+        ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_len: torch.Tensor,  # [B] int64 valid context per request (= anchor position)
+        *,
+        topk: int | None,
+        temperature: torch.Tensor | None,  # [B] fp32
+        seed: torch.Tensor | None,  # [B] int64
+    ) -> MarkovWalkResult:
+        ...
