@@ -27,7 +27,7 @@ import torch
 from ..errors import DSparkTrtError
 from .sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["MarkovWalkResult", "markov_walk", "draft_to_target"]
+__all__ = ["MarkovWalkResult", "markov_walk", "walk_candidates", "select_candidates", "draft_to_target"]
 
 
 @dataclass
@@ -43,32 +43,54 @@ def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.
     return draft_ids if d2t is None else draft_ids + d2t.to(draft_ids.device)[draft_ids]
 
 
+def select_candidates(base_logits: torch.Tensor, topk: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """S_j: (values, ids) [B, N, k] of the top-k base logits (fp32 values), or (all fp32 logits, None) for dense."""
+    base = base_logits.to(torch.float32)
+    if topk is None:
+        return base, None
+    Vd = base.shape[-1]
+    if not 1 <= topk <= Vd:
+        raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
+    return torch.topk(base, topk, dim=-1)  # order irrelevant downstream
+
+
 def markov_walk(
     base_logits: torch.Tensor,  # [B, N, V_d] any float dtype, already × logit_scale
     anchor: torch.Tensor,  # [B] int, target id of the anchor
     w1: torch.Tensor,  # [V, r] markov_w1 (indexed by target id)
     w2: torch.Tensor,  # [V_d, r] markov_w2 (Linear r → V_d, layout [out, in])
     *,
-    logit_scale: float = 1.0,
-    d2t: torch.Tensor | None = None,  # [V_d] int64 offsets, or None for V_d = V
     topk: int | None = None,  # None = dense
+    **walk_options,
+) -> MarkovWalkResult:
+    """Select the candidates (top-k of the base logits, or all of V_d) and walk the N Markov steps."""
+    cand_vals, cand_ids = select_candidates(base_logits, topk)
+    return walk_candidates(cand_vals, cand_ids, anchor, w1, w2, **walk_options)
+
+
+def walk_candidates(
+    cand_vals: torch.Tensor,  # [B, N, k] base logits at the candidates (k = V_d and ids None: dense)
+    cand_ids: torch.Tensor | None,  # [B, N, k] int draft-vocab ids, or None for the whole vocabulary
+    anchor: torch.Tensor,  # [B] int, target id of the anchor
+    w1: torch.Tensor,  # [V, r] markov_w1 (indexed by target id)
+    w2: torch.Tensor,  # [V_d, r] markov_w2
+    *,
+    logit_scale: float = 1.0,
+    d2t: torch.Tensor | None = None,  # [V_d] int offsets, or None for V_d = V
     temperature: torch.Tensor | None = None,  # [B] fp32, per request; < 1e-5 = greedy; None = all greedy
-    seed: torch.Tensor | None = None,  # [B] int64 >= 0, noise key (probabilistic only)
-    positions: torch.Tensor | None = None,  # [B] int64: sequence position of d_1 (= anchor position + 1)
+    seed: torch.Tensor | None = None,  # [B] int >= 0, noise key (probabilistic only)
+    positions: torch.Tensor | None = None,  # [B] int: sequence position of d_1 (= anchor position + 1)
     conf_base: torch.Tensor | None = None,  # [B, N] fp32: w_h · H_j + b, the hidden-state part of c_j
     conf_w_markov: torch.Tensor | None = None,  # [r]: the Markov-embedding part of the confidence weight
 ) -> MarkovWalkResult:
-    """Walk the N sequential Markov steps (see the module docstring for the math)."""
-    B, N, Vd = base_logits.shape
-    if topk is not None and not 1 <= topk <= Vd:
-        raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
-    device = base_logits.device
-    base = base_logits.to(torch.float32)
-    if topk is None:
-        cand_vals = base  # [B, N, V_d]
-        cand_ids = torch.arange(Vd, device=device).expand(B, N, Vd)
-    else:
-        cand_vals, cand_ids = torch.topk(base, topk, dim=-1)  # [B, N, k], order irrelevant
+    """Walk the N sequential Markov steps over given candidates (the DSparkTopKMarkov op; module docstring)."""
+    B, N, k = cand_vals.shape
+    device = cand_vals.device
+    cand_vals = cand_vals.to(torch.float32)
+    dense = cand_ids is None
+    if dense:
+        cand_ids = torch.arange(k, device=device).expand(B, N, k)
+    cand_ids = cand_ids.to(torch.int64)
     # Export-friendly: which path runs depends on which arguments are given, never on tensor values.
     sampling = temperature is not None
     if sampling and (seed is None or positions is None):
@@ -86,7 +108,7 @@ def markov_walk(
         if conf_base is not None:
             part = conf_base[:, j].to(torch.float32)
             conf.append(torch.sigmoid(part + e @ wc if wc is not None else part))  # [B]
-        if topk is None:
+        if dense:
             bias = (w2f @ e.T).T  # [B, V_d]: one GEMM over the whole vocabulary
         else:
             rows = w2f[cand_ids[:, j]]  # [B, k, r]: gather the candidates' W2 rows

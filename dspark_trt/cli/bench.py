@@ -1,0 +1,41 @@
+"""Benchmarks. Each reports speed/memory as ratios measured in one run (never pass/fail on time).
+
+  dspark bench markov   one draft round of the Markov walk: dense vs top-k (and the fused kernel on CUDA)
+  dspark bench e2e      tokens/s with and without speculation on the embedded tiny pair
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: benchmark → module under dspark_trt.bench with add_arguments(parser) and run(args) -> int
+BENCHMARKS = {
+    "markov": ("markov", "one draft round of the Markov walk, dense vs top-k"),
+    "e2e": ("e2e", "end-to-end tokens/s with and without speculation"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    subs = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (module, help_text) in BENCHMARKS.items():
+        try:
+            mod = importlib.import_module(f"dspark_trt.bench.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"dspark_trt.bench.{module}":
+                raise
+            sub = subs.add_parser(name, help=f"{help_text} (not yet available)")
+            sub.set_defaults(_bench_run=None)
+            continue
+        sub = subs.add_parser(name, help=help_text, description=mod.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(sub)
+        sub.set_defaults(_bench_run=mod.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import DSparkTrtError
+
+    if args._bench_run is None:
+        raise DSparkTrtError(f"'dspark bench {args.benchmark}' is not yet available in this version")
+    return args._bench_run(args)

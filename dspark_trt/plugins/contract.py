@@ -1,0 +1,105 @@
+"""The ``DSparkTopKMarkov`` op contract, shared by the ONNX node, the Triton kernel and the TensorRT plugin.
+
+One node per draft round walks the N sequential Markov steps over each slot's k candidates (spec §8.5).
+The candidates come from a standard ``TopK`` on the base logits in front of the node (TensorRT's native
+TopK handles k ≤ 3840). Large weights are inputs (initializers), never attributes. Shapes are static per
+batch bucket and there are no data-dependent outputs, so the op can sit inside a CUDA graph.
+
+``reference_op`` is the CPU reference of the op keyed by its name (Polygraphy's pluginref idea): it calls
+the oracle ``walk_candidates`` with exactly the node's inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "OP_NAME",
+    "OP_DOMAIN",
+    "PLUGIN_NAMESPACE",
+    "PLUGIN_VERSION",
+    "PLUGIN_ID",
+    "TENSORRT_TOPK_LIMIT",
+    "INPUTS",
+    "OUTPUTS",
+    "ATTRIBUTES",
+    "TensorContract",
+    "reference_op",
+]
+
+OP_NAME = "DSparkTopKMarkov"
+OP_DOMAIN = "dspark"  # ONNX domain = TensorRT plugin namespace
+PLUGIN_NAMESPACE = "dspark"
+PLUGIN_VERSION = "1"
+PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{OP_NAME}"  # tensorrt.plugin registration name
+TENSORRT_TOPK_LIMIT = 3840  # ITopKLayer / ONNX TopK in TensorRT: k ≤ 3840
+
+
+@dataclass(frozen=True)
+class TensorContract:
+    name: str
+    shape: str  # symbolic: B batch, N draft tokens, k candidates, V target vocab, V_d draft vocab, r rank
+    dtype: str  # "T" = the logits type (fp32 | fp16 | bf16), "W" = the weights type (same set), or a fixed type
+    doc: str
+
+
+#: node inputs, in order
+INPUTS = (
+    TensorContract("cand_values", "[B, N, k]", "T", "base logits (already × logit_scale) at the candidates"),
+    TensorContract("cand_ids", "[B, N, k]", "int32", "draft-vocab ids of the candidates (TopK indices); any order"),
+    TensorContract("anchor", "[B]", "int32", "target id of each request's anchor (predecessor of slot 0)"),
+    TensorContract("markov_w1", "[V, r]", "W", "Markov embedding, indexed by the predecessor's target id"),
+    TensorContract("markov_w2", "[V_d, r]", "W", "Markov output projection, layout [out, in]"),
+    TensorContract("d2t", "[V_d]", "int32", "draft → target offsets (t = d + d2t[d]); zeros when V_d = V"),
+    TensorContract("temperature", "[B]", "float32", "per-request temperature; < 1e-5 drafts greedily"),
+    TensorContract("seed", "[B]", "int32", "per-request noise seed, >= 0 (Gumbel noise in the draft stream)"),
+    TensorContract("position", "[B]", "int32", "sequence position of d_1 (anchor position + 1): the noise key"),
+    TensorContract("conf_base", "[B, N]", "float32", "w_h · H_j + b of the confidence head (zeros without one)"),
+    TensorContract("conf_w", "[r]", "float32", "Markov-embedding part of the confidence weight (zeros without)"),
+)
+
+#: node outputs, in order
+OUTPUTS = (
+    TensorContract("draft_tokens", "[B, N]", "int32", "drafted tokens, target ids"),
+    TensorContract("cand_logits", "[B, N, k]", "float32", "corrected logits Z at cand_ids, before temperature"),
+    TensorContract("confidence", "[B, N]", "float32", "σ(conf_base + conf_w · W1[d_j]) per slot"),
+)
+
+#: node attributes besides plugin_version / plugin_namespace (constants baked at build time)
+ATTRIBUTES = {
+    "k": "int: candidates per slot (the last dim of cand_values)",
+    "logit_scale": "float: s, multiplies the Markov bias (the base logits are already scaled)",
+}
+
+
+def reference_op(
+    cand_values: torch.Tensor,
+    cand_ids: torch.Tensor,
+    anchor: torch.Tensor,
+    markov_w1: torch.Tensor,
+    markov_w2: torch.Tensor,
+    d2t: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    conf_base: torch.Tensor,
+    conf_w: torch.Tensor,
+    *,
+    logit_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op on CPU via the oracle: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k], confidence fp32 [B, N])."""
+    from ..reference.markov import walk_candidates
+
+    result = walk_candidates(
+        cand_values, cand_ids, anchor, markov_w1, markov_w2,
+        logit_scale=logit_scale,
+        d2t=d2t.to(torch.int64),
+        temperature=temperature,
+        seed=seed.to(torch.int64),
+        positions=position.to(torch.int64),
+        conf_base=conf_base,
+        conf_w_markov=conf_w,
+    )
+    return result.tokens.to(torch.int32), result.cand_logits, result.confidence
