@@ -73,26 +73,43 @@ class DSparkDrafter(nn.Module):
         kv = [layer.self_attn.key_value(h, positions) for layer in self.layers]
         return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
 
+    def block_ids(self, anchor: torch.Tensor, ctx_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query block ids [B, Q] = [a, M, …, M] and positions [B, Q] = p, p+1, … (Q = block_size)."""
+        c = self.config
+        B = anchor.shape[0]
+        slots = torch.arange(c.block_size, device=anchor.device)
+        ids = torch.where(slots == 0, anchor.view(B, 1).to(torch.int64), c.mask_token_id)
+        return ids, ctx_len.view(B, 1).to(torch.int64) + slots
+
+    def block_forward(
+        self,
+        ids: torch.Tensor,  # [B, Q] int64 query-block token ids
+        positions: torch.Tensor,  # [B, Q] int64
+        ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_len: torch.Tensor,  # [B] int64: valid context tokens per request (rest is padding)
+    ) -> torch.Tensor:
+        """Final-normed hidden states of every block slot, [B, Q, d]; non-causal inside the block."""
+        B, Q = ids.shape
+        T = ctx_k.shape[2]
+        ctx_valid = torch.arange(T, device=ids.device).view(1, T) < ctx_len.view(B, 1)  # [B, T]
+        key_valid = torch.cat((ctx_valid, torch.ones(B, Q, dtype=torch.bool, device=ids.device)), dim=1)
+        x = self.embed_tokens(ids)  # [B, Q, d]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, ctx_k[i], ctx_v[i], key_valid)
+        return self.norm(x)
+
     def block_hidden(
         self,
         anchor: torch.Tensor,  # [B] int64 target id at position p
         ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
         ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
-        ctx_len: torch.Tensor,  # [B] int64: p, valid context tokens per request (rest is padding)
+        ctx_len: torch.Tensor,  # [B] int64: p
     ) -> torch.Tensor:
-        """Final-normed hidden states of the N prediction slots, [B, N, d]."""
-        c = self.config
-        B, Q, T = anchor.shape[0], c.block_size, ctx_k.shape[2]
-        slots = torch.arange(Q, device=anchor.device)
-        ids = torch.where(slots == 0, anchor.view(B, 1).to(torch.int64), c.mask_token_id)  # [B, Q]
-        positions = ctx_len.view(B, 1).to(torch.int64) + slots  # [B, Q]: p, p+1, ...
-        ctx_valid = torch.arange(T, device=anchor.device).view(1, T) < ctx_len.view(B, 1)  # [B, T]
-        key_valid = torch.cat((ctx_valid, torch.ones(B, Q, dtype=torch.bool, device=anchor.device)), dim=1)
-        x = self.embed_tokens(ids)  # [B, Q, d]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, ctx_k[i], ctx_v[i], key_valid)
-        h = self.norm(x)
-        return h if c.sample_from_anchor else h[:, 1:]
+        """Final-normed hidden states of the N prediction slots, [B, N, d] (layout handled here)."""
+        ids, positions = self.block_ids(anchor, ctx_len)
+        h = self.block_forward(ids, positions, ctx_k, ctx_v, ctx_len)
+        return h if self.config.sample_from_anchor else h[:, 1:]
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """U = s · lm_head(H): [B, N, d] → [B, N, V_d] in the module dtype."""

@@ -1,0 +1,153 @@
+"""DSparkConfig: both checkpoint formats, layer-id conventions, unsupported options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark_trt.config import DSparkConfig, deepseek_ids_from_capture_ids, hf_hidden_state_indices
+from dspark_trt.errors import DSparkTrtError
+
+QWEN3_8B_DSPARK = {  # the published keys of deepseek-ai/dspark_qwen3_8b_block7 (spec §3.1)
+    "architectures": ["Qwen3DSparkModel"],
+    "model_type": "qwen3",
+    "block_size": 7,
+    "mask_token_id": 151669,
+    "target_layer_ids": [1, 9, 17, 25, 33],
+    "num_target_layers": 36,
+    "num_hidden_layers": 5,
+    "layer_types": ["full_attention"] * 5,
+    "markov_rank": 256,
+    "markov_head_type": "vanilla",
+    "enable_confidence_head": True,
+    "confidence_head_with_markov": True,
+    "num_anchors": 512,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "attention_bias": False,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+}
+
+
+def speculators_version(raw: dict) -> dict:
+    layer = {k: raw[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                                 "num_key_value_heads", "head_dim", "rms_norm_eps", "attention_bias")}
+    layer.update(model_type="qwen3", num_hidden_layers=raw["num_hidden_layers"],
+                 rope_parameters={"rope_theta": raw["rope_theta"], "rope_type": "default"})
+    return {
+        "speculators_model_type": "dspark",
+        "architectures": ["DSparkDraftModel"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": raw["vocab_size"],
+        "block_size": raw["block_size"],
+        "aux_hidden_state_layer_ids": [i + 1 for i in raw["target_layer_ids"]],
+        "mask_token_id": raw["mask_token_id"],
+        "sample_from_anchor": True,
+        "markov_rank": raw["markov_rank"],
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": True,
+        "confidence_head_with_markov": True,
+        "num_target_layers": raw["num_target_layers"],
+    }
+
+
+def test_deepseek_config_with_absent_keys_defaults():
+    c = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    assert (c.block_size, c.num_draft_tokens, c.markov_rank, c.mask_token_id) == (7, 7, 256, 151669)
+    assert c.target_layer_ids == (1, 9, 17, 25, 33) and c.num_taps == 5
+    assert c.draft_vocab_size == c.vocab_size == 151936 and not c.has_reduced_vocab
+    assert c.logit_scale == 1.0 and c.sample_from_anchor is True and c.rope_theta == 1e6
+    assert c.confidence_input_size == 4096 + 256
+
+
+def test_speculators_config_normalises_to_the_same_fields():
+    deepseek = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    spec = DSparkConfig.from_dict(speculators_version(QWEN3_8B_DSPARK))
+    assert spec.source_format == "speculators"
+    assert spec.replace(source_format="deepseek") == deepseek
+    assert spec.target_layer_ids == (1, 9, 17, 25, 33)  # aux capture ids [2, 10, ...] minus one
+
+
+def test_layer_id_conventions():
+    ds = [1, 9, 17, 25, 33]
+    assert hf_hidden_state_indices(ds) == [2, 10, 18, 26, 34]  # output_hidden_states indices
+    assert deepseek_ids_from_capture_ids([2, 10, 18, 26, 34]) == ds  # speculators / vLLM capture ids
+    c = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    assert c.hf_hidden_state_indices == [2, 10, 18, 26, 34]
+
+
+def test_tapping_the_last_target_layer_is_refused():
+    c = DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "target_layer_ids": [1, 9, 35]})
+    with pytest.raises(DSparkTrtError, match=r"\[35\] outside \[-1, 34\]"):
+        c.check_target_layers(36)
+    c.replace(target_layer_ids=(-1, 34)).check_target_layers(36)  # embedding output and layer 34 are fine
+
+
+def test_dspark_target_layer_ids_is_accepted():
+    raw = {k: v for k, v in QWEN3_8B_DSPARK.items() if k != "target_layer_ids"}
+    assert DSparkConfig.from_dict({**raw, "dspark_target_layer_ids": [2, 4, 6]}).target_layer_ids == (2, 4, 6)
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_unsupported_markov_heads_are_refused(head):
+    with pytest.raises(DSparkTrtError, match=f"markov_head_type '{head}' is not supported"):
+        DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "markov_head_type": head})
+
+
+def test_rope_parameters_form_and_unsupported_rope():
+    raw = {k: v for k, v in QWEN3_8B_DSPARK.items() if k != "rope_theta"}
+    assert DSparkConfig.from_dict({**raw, "rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}).rope_theta == 5e5
+    with pytest.raises(DSparkTrtError, match="rope_type 'yarn' is not supported"):
+        DSparkConfig.from_dict({**raw, "rope_parameters": {"rope_theta": 5e5, "rope_type": "yarn"}})
+
+
+def test_bonus_anchor_layout_drafts_block_size_minus_one():
+    c = DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "sample_from_anchor": False, "block_size": 8})
+    assert c.num_draft_tokens == 7
+
+
+def test_vllm_topk_alias_and_logit_scale():
+    c = DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "dspark_draft_topk": 512, "logit_scale": 0.5})
+    assert c.draft_topk == 512 and c.logit_scale == 0.5
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mask_token_id": 151936}, "mask_token_id 151936 is outside the vocabulary"),
+    ({"num_attention_heads": 30}, "not a multiple of num_key_value_heads"),
+    ({"draft_vocab_size": 200000}, "exceeds vocab_size"),
+    ({"markov_rank": 0}, "markov_rank must be >= 1"),
+    ({"target_layer_ids": []}, "target_layer_ids is empty"),
+])
+def test_inconsistent_configs_are_refused(change, message):
+    with pytest.raises(DSparkTrtError, match=message):
+        DSparkConfig.from_dict({**QWEN3_8B_DSPARK, **change})
+
+
+def test_not_a_dspark_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10}))
+    with pytest.raises(DSparkTrtError, match="not a DSpark config"):
+        DSparkConfig.from_pretrained(tmp_path)
+    with pytest.raises(DSparkTrtError, match="no config.json"):
+        DSparkConfig.from_pretrained(tmp_path / "missing")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(DSparkTrtError, match="cannot read"):
+        DSparkConfig.from_pretrained(tmp_path)
+
+
+def test_missing_required_key_is_named():
+    raw = {k: v for k, v in QWEN3_8B_DSPARK.items() if k != "mask_token_id"}
+    with pytest.raises(DSparkTrtError, match="missing required key 'mask_token_id'"):
+        DSparkConfig.from_dict(raw)
+
+
+def test_digest_is_stable_and_sensitive():
+    a = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    assert a.digest() == DSparkConfig.from_dict(dict(QWEN3_8B_DSPARK)).digest()
+    assert a.digest() != a.replace(logit_scale=0.5).digest()
