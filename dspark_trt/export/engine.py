@@ -1,0 +1,261 @@
+"""ONNX → serialized engine, with full TensorRT or TensorRT-RTX (one code path; both imported lazily).
+
+What differs between the flavours is data (``FLAVORS``); the build itself is the same: a strongly typed
+network from the ONNX parser, one optimization profile over the batch dimension (and any other dynamic
+dimension given a range), optional version-compatible / hardware-compatibility flags (full TensorRT), an
+explicit compute capability (TensorRT-RTX builds on a CPU-only machine), and TensorRT's progress monitor
+reported per phase.
+
+Pure functions (``profile_shapes``, ``resolve_flavor``) carry the logic the CPU tests cover; ``build_engine``
+is the thin part that needs the library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from ..errors import DSparkTrtError
+
+__all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine",
+           "EngineFromOnnx"]
+
+log = logging.getLogger("dspark.engine")
+
+Flavor = Literal["tensorrt", "tensorrt-rtx"]
+
+
+@dataclass(frozen=True)
+class FlavorInfo:
+    module: str  # Python module to import
+    pip_name: str  # what to install
+    engine_file: str  # file name in the export directory
+
+
+FLAVORS: dict[str, FlavorInfo] = {
+    "tensorrt": FlavorInfo("tensorrt", "tensorrt", "model.plan"),
+    "tensorrt-rtx": FlavorInfo("tensorrt_rtx", "tensorrt-rtx", "model.rtx.plan"),
+}
+
+
+def _importable(module: str) -> bool:
+    if importlib.util.find_spec(module) is None:
+        return False
+    try:
+        importlib.import_module(module)
+    except Exception:  # the PyPI tensorrt stub installs but cannot import its libraries
+        return False
+    return True
+
+
+def resolve_flavor(requested: str) -> Flavor | None:
+    """``auto`` → full TensorRT if importable, else TensorRT-RTX if importable, else None (no engine).
+
+    An explicit flavor that is not importable is a user error naming what to install.
+    """
+    if requested == "none":
+        return None
+    if requested == "auto":
+        for name in ("tensorrt", "tensorrt-rtx"):
+            if _importable(FLAVORS[name].module):
+                return name  # type: ignore[return-value]
+        return None
+    if requested not in FLAVORS:
+        raise DSparkTrtError(f"unknown engine {requested!r}: use auto, tensorrt, tensorrt-rtx or none")
+    if not _importable(FLAVORS[requested].module):
+        hint = ("full TensorRT is not importable here (the PyPI wheels are stubs without NVIDIA's index); build on "
+                "a GPU host with TensorRT installed, or use --engine tensorrt-rtx / --engine none"
+                if requested == "tensorrt" else f"pip install {FLAVORS[requested].pip_name}")
+        raise DSparkTrtError(f"--engine {requested}: {hint}")
+    return requested  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class EngineBuildConfig:
+    """How to build one engine. Batch sizes define the optimization profile of every batch-dynamic input."""
+
+    flavor: Flavor
+    max_batch_size: int = 8
+    opt_batch_size: int | None = None  # defaults to max_batch_size
+    dynamic_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # other symbolic dims
+    version_compatible: bool = False  # full TensorRT: runs on later runtimes of the same major version
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
+    compute_capability: str = "SM80"  # TensorRT-RTX: target GPU architecture (no GPU needed to build)
+    builder_optimization_level: int | None = None
+    register_plugins: Callable[[], None] | None = None  # called in the building process before parsing
+
+    def __post_init__(self) -> None:
+        opt = self.opt_batch_size or self.max_batch_size
+        if not 1 <= opt <= self.max_batch_size:
+            raise DSparkTrtError(f"--opt-batch-size {opt} must be in [1, --max-batch-size {self.max_batch_size}]")
+
+    @property
+    def batch_range(self) -> tuple[int, int, int]:
+        return 1, self.opt_batch_size or self.max_batch_size, self.max_batch_size
+
+    def describe(self) -> dict:
+        """JSON-able build flags for the manifest."""
+        return {
+            "flavor": self.flavor,
+            "batch": dict(zip(("min", "opt", "max"), self.batch_range)),
+            "dynamic_ranges": {k: list(v) for k, v in self.dynamic_ranges.items()},
+            "version_compatible": self.version_compatible,
+            "hardware_compatibility": self.hardware_compatibility,
+            "compute_capability": self.compute_capability if self.flavor == "tensorrt-rtx" else None,
+            "strongly_typed": True,
+        }
+
+
+def onnx_inputs(onnx_path: str | Path) -> dict[str, list[int | str]]:
+    """Graph inputs (not initializers) → dims, symbolic dims as their names (reads the header only)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    out = {}
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        out[value.name] = [d.dim_param if d.dim_param else (d.dim_value if d.HasField("dim_value") else "?") for d in dims]
+    return out
+
+
+def profile_shapes(
+    inputs: dict[str, list[int | str]],
+    batch: tuple[int, int, int],
+    dynamic_ranges: dict[str, tuple[int, int, int]] | None = None,
+    batch_dim: str = "batch",
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(min, opt, max) shapes per input: the symbolic ``batch_dim`` takes ``batch``, others their range.
+
+    An unnamed dynamic dimension or a symbolic one without a range is a user error (the engine could not be
+    built without guessing).
+    """
+    ranges = {batch_dim: batch, **(dynamic_ranges or {})}
+    shapes = {}
+    for name, dims in inputs.items():
+        lo, mid, hi = [], [], []
+        for d in dims:
+            if isinstance(d, int):
+                lo.append(d), mid.append(d), hi.append(d)
+            elif d in ranges:
+                a, b, c = ranges[d]
+                lo.append(a), mid.append(b), hi.append(c)
+            else:
+                raise DSparkTrtError(
+                    f"input {name} has a dynamic dimension {d!r} without a range; give one "
+                    f"(EngineBuildConfig.dynamic_ranges) or export with static shapes"
+                )
+        shapes[name] = (tuple(lo), tuple(mid), tuple(hi))
+    return shapes
+
+
+class _Progress:
+    """TensorRT build progress: a bar per phase on a TTY, one log line per phase otherwise."""
+
+    def __init__(self, trt):
+        base = trt.IProgressMonitor
+
+        class Monitor(base):  # type: ignore[misc, valid-type]
+            def __init__(self):
+                base.__init__(self)
+                self.bars, self.starts = {}, {}
+                self.tty = sys.stderr.isatty()
+
+            def phase_start(self, phase_name, parent_phase, num_steps):
+                self.starts[phase_name] = time.perf_counter()
+                if self.tty:
+                    from tqdm import tqdm
+
+                    self.bars[phase_name] = tqdm(total=num_steps, desc=phase_name, leave=False, file=sys.stderr)
+                elif parent_phase is None:
+                    log.info("engine build: %s (%d steps)", phase_name, num_steps)
+
+            def step_complete(self, phase_name, step):
+                if phase_name in self.bars:
+                    self.bars[phase_name].update(1)
+                return True
+
+            def phase_finish(self, phase_name):
+                bar = self.bars.pop(phase_name, None)
+                if bar is not None:
+                    bar.close()
+                log.debug("engine build: %s done in %.1fs", phase_name, time.perf_counter() - self.starts.pop(phase_name, 0))
+
+        self.monitor = Monitor()
+
+
+class _Logger:
+    """Route TensorRT's logger to ours (warnings and errors; everything with -vv)."""
+
+    @staticmethod
+    def create(trt):
+        class Logger(trt.ILogger):  # type: ignore[misc, valid-type]
+            def __init__(self):
+                trt.ILogger.__init__(self)
+                self.errors: list[str] = []
+
+            def log(self, severity, msg):
+                if severity in (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR):
+                    self.errors.append(msg)
+                    log.debug("TensorRT: %s", msg)
+                elif severity == trt.ILogger.Severity.WARNING:
+                    log.debug("TensorRT warning: %s", msg)
+                else:
+                    log.debug("TensorRT: %s", msg)
+
+        return Logger()
+
+
+def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
+    """Parse ``onnx_path`` and build a serialized engine with ``config.flavor``. Needs the library."""
+    trt = importlib.import_module(FLAVORS[config.flavor].module)
+    if config.register_plugins is not None:
+        config.register_plugins()
+    logger = _Logger.create(trt)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
+        raise DSparkTrtError(f"{config.flavor} could not parse {onnx_path}: {errors}")
+    build = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    inputs = {network.get_input(i).name: list(network.get_input(i).shape) for i in range(network.num_inputs)}
+    symbolic = onnx_inputs(onnx_path)
+    for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, config.dynamic_ranges).items():
+        if name in inputs:
+            profile.set_shape(name, lo, opt, hi)
+    build.add_optimization_profile(profile)
+    if config.version_compatible:
+        build.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if config.hardware_compatibility != "none" and config.flavor == "tensorrt":
+        build.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, config.hardware_compatibility.upper())
+    if config.flavor == "tensorrt-rtx":
+        build.num_compute_capabilities = 1
+        build.set_compute_capability(getattr(trt.ComputeCapability, config.compute_capability), 0)
+    if config.builder_optimization_level is not None:
+        build.builder_optimization_level = config.builder_optimization_level
+    build.progress_monitor = _Progress(trt).monitor
+    plan = builder.build_serialized_network(network, build)
+    if plan is None:
+        raise DSparkTrtError(f"{config.flavor} engine build failed for {onnx_path}: " + "; ".join(logger.errors[-3:]))
+    return bytes(plan)
+
+
+class EngineFromOnnx:
+    """Lazy loader: ``EngineFromOnnx(onnx_path, config)()`` → serialized engine bytes."""
+
+    def __init__(self, onnx, config: EngineBuildConfig):
+        self._onnx, self.config = onnx, config
+
+    def __call__(self) -> bytes:
+        path = self._onnx() if callable(self._onnx) else self._onnx
+        return build_engine(path, self.config)

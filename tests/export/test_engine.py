@@ -1,0 +1,77 @@
+"""Engine builds: the pure profile logic, flavour resolution, and a real TensorRT-RTX build on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.export.engine import EngineBuildConfig, EngineFromOnnx, onnx_inputs, profile_shapes, resolve_flavor
+
+
+@pytest.fixture(scope="module")
+def small_onnx(tmp_path_factory):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y0"]), helper.make_node("Relu", ["y0"], ["y"])],
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "ctx", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "ctx", 8])],
+        initializer=[w],
+    )
+    path = tmp_path_factory.mktemp("onnx") / "small.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_profile_shapes_fill_batch_and_named_ranges():
+    shapes = profile_shapes({"x": ["batch", "ctx", 16], "n": [7]}, (1, 4, 8), {"ctx": (1, 64, 128)})
+    assert shapes == {"x": ((1, 1, 16), (4, 64, 16), (8, 128, 16)), "n": ((7,), (7,), (7,))}
+
+
+def test_profile_without_a_range_for_a_dynamic_dim_is_refused():
+    with pytest.raises(DSparkTrtError, match="dynamic dimension 'ctx' without a range"):
+        profile_shapes({"x": ["batch", "ctx", 16]}, (1, 1, 2))
+
+
+def test_onnx_inputs_reads_symbolic_dims(small_onnx):
+    assert onnx_inputs(small_onnx) == {"x": ["batch", "ctx", 16]}
+
+
+def test_batch_sizes_are_validated():
+    with pytest.raises(DSparkTrtError, match="--opt-batch-size 9 must be in"):
+        EngineBuildConfig("tensorrt-rtx", max_batch_size=8, opt_batch_size=9)
+    assert EngineBuildConfig("tensorrt-rtx", max_batch_size=8).batch_range == (1, 8, 8)
+
+
+def test_resolve_flavor():
+    from tests.conftest import have_module, have_tensorrt
+
+    assert resolve_flavor("none") is None
+    if not have_tensorrt():
+        with pytest.raises(DSparkTrtError, match="full TensorRT is not importable"):
+            resolve_flavor("tensorrt")
+    expected = "tensorrt" if have_tensorrt() else ("tensorrt-rtx" if have_module("tensorrt_rtx") else None)
+    assert resolve_flavor("auto") == expected
+    with pytest.raises(DSparkTrtError, match="unknown engine 'trt'"):
+        resolve_flavor("trt")
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_builds_a_real_engine_on_cpu(small_onnx):
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=4, opt_batch_size=2, dynamic_ranges={"ctx": (1, 8, 32)})
+    plan = EngineFromOnnx(small_onnx, config)()
+    assert isinstance(plan, bytes) and len(plan) > 1000
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_parse_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx file")
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=1)
+    with pytest.raises(DSparkTrtError) as info:
+        EngineFromOnnx(bad, config)()
+    assert "\n" not in str(info.value)
