@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from ..errors import DSparkTrtError
+from .contract import OUTPUTS
 from ..reference.sampling import DRAFT_SALT, GREEDY_TEMPERATURE, HASH_PRIME, HASH_ROUNDS
 
 __all__ = [
@@ -57,6 +58,7 @@ KERNEL_NAME = "dspark_topk_markov_walk"
 MAX_RANK = 1024
 MAX_TOPK = 3840  # TensorRT's TopK limit: the candidates come from a native TopK in the engine
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPES = {"int32": torch.int32, "float32": torch.float32}
 
 # the noise hash constants, shared with the reference (module-level constexprs for the JIT)
 _P = tl.constexpr(HASH_PRIME)
@@ -230,10 +232,10 @@ def interpreting() -> bool:
 
 def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple) -> None:
     if tuple(t.shape) != shape:
-        raise DSparkTrtError(f"DSparkTopKMarkov input {name} has shape {tuple(t.shape)}, the op contract needs "
+        raise DSparkTrtError(f"DSparkTopKMarkov tensor {name} has shape {tuple(t.shape)}, the op contract needs "
                              f"{shape}; see dspark_trt.plugins.contract.INPUTS")
     if t.dtype not in dtypes:
-        raise DSparkTrtError(f"DSparkTopKMarkov input {name} has dtype {t.dtype}, the op contract needs one of "
+        raise DSparkTrtError(f"DSparkTopKMarkov tensor {name} has dtype {t.dtype}, the op contract needs one of "
                              f"{', '.join(str(d) for d in dtypes)}")
 
 
@@ -251,13 +253,18 @@ def topk_markov_walk(
     conf_w: torch.Tensor,  # [r] fp32
     *,
     logit_scale: float,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the kernel on the contract's inputs: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k],
     confidence fp32 [B, N]) — the same outputs as ``contract.reference_op``.
 
-    CUDA tensors run the compiled kernel; CPU tensors run in Triton's interpreter (tests), which must have been
+    ``out``: preallocated (draft_tokens, cand_logits, confidence) to write into (static buffers, CUDA graphs);
+    every element is written. CUDA tensors run the compiled kernel; CPU tensors run in Triton's interpreter (tests), which must have been
     switched on with ``TRITON_INTERPRET=1`` before triton was imported (``triton.jit`` reads it then).
     """
+    if cand_values.dim() != 3 or markov_w1.dim() != 2 or markov_w2.dim() != 2:
+        raise DSparkTrtError("DSparkTopKMarkov needs cand_values [B, N, k], markov_w1 [V, r] and markov_w2 [V_d, r]; "
+                             f"got {tuple(cand_values.shape)}, {tuple(markov_w1.shape)}, {tuple(markov_w2.shape)}")
     B, N, k = cand_values.shape
     V, r = markov_w1.shape
     Vd = markov_w2.shape[0]
@@ -288,9 +295,16 @@ def topk_markov_walk(
     if not math.isfinite(logit_scale):
         raise DSparkTrtError(f"logit_scale {logit_scale} must be finite")
 
-    draft_tokens = torch.empty((B, N), dtype=torch.int32, device=device)
-    cand_logits = torch.empty((B, N, k), dtype=torch.float32, device=device)
-    confidence = torch.empty((B, N), dtype=torch.float32, device=device)
+    if out is None:
+        draft_tokens = torch.empty((B, N), dtype=torch.int32, device=device)
+        cand_logits = torch.empty((B, N, k), dtype=torch.float32, device=device)
+        confidence = torch.empty((B, N), dtype=torch.float32, device=device)
+    else:
+        draft_tokens, cand_logits, confidence = out
+        for c, t in zip(OUTPUTS, out):
+            _check(c.name, t, {"[B, N]": (B, N), "[B, N, k]": (B, N, k)}[c.shape], (_DTYPES[c.dtype],))
+            if not t.is_contiguous() or t.device != device:
+                raise DSparkTrtError(f"output {c.name} must be a contiguous tensor on {device}")
     if B == 0:
         return draft_tokens, cand_logits, confidence
     tiles = tile_config(k, r)
