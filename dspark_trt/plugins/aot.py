@@ -65,8 +65,8 @@ _FIXED = {"int32": "i32", "float32": "fp32"}
 DEFAULT_ARCHS = (80, 90)
 DEFAULT_PTX_ISA = 90  # ISA 9.0: what a CUDA 13.0 driver (580) JIT-compiles
 
-#: the int32 extra arguments, in order: (kernel argument, where its value comes from)
-EXTRA_ARGS = (("vocab", "markov_w1.shape[0]"), ("draft_vocab", "markov_w2.shape[0]"))
+#: the int32 extra arguments, in order: (kernel argument, input whose shape gives the value, dimension)
+EXTRA_ARGS = (("vocab", "markov_w1", 0), ("draft_vocab", "markov_w2", 0))
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def kernel_signature(spec: WalkKernelSpec) -> list[tuple[str, str]]:
         return _FIXED[dtype]
 
     return ([(c.name, "*" + ty(c.dtype)) for c in INPUTS]
-            + [(name, "i32") for name, _ in EXTRA_ARGS]
+            + [(name, "i32") for name, _, _ in EXTRA_ARGS]
             + [(c.name, "*" + ty(c.dtype)) for c in OUTPUTS])
 
 
@@ -146,9 +146,9 @@ def launch_params(num_warps: int, shared_mem: int, batch: int | str = "B") -> di
     return {"grid": [batch, 1, 1], "block": [num_warps * 32, 1, 1], "shared_mem": int(shared_mem)}
 
 
-def extra_arg_values(markov_w1_shape, markov_w2_shape) -> list[int]:
-    """The int32 extra arguments for concrete weight shapes (a launcher's view of ``EXTRA_ARGS``)."""
-    return [int(markov_w1_shape[0]), int(markov_w2_shape[0])]
+def extra_arg_values(shapes: dict[str, tuple[int, ...]]) -> list[int]:
+    """The int32 extra arguments given the inputs' concrete shapes by name (a launcher's view of ``EXTRA_ARGS``)."""
+    return [int(shapes[src][dim]) for _, src, dim in EXTRA_ARGS]
 
 
 _VERSION_RE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
@@ -359,7 +359,7 @@ def write_ptx_artifacts(
                               "each trailing parameter",
         "constexprs": kernel_constexprs(first),
         "signature": [{"name": n, "type": t} for n, t in kernel_signature(first)],
-        "extra_args": [{"name": n, "dtype": "int32", "value": v} for n, v in EXTRA_ARGS],
+        "extra_args": [{"name": n, "dtype": "int32", "input": src, "dim": dim} for n, src, dim in EXTRA_ARGS],
         "kernels": kernels,
     }
 
