@@ -218,6 +218,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=int, default=None, help="Markov rank r (default 256)")
     p.add_argument("--steps", type=int, default=None, help="N draft tokens (default 7)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats, median reported (default 5)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on CPU, bf16 on CUDA")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the rows as JSON to PATH (or stdout without PATH) instead of the table")
@@ -231,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
     given = {"device": args.device, "batches": args.batch, "topks": args.topk, "vocab": args.vocab,
              "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     for path in (args.json, args.plot):
         if path not in (None, "-") and Path(path).exists() and not args.force:
             raise DSparkTrtError(f"{path} exists; pass --force to replace it (or choose another path)")
