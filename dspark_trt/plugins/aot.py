@@ -17,7 +17,8 @@ Calling convention (TensorRT AOT): ``(11 input pointers, 2 int32 extras, 3 outpu
 (``global_scratch``, and ``profile_scratch`` from 3.5) that this kernel never reads (both sizes are 0,
 checked at build time); ``trailing_params`` records how many, and a launcher must pass null pointers there.
 
-Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 ...]`` (prints the dict).
+Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 ...]``: prints the dict and
+writes it to ``DIR/dspark_topk_markov_walk.json`` (what ``gpu_check --ptx-dir DIR`` reads).
 It refuses to run under ``TRITON_INTERPRET=1``: the interpreter replaces the kernel that would be compiled.
 """
 
@@ -64,6 +65,7 @@ DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _FIXED = {"int32": "i32", "float32": "fp32"}
 DEFAULT_ARCHS = (80, 90)
 DEFAULT_PTX_ISA = 90  # ISA 9.0: what a CUDA 13.0 driver (580) JIT-compiles
+DESCRIPTION_FILE = "dspark_topk_markov_walk.json"  # what the CLI writes beside the .ptx files
 
 #: the int32 extra arguments, in order: (kernel argument, input whose shape gives the value, dimension)
 EXTRA_ARGS = (("vocab", "markov_w1", 0), ("draft_vocab", "markov_w2", 0))
@@ -401,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                                    logit_scale=args.logit_scale, dtypes=_parse_dtypes(args.dtypes),
                                    archs=tuple(int(a) for a in args.archs.split(",")), ptx_isa=isa,
                                    validate_with=ptxas)
+        from ..atomic import atomic_write_text
+
+        atomic_write_text(Path(args.out) / DESCRIPTION_FILE, json.dumps(info, indent=2) + "\n")
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -40,3 +40,12 @@ def test_bad_topk_is_a_one_line_error(capsys):
     assert main(["bench", "markov", "--topk", "5000", "--vocab", "4099", "--repeats", "1"]) == 1
     err = capsys.readouterr().err
     assert "--topk" in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+def test_cuda_rows_time_the_fused_kernel(capsys):
+    assert main(["bench", "markov", "--device", "cuda", "--batch", "1,8", "--topk", "16,64", "--vocab", "4099",
+                 "--repeats", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["kernel_ms"] > 0 and r["cublas_dense_ms"] > 0 for r in rows)

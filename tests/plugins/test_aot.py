@@ -42,8 +42,9 @@ def small_build(tmp_path_factory):
 
 def test_build_writes_one_ptx_per_arch_and_dtype_pair(small_build):
     out, info = small_build
-    files = sorted(p.name for p in out.iterdir())
+    files = sorted(p.name for p in out.glob("*.ptx"))
     assert files == sorted(k["file"] for k in info["kernels"]) and len(files) == 4  # 2 archs × 2 dtype pairs
+    assert json.loads((out / aot.DESCRIPTION_FILE).read_text()) == info  # what gpu_check --ptx-dir reads
     assert {(k["compute_capability"], k["logits_dtype"], k["weights_dtype"]) for k in info["kernels"]} == {
         (a, t, w) for a in (80, 90) for t, w in (("bfloat16", "bfloat16"), ("float32", "float16"))}
     assert info["constexprs"] == {"N": 3, "K": 16, "R": 8, "BLOCK_K": 16, "BLOCK_R": 8, "LOGIT_SCALE": 0.5}
