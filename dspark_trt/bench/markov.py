@@ -50,6 +50,7 @@ class MarkovBenchConfig:
     repeats: int = 5
     warmup: int = 1
     dtype: str | None = None  # weights and logits; None: fp32 on CPU, bf16 on CUDA
+    clock: str = "wall"  # CPU only: "cpu" = this process's CPU time (robust on a shared machine)
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -58,7 +59,9 @@ class MarkovBenchConfig:
         return DTYPES[self.dtype or ("fp32" if self.device == "cpu" else "bf16")]
 
 
-def _timer(device: torch.device) -> Callable[[Callable[[], object], int, int], float]:
+def _timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], object], int, int], float]:
+    now = time.process_time if clock == "cpu" else time.perf_counter
+
     def median_ms(fn, repeats: int, warmup: int) -> float:
         for _ in range(warmup):
             fn()
@@ -72,9 +75,9 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object], int, int], f
                 end.synchronize()
                 times.append(start.elapsed_time(end))
             else:
-                t0 = time.perf_counter()
+                t0 = now()
                 fn()
-                times.append((time.perf_counter() - t0) * 1e3)
+                times.append((now() - t0) * 1e3)
         return statistics.median(times)
 
     return median_ms
@@ -98,7 +101,9 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
     if bad:
         raise DSparkTrtError(f"--topk {bad} must be in [1, --vocab {cfg.vocab}]")
     dtype = cfg.torch_dtype
-    timer = _timer(device)
+    if cfg.clock not in ("wall", "cpu") or (cfg.clock == "cpu" and device.type != "cpu"):
+        raise DSparkTrtError(f"--clock {cfg.clock}: use wall, or cpu with --device cpu")
+    timer = _timer(device, cfg.clock)
     g = torch.Generator().manual_seed(cfg.seed)
     V, r, N = cfg.vocab, cfg.rank, cfg.steps
     w1 = (torch.randn(V, r, generator=g) / r**0.5).to(device=device, dtype=dtype)  # [V, r]
@@ -238,6 +243,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=int, default=None, help="Markov rank r (default 256)")
     p.add_argument("--steps", type=int, default=None, help="N draft tokens (default 7)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats, median reported (default 5)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
+                   help="wall time (default) or, on CPU, this process's CPU time (steadier on a busy machine)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on CPU, bf16 on CUDA")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
@@ -250,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     given = {"device": args.device, "batches": args.batch, "topks": args.topk, "vocab": args.vocab,
-             "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype}
+             "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads is not None:
         torch.set_num_threads(args.threads)

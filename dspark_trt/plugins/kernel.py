@@ -32,6 +32,7 @@ anchor cannot fault the engine), then the 3 output pointers. Everything else is 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -102,7 +103,7 @@ def dspark_topk_markov_walk(
 ):
     b = tl.program_id(0).to(tl.int64)
     temp = tl.load(temperature + b)  # fp32 scalar
-    greedy = temp < _GREEDY_T
+    greedy = temp < tl.full([], _GREEDY_T, tl.float32)  # compared in fp32, as torch does
     # noise: mix((seed mod P + salt) mod P), once per request; the position is folded in per step
     h = (tl.load(seed + b).to(tl.int64) % _P + _SALT) % _P
     h = (h * h + _C1) % _P
@@ -176,17 +177,10 @@ def dspark_topk_markov_walk(
 # ------------------------------------------------------------------------------------------------ launch
 
 
-class TileConfig(tuple):
-    """(BLOCK_K, BLOCK_R, num_warps) — a named tuple without the import."""
-
-    __slots__ = ()
-
-    def __new__(cls, block_k: int, block_r: int, num_warps: int):
-        return super().__new__(cls, (block_k, block_r, num_warps))
-
-    block_k = property(lambda self: self[0])
-    block_r = property(lambda self: self[1])
-    num_warps = property(lambda self: self[2])
+class TileConfig(NamedTuple):
+    block_k: int  # candidates per tile
+    block_r: int  # rank elements per tile (the rank is walked in chunks of this)
+    num_warps: int
 
 
 #: elements of one W2 tile [BLOCK_K, BLOCK_R] held in registers (fp32 after the upcast)

@@ -46,7 +46,7 @@ def _temperatures(case: WalkCase) -> torch.Tensor:
     if case.mode == "sampled":
         return torch.linspace(0.6, 1.4, B) if B > 1 else torch.tensor([0.8])
     if case.mode == "mixed":  # greedy, sampled and the 1e-5 threshold on both sides, in one launch
-        pattern = torch.tensor([0.0, 0.7, 1e-6, 1.3, 2e-5])
+        pattern = torch.tensor([0.0, 0.7, 1e-5, 1.3, 5e-6])  # 1e-5 samples, 5e-6 is greedy
         return pattern.repeat((B + 4) // 5)[:B]
     raise ValueError(f"unknown mode {case.mode!r}")
 

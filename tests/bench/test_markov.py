@@ -13,8 +13,9 @@ SMALL = ["bench", "markov", "--batch", "1,3", "--topk", "4,16", "--vocab", "4099
 KEYS = {"device", "batch", "topk", "dense_ms", "topk_ms", "speedup", "floor_ms"}
 
 
-def test_json_rows_cover_every_batch_and_topk(capsys):
-    assert main([*SMALL, "--json"]) == 0
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_json_rows_cover_every_batch_and_topk(capsys, clock):
+    assert main([*SMALL, "--json", "--clock", clock]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["batch"], r["topk"]) for r in rows] == [(1, 4), (1, 16), (3, 4), (3, 16)]
     for r in rows:
