@@ -59,10 +59,10 @@ def _topk_by_chunk_maxima(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
     """``torch.topk(x, k)`` for long CPU rows in about one read pass: the same values and ids, bit for bit.
 
     Split each row into V/C chunks of C (chunk j holds positions j, j + V/C, j + 2·V/C, …); every top-k element
-    sits in one of the k chunks with the largest maxima, so a top-k over those k·C values finds them. A row's
-    result is kept only where it is provably what ``torch.topk`` returns — its k values strictly decreasing
-    and strictly above every value left out (the (k+1)-th of the k·C, and the largest maximum of the other
-    chunks); rows with ties or NaNs get ``torch.topk`` itself. None (caller runs torch.topk) for short rows,
+    sits in one of the k chunks with the largest maxima, so a top-k over the k+1 best chunks' values finds
+    them. A row's result is kept only where it is provably what ``torch.topk`` returns — its k values strictly
+    decreasing and strictly above every value left out (the (k+1)-th of those values, and the maxima of all
+    other chunks, which are <= the smallest of the k+1 kept maxima); rows with ties or NaNs get ``torch.topk``. None (caller runs torch.topk) for short rows,
     non-CPU tensors, and while tracing/exporting (the check is data-dependent).
     """
     V = x.shape[-1]
@@ -71,11 +71,13 @@ def _topk_by_chunk_maxima(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
         return None
     nc = V // C
     rows = x.reshape(-1, V)  # [R, V]
-    chunk_max, chunk_ids = torch.topk(rows.view(-1, C, nc).amax(dim=1), k + 1, dim=-1)  # [R, k+1]
-    ids = (chunk_ids[:, None, :k] + torch.arange(0, V, nc, device=x.device)[None, :, None]).flatten(1)  # [R, C·k]
-    top, pos = torch.topk(rows.gather(1, ids), k + 1, dim=-1)  # [R, k+1] sorted
-    vals, ids = top[:, :k].contiguous(), ids.gather(1, pos[:, :k])  # [R, k]
-    unique = (top[:, 1:] < top[:, :-1]).all(dim=-1) & (top[:, k - 1] > chunk_max[:, k])  # [R]
+    chunk_max, chunk_ids = torch.topk(rows.view(-1, C, nc).amax(dim=1), k + 1, dim=-1, sorted=False)  # [R, k+1]
+    # the k+1 best chunks' C·(k+1) values; everything outside is <= the smallest of their maxima
+    ids = (chunk_ids[:, None, :] + torch.arange(0, V, nc, device=x.device)[None, :, None]).flatten(1)
+    top, pos = torch.topk(rows.gather(1, ids), k + 1, dim=-1, sorted=False)  # [R, k+1]
+    top, order = torch.sort(top, dim=-1, descending=True)
+    vals, ids = top[:, :k].contiguous(), ids.gather(1, pos.gather(1, order[:, :k]))  # [R, k]
+    unique = (top[:, 1:] < top[:, :-1]).all(dim=-1) & (top[:, k - 1] > chunk_max.amin(dim=-1))  # [R]
     if not bool(unique.all()):
         redo = (~unique).nonzero().squeeze(-1)
         vals[redo], ids[redo] = torch.topk(rows[redo], k, dim=-1)
