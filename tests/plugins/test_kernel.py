@@ -33,6 +33,7 @@ SHAPES = [
     pytest.param(257, None, 8, 16, 1, 1, id="V257-r8-k16-N1-B1"),
     pytest.param(1031, 769, 192, 512, 7, 1, id="V1031-Vd769-r192-k512-N7-B1"),
     pytest.param(1031, None, 8, 512, 1, 5, id="V1031-r8-k512-N1-B5"),
+    pytest.param(1031, None, 300, 100, 7, 2, id="V1031-r300-k100-N7-B2"),  # 2 rank chunks, a partial k tile
 ]
 
 
