@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 
 import pytest
 import torch
+
+# Without CUDA, Triton kernels run in Triton's CPU interpreter. `triton.jit` reads TRITON_INTERPRET when a
+# kernel module is imported, so it is set here, before any test module can import triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @functools.cache

@@ -51,7 +51,38 @@ def select_candidates(base_logits: torch.Tensor, topk: int | None) -> tuple[torc
     Vd = base.shape[-1]
     if not 1 <= topk <= Vd:
         raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
-    return torch.topk(base, topk, dim=-1)  # order irrelevant downstream
+    fast = _topk_by_chunk_maxima(base, topk)
+    return fast if fast is not None else torch.topk(base, topk, dim=-1)  # order irrelevant downstream
+
+
+def _topk_by_chunk_maxima(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``torch.topk(x, k)`` for long CPU rows in about one read pass: the same values and ids, bit for bit.
+
+    Split each row into V/C chunks of C (chunk j holds positions j, j + V/C, j + 2·V/C, …); every top-k element
+    sits in one of the k chunks with the largest maxima, so a top-k over the k+1 best chunks' values finds
+    them. A row's result is kept only where it is provably what ``torch.topk`` returns — its k values strictly
+    decreasing and strictly above every value left out (the (k+1)-th of those values, and the maxima of all
+    other chunks, which are <= the smallest of the k+1 kept maxima); rows with ties or NaNs get ``torch.topk``. None (caller runs torch.topk) for short rows,
+    non-CPU tensors, and while tracing/exporting (the check is data-dependent).
+    """
+    V = x.shape[-1]
+    C = next((c for c in (16, 8) if V % c == 0 and 16 * k * c <= V), None)  # sizes where it beats torch.topk
+    if C is None or x.numel() == 0 or x.device.type != "cpu" or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return None
+    nc = V // C
+    rows = x.reshape(-1, V)  # [R, V]
+    chunk_max, chunk_ids = torch.topk(rows.view(-1, C, nc).amax(dim=1), k + 1, dim=-1, sorted=False)  # [R, k+1]
+    # the k+1 best chunks' C·(k+1) values; everything outside is <= the smallest of their maxima
+    ids = (chunk_ids[:, None, :] + torch.arange(0, V, nc, device=x.device)[None, :, None]).flatten(1)
+    top, pos = torch.topk(rows.gather(1, ids), k + 1, dim=-1, sorted=False)  # [R, k+1]
+    top, order = torch.sort(top, dim=-1, descending=True)
+    vals, ids = top[:, :k].contiguous(), ids.gather(1, pos.gather(1, order[:, :k]))  # [R, k]
+    unique = (top[:, 1:] < top[:, :-1]).all(dim=-1) & (top[:, k - 1] > chunk_max.amin(dim=-1))  # [R]
+    if not bool(unique.all()):
+        redo = (~unique).nonzero().squeeze(-1)
+        vals[redo], ids[redo] = torch.topk(rows[redo], k, dim=-1)
+    shape = (*x.shape[:-1], k)
+    return vals.reshape(shape), ids.reshape(shape)
 
 
 def markov_walk(
@@ -98,7 +129,7 @@ def walk_candidates(
     if sampling:
         greedy = is_greedy(temperature).view(B, 1)  # [B, 1]
         temp = torch.where(greedy, 1.0, temperature.to(torch.float32).view(B, 1))  # [B, 1]
-    w2f = w2.to(torch.float32)
+    w2f = w2.to(torch.float32) if dense else None  # top-k: only the gathered rows are converted
     wc = None if conf_w_markov is None else conf_w_markov.to(torch.float32)
 
     prev = anchor.to(torch.int64)  # [B] target ids
@@ -111,7 +142,7 @@ def walk_candidates(
         if dense:
             bias = (w2f @ e.T).T  # [B, V_d]: one GEMM over the whole vocabulary
         else:
-            rows = w2f[cand_ids[:, j]]  # [B, k, r]: gather the candidates' W2 rows
+            rows = w2.index_select(0, cand_ids[:, j].reshape(-1)).view(B, k, -1).to(torch.float32)  # [B, k, r]
             bias = torch.bmm(rows, e.unsqueeze(-1)).squeeze(-1)  # [B, k]
         z = cand_vals[:, j] + logit_scale * bias  # [B, k] fp32
         score = z

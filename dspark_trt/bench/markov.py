@@ -1,0 +1,279 @@
+"""One draft round of the Markov walk: dense vs top-k, at Qwen3-8B shapes (V = 151936, r = 256, N = 7).
+
+For each batch B and top-k k it times (median over repeats) the dense walk (N projections over the whole
+vocabulary) and the top-k walk (TopK of the base logits once, then N gathered steps), both the reference
+PyTorch implementations; on CUDA also a native-dtype cuBLAS dense round (``cublas_dense_ms``) and the fused
+Triton kernel (``kernel_ms``: the walk given candidates, ``kernel_speedup`` = cublas_dense_ms / kernel_ms;
+``fused_ms``: torch.topk + the kernel). Ratios are measured in one run; nothing here passes or fails.
+
+Columns: ``speedup`` = dense_ms / topk_ms; ``pass_ms`` = one read pass over the base logits [B, N, V]
+(``amax``); ``floor_ms`` = bytes a top-k round must move (the base logits once + the gathered W2 rows,
+B·N·V·|T| + B·N·k·r·|W|) at the read bandwidth measured in this run. ``dense_floor_ms`` likewise for
+the dense round (N·V·r·|W| + B·N·V·|T|).
+
+    dspark bench markov --device cpu --json rows.json --plot markov.png
+    dspark bench markov --batch 1 --topk 16 --vocab 4099 --repeats 2     # a quick smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..errors import DSparkTrtError
+
+__all__ = ["MarkovBenchConfig", "run_markov_bench", "plot_rows", "format_table", "add_arguments", "run"]
+
+log = logging.getLogger("dspark.bench")
+
+DEFAULT_BATCHES = (1, 8, 64)
+DEFAULT_TOPKS = (64, 128, 256, 512, 1024, 2048, 4096)
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class MarkovBenchConfig:
+    device: str = "cpu"
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    topks: tuple[int, ...] = DEFAULT_TOPKS
+    vocab: int = 151936  # V = V_d (Qwen3-8B)
+    rank: int = 256
+    steps: int = 7  # N
+    repeats: int = 5
+    warmup: int = 1
+    dtype: str | None = None  # weights and logits; None: fp32 on CPU, bf16 on CUDA
+    clock: str = "wall"  # CPU only: "cpu" = this process's CPU time (robust on a shared machine)
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype or ("fp32" if self.device == "cpu" else "bf16")]
+
+
+def _timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], object], int, int], float]:
+    now = time.process_time if clock == "cpu" else time.perf_counter
+
+    def median_ms(fn, repeats: int, warmup: int) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = now()
+                fn()
+                times.append((now() - t0) * 1e3)
+        return statistics.median(times)
+
+    return median_ms
+
+
+def read_bandwidth_gbs(device: torch.device, timer, nbytes: int = 1 << 28) -> float:
+    """Read bandwidth in GB/s: a reduction over ``nbytes`` (256 MiB) of fp32."""
+    x = torch.ones(nbytes // 4, device=device)
+    ms = timer(lambda: x.sum(), 3, 1)
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
+    """Time the rounds; one row per (batch, topk)."""
+    from ..reference.markov import markov_walk
+
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DSparkTrtError("--device cuda needs a CUDA device; none is visible (use --device cpu)")
+    bad = [k for k in cfg.topks if not 1 <= k <= cfg.vocab]
+    if bad:
+        raise DSparkTrtError(f"--topk {bad} must be in [1, --vocab {cfg.vocab}]")
+    dtype = cfg.torch_dtype
+    if cfg.clock not in ("wall", "cpu") or (cfg.clock == "cpu" and device.type != "cpu"):
+        raise DSparkTrtError(f"--clock {cfg.clock}: use wall, or cpu with --device cpu")
+    timer = _timer(device, cfg.clock)
+    g = torch.Generator().manual_seed(cfg.seed)
+    V, r, N = cfg.vocab, cfg.rank, cfg.steps
+    w1 = (torch.randn(V, r, generator=g) / r**0.5).to(device=device, dtype=dtype)  # [V, r]
+    w2 = torch.randn(V, r, generator=g).to(device=device, dtype=dtype)  # [V_d, r]
+    bw = read_bandwidth_gbs(device, timer)
+    wsize, tsize = w2.element_size(), torch.empty((), dtype=dtype).element_size()
+    kernel = None
+    if device.type == "cuda":
+        from ..plugins.dispatch import fallback_reason
+
+        why = fallback_reason(device, topk=min(cfg.topks), rank=r, num_draft_tokens=N, logits_dtype=dtype,
+                              weights_dtype=dtype)
+        if why is None:
+            from ..plugins.kernel import MAX_TOPK, topk_markov_walk
+
+            kernel = topk_markov_walk
+        else:
+            log.warning("fused kernel not timed: %s", why)
+    rows = []
+    for B in cfg.batches:
+        base = (torch.randn(B, N, V, generator=g) * 3).to(device=device, dtype=dtype)  # [B, N, V]
+        anchor = torch.randint(0, V, (B,), generator=g).to(device)
+        pass_ms = timer(lambda: torch.amax(base, dim=-1), cfg.repeats, cfg.warmup)
+        dense_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=None), cfg.repeats, cfg.warmup)
+        cublas_ms = None
+        if device.type == "cuda":  # the dense round as a native-dtype cuBLAS loop (what the kernel must beat)
+            cublas_ms = timer(lambda: _dense_round_native(base, anchor, w1, w2), cfg.repeats, cfg.warmup)
+        log.info("B=%d: dense %.2f ms, one pass over the base logits %.3f ms", B, dense_ms, pass_ms)
+        for k in cfg.topks:
+            topk_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=k), cfg.repeats, cfg.warmup)
+            row = {
+                "device": device.type,
+                "batch": B,
+                "topk": k,
+                "dense_ms": round(dense_ms, 4),
+                "topk_ms": round(topk_ms, 4),
+                "speedup": round(dense_ms / topk_ms, 2),
+                "floor_ms": round((B * N * V * tsize + B * N * k * r * wsize) / (bw * 1e6), 4),
+                "dense_floor_ms": round((N * V * r * wsize + B * N * V * tsize) / (bw * 1e6), 4),
+                "pass_ms": round(pass_ms, 4),
+                "topk_vs_pass": round(topk_ms / pass_ms, 2),
+            }
+            if cublas_ms is not None:
+                row["cublas_dense_ms"] = round(cublas_ms, 4)
+            if kernel is not None and k <= MAX_TOPK:
+                vals, ids = torch.topk(base, k, dim=-1)  # [B, N, k] as the engine's TopK hands them over
+                rest = (anchor.to(torch.int32), w1, w2, torch.zeros(V, dtype=torch.int32, device=device),
+                        torch.zeros(B, device=device), torch.zeros(B, dtype=torch.int32, device=device),
+                        torch.zeros(B, dtype=torch.int32, device=device), torch.zeros(B, N, device=device),
+                        torch.zeros(r, device=device))
+
+                def fused():  # TopK + the walk: a whole top-k round
+                    v, i = torch.topk(base, k, dim=-1)
+                    return kernel(v, i.to(torch.int32), *rest, logit_scale=1.0)
+
+                kernel_ms = timer(lambda: kernel(vals, ids.to(torch.int32), *rest, logit_scale=1.0), cfg.repeats,
+                                  cfg.warmup)
+                fused_ms = timer(fused, cfg.repeats, cfg.warmup)
+                row.update(kernel_ms=round(kernel_ms, 4), kernel_speedup=round(cublas_ms / kernel_ms, 2),
+                           fused_ms=round(fused_ms, 4),
+                           kernel_floor_ms=round(B * N * k * r * wsize / (bw * 1e6), 4))
+            rows.append(row)
+            log.info("B=%d k=%d: top-k %.3f ms (%.1fx dense)", B, k, topk_ms, row["speedup"])
+        del base
+    return rows
+
+
+def _dense_round_native(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """A dense greedy round in the weights' dtype: N GEMMs [B, r] × [r, V_d] (cuBLAS on CUDA) and argmaxes."""
+    prev, tokens = anchor, []
+    for j in range(base.shape[1]):
+        prev = (base[:, j] + w1[prev] @ w2.T).argmax(dim=-1)  # [B]
+        tokens.append(prev)
+    return torch.stack(tokens, dim=1)
+
+
+def format_table(rows: list[dict]) -> str:
+    cols = ["device", "batch", "topk", "dense_ms", "topk_ms", "speedup", "pass_ms", "topk_vs_pass", "floor_ms"]
+    if any("kernel_ms" in r for r in rows):
+        cols += ["cublas_dense_ms", "kernel_ms", "kernel_speedup", "fused_ms", "kernel_floor_ms"]
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(str(r.get(c, "")).rjust(w) for c, w in zip(cols, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def plot_rows(rows: list[dict], path: str) -> None:
+    """Speed ratio vs k, one line per batch (and per kernel when timed); log-scaled axes."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DSparkTrtError("--plot needs matplotlib: pip install 'dspark-trt[bench]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for B in sorted({r["batch"] for r in rows}):
+        rs = [r for r in rows if r["batch"] == B]
+        ax.plot([r["topk"] for r in rs], [r["speedup"] for r in rs], marker="o", label=f"reference top-k, B={B}")
+        if any("kernel_speedup" in r for r in rs):
+            ks = [r for r in rs if "kernel_speedup" in r]
+            ax.plot([r["topk"] for r in ks], [r["kernel_speedup"] for r in ks], marker="s", linestyle="--",
+                    label=f"fused kernel, B={B}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("top-k candidates per slot")
+    ax.set_ylabel("speed ratio vs dense round")
+    ax.set_title(f"Markov walk, one draft round ({rows[0]['device']})" if rows else "Markov walk")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    import os
+    import tempfile
+    from pathlib import Path
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.", suffix=".png", dir=Path(path).parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)  # atomic: a half-written plot never replaces a good one
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default cpu")
+    p.add_argument("--batch", type=_int_list, default=None, help="batch sizes, e.g. 1,8,64 (default)")
+    p.add_argument("--topk", type=_int_list, default=None, help="top-k values (default 64,...,4096)")
+    p.add_argument("--vocab", type=int, default=None, help="V = V_d (default 151936, Qwen3-8B)")
+    p.add_argument("--rank", type=int, default=None, help="Markov rank r (default 256)")
+    p.add_argument("--steps", type=int, default=None, help="N draft tokens (default 7)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats, median reported (default 5)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default=None,
+                   help="wall time (default) or, on CPU, this process's CPU time (steadier on a busy machine)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the rows as JSON to PATH (or stdout without PATH) instead of the table")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write a speed-ratio plot")
+    p.add_argument("--force", action="store_true", help="replace existing --json/--plot files")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    given = {"device": args.device, "batches": args.batch, "topks": args.topk, "vocab": args.vocab,
+             "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock}
+    cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    for path in (args.json, args.plot):
+        if path not in (None, "-") and Path(path).exists() and not args.force:
+            raise DSparkTrtError(f"{path} exists; pass --force to replace it (or choose another path)")
+    rows = run_markov_bench(cfg)
+    if args.plot:
+        plot_rows(rows, args.plot)
+    if args.json == "-":
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+    else:
+        if args.json:
+            from ..atomic import atomic_write_text
+
+            atomic_write_text(args.json, json.dumps(rows, indent=1) + "\n")
+        print(format_table(rows))
+    return 0

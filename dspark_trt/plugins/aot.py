@@ -1,0 +1,417 @@
+"""Ahead-of-time PTX for the fused top-k Markov walk: what a TensorRT engine embeds, built on a CPU machine.
+
+``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))`` needs no
+GPU. The PTX is what TensorRT's quickly-deployable AOT plugin stores in the engine; the driver JIT-compiles
+it at load time, so its ISA version must be one the deployment driver accepts (driver 580 / CUDA 13.0 →
+ISA ≤ 9.0). Triton's default ISA follows its bundled ptxas (ISA 9.4 for sm_90 with Triton 3.9), so we cap
+it with the ``ptx_version`` compile option (``ptx_isa``, default 9.0) and fall back to Triton's default when
+its ptxas is older than the cap (Triton 3.6 ships CUDA 12.8's ptxas → ISA 8.7). ``validate_ptx`` assembles
+the result with another ptxas — CUDA 13.0's next to ``nvcc`` here — which is what a CUDA 13.0 driver does.
+
+Everything the export manifest and the TensorRT plugin need is a pure function of ``WalkKernelSpec`` and
+two numbers of the compiled kernel (``num_warps``, ``shared``): kernel name, signature, int32 extra
+arguments, launch parameters. ``write_ptx_artifacts`` writes the PTX files and returns a JSON-able dict.
+
+Calling convention (TensorRT AOT): ``(11 input pointers, 2 int32 extras, 3 output pointers)``, grid
+``(B, 1, 1)``, block ``(num_warps · 32, 1, 1)``. Triton ≥ 3.3 appends scratch pointer parameters
+(``global_scratch``, and ``profile_scratch`` from 3.5) that this kernel never reads (both sizes are 0,
+checked at build time); ``trailing_params`` records how many, and a launcher must pass null pointers there.
+
+Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 ...]``: prints the dict and
+writes it to ``DIR/dspark_topk_markov_walk.json`` (what ``gpu_check --ptx-dir DIR`` reads).
+It refuses to run under ``TRITON_INTERPRET=1``: the interpreter replaces the kernel that would be compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DSparkTrtError
+from .contract import INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, PLUGIN_VERSION
+
+__all__ = [
+    "DTYPE_NAMES",
+    "DEFAULT_ARCHS",
+    "DEFAULT_PTX_ISA",
+    "EXTRA_ARGS",
+    "WalkKernelSpec",
+    "CompiledWalkKernel",
+    "kernel_signature",
+    "kernel_constexprs",
+    "launch_params",
+    "extra_arg_values",
+    "compile_walk_kernel",
+    "ptx_isa_version",
+    "ptx_param_count",
+    "validate_ptx",
+    "find_ptxas",
+    "write_ptx_artifacts",
+]
+
+#: contract dtype name → Triton pointer element type
+DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: fixed contract dtypes → Triton element type
+_FIXED = {"int32": "i32", "float32": "fp32"}
+DEFAULT_ARCHS = (80, 90)
+DEFAULT_PTX_ISA = 90  # ISA 9.0: what a CUDA 13.0 driver (580) JIT-compiles
+DESCRIPTION_FILE = "dspark_topk_markov_walk.json"  # what the CLI writes beside the .ptx files
+
+#: the int32 extra arguments, in order: (kernel argument, input whose shape gives the value, dimension)
+EXTRA_ARGS = (("vocab", "markov_w1", 0), ("draft_vocab", "markov_w2", 0))
+
+
+@dataclass(frozen=True)
+class WalkKernelSpec:
+    """One compiled variant: every constexpr plus the dtypes and the target."""
+
+    num_draft_tokens: int  # N
+    topk: int  # k
+    rank: int  # r
+    logit_scale: float
+    logits_dtype: str = "bfloat16"  # contract "T": float32 | float16 | bfloat16
+    weights_dtype: str = "bfloat16"  # contract "W"
+    arch: int = 90  # compute capability, e.g. 80, 90
+    ptx_isa: int | None = DEFAULT_PTX_ISA  # cap on the PTX ISA (90 = 9.0); None = Triton's default
+
+    def __post_init__(self):
+        from .kernel import MAX_RANK, MAX_TOPK
+
+        for what, dt in (("logits_dtype", self.logits_dtype), ("weights_dtype", self.weights_dtype)):
+            if dt not in DTYPE_NAMES:
+                raise DSparkTrtError(f"{what} {dt!r} is not one of {', '.join(DTYPE_NAMES)}")
+        if not 1 <= self.topk <= MAX_TOPK:
+            raise DSparkTrtError(f"top-k {self.topk} is outside [1, {MAX_TOPK}] (TensorRT's TopK limit)")
+        if not 1 <= self.rank <= MAX_RANK:
+            raise DSparkTrtError(f"Markov rank {self.rank} is outside [1, {MAX_RANK}]")
+        if self.num_draft_tokens < 1:
+            raise DSparkTrtError(f"num_draft_tokens {self.num_draft_tokens} must be >= 1")
+        if self.arch < 80:
+            raise DSparkTrtError(f"compute capability {self.arch} is below 80; the kernel targets sm_80 and newer")
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.arch}{'a' if self.arch >= 90 else ''}"  # Triton's naming: sm_90a
+
+    @property
+    def file_name(self) -> str:
+        t, w = DTYPE_NAMES[self.logits_dtype], DTYPE_NAMES[self.weights_dtype]
+        return f"{kernel_name()}.{self.sm}.{t}-{w}.n{self.num_draft_tokens}k{self.topk}r{self.rank}.ptx"
+
+
+def kernel_name() -> str:
+    from .kernel import KERNEL_NAME
+
+    return KERNEL_NAME
+
+
+def kernel_signature(spec: WalkKernelSpec) -> list[tuple[str, str]]:
+    """(argument, Triton type) for every runtime argument, in launch order: inputs, int32 extras, outputs."""
+    def ty(dtype: str) -> str:
+        if dtype == "T":
+            return DTYPE_NAMES[spec.logits_dtype]
+        if dtype == "W":
+            return DTYPE_NAMES[spec.weights_dtype]
+        return _FIXED[dtype]
+
+    return ([(c.name, "*" + ty(c.dtype)) for c in INPUTS]
+            + [(name, "i32") for name, _, _ in EXTRA_ARGS]
+            + [(c.name, "*" + ty(c.dtype)) for c in OUTPUTS])
+
+
+def kernel_constexprs(spec: WalkKernelSpec) -> dict[str, int | float]:
+    from .kernel import tile_config
+
+    tiles = tile_config(spec.topk, spec.rank)
+    return dict(N=spec.num_draft_tokens, K=spec.topk, R=spec.rank, BLOCK_K=tiles.block_k, BLOCK_R=tiles.block_r,
+                LOGIT_SCALE=float(spec.logit_scale))
+
+
+def num_warps(spec: WalkKernelSpec) -> int:
+    from .kernel import tile_config
+
+    return tile_config(spec.topk, spec.rank).num_warps
+
+
+def launch_params(num_warps: int, shared_mem: int, batch: int | str = "B") -> dict:
+    """Grid (one program per request), block and dynamic shared memory, as TensorRT's KernelLaunchParams."""
+    return {"grid": [batch, 1, 1], "block": [num_warps * 32, 1, 1], "shared_mem": int(shared_mem)}
+
+
+def extra_arg_values(shapes: dict[str, tuple[int, ...]]) -> list[int]:
+    """The int32 extra arguments given the inputs' concrete shapes by name (a launcher's view of ``EXTRA_ARGS``)."""
+    return [int(shapes[src][dim]) for _, src, dim in EXTRA_ARGS]
+
+
+_VERSION_RE = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
+_ENTRY_RE = re.compile(r"\.entry\s+(\w+)\s*\(([^)]*)\)", re.DOTALL)
+
+
+def ptx_isa_version(ptx: str) -> str:
+    """The ``.version`` line of a PTX module, e.g. ``"9.0"``."""
+    m = _VERSION_RE.search(ptx)
+    if m is None:
+        raise DSparkTrtError("PTX has no .version line; is this a PTX file?")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def ptx_param_count(ptx: str, name: str) -> int:
+    """How many parameters the ``.entry name`` declares."""
+    for entry, params in _ENTRY_RE.findall(ptx):
+        if entry == name:
+            return params.count(".param")
+    raise DSparkTrtError(f"PTX has no .entry {name}")
+
+
+@dataclass(frozen=True)
+class CompiledWalkKernel:
+    spec: WalkKernelSpec
+    name: str
+    ptx: str
+    num_warps: int
+    shared_mem: int
+    ptx_isa: str  # "9.0"
+    triton_version: str
+
+    @property
+    def trailing_params(self) -> int:
+        """Parameters after the outputs (Triton's scratch pointers): pass null pointers there."""
+        return ptx_param_count(self.ptx, self.name) - len(kernel_signature(self.spec))
+
+    @property
+    def launch(self) -> dict:
+        return launch_params(self.num_warps, self.shared_mem)
+
+
+@contextlib.contextmanager
+def _fresh_triton_cache():
+    """A private TRITON_CACHE_DIR for one build: its key ignores the ptxas in use (tensorrt-notes §10)."""
+    old = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="dspark-triton-cache-") as d:
+        os.environ["TRITON_CACHE_DIR"] = d
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = old
+
+
+def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
+    """``triton.compile`` the kernel for ``spec`` (no GPU needed); checks what the AOT launch relies on."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .kernel import dspark_topk_markov_walk, interpreting
+
+    if interpreting():
+        raise DSparkTrtError("AOT compilation cannot run with TRITON_INTERPRET=1 (the interpreter replaces the "
+                             "kernel); run `python -m dspark_trt.plugins.aot` in a process without it")
+    fn = dspark_topk_markov_walk
+    signature = dict(kernel_signature(spec))
+    constexprs = kernel_constexprs(spec)
+    signature.update({name: "constexpr" for name in constexprs})
+    options = {"num_warps": num_warps(spec), "enable_fp_fusion": False}
+    target = GPUTarget("cuda", spec.arch, 32)
+    isa = spec.ptx_isa
+    default = _triton_default_isa(spec.arch)
+    if isa is not None and default is not None:
+        isa = min(isa, default)  # Triton's ptxas must accept it too
+    with _fresh_triton_cache():
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # Triton prints the failing PTX to stdout
+                compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target,
+                                          options={**options, "ptx_version": isa})
+        except Exception as e:  # an older ptxas than we could tell: use Triton's own (lower) default ISA
+            if isa is None or "Unsupported .version" not in str(e):
+                raise
+            compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options)
+    meta = compiled.metadata
+    for scratch in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(meta, scratch, 0):
+            raise DSparkTrtError(f"the compiled kernel needs {scratch}={getattr(meta, scratch)} bytes, which "
+                                 f"TensorRT's AOT launch cannot provide; this Triton version is not supported")
+    ptx = compiled.asm["ptx"]
+    if isinstance(ptx, bytes):
+        ptx = ptx.decode()
+    isa = ptx_isa_version(ptx)
+    if spec.ptx_isa is not None and _isa_number(isa) > spec.ptx_isa:
+        raise DSparkTrtError(f"PTX ISA {isa} exceeds the requested cap {spec.ptx_isa // 10}.{spec.ptx_isa % 10}")
+    return CompiledWalkKernel(spec=spec, name=meta.name, ptx=ptx, num_warps=meta.num_warps,
+                              shared_mem=meta.shared, ptx_isa=isa, triton_version=triton.__version__)
+
+
+def _triton_default_isa(arch: int) -> int | None:
+    """The PTX ISA Triton would emit for ``arch`` (from its bundled ptxas), or None if it cannot be told."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas, ptx_get_version
+
+        return int(ptx_get_version(get_ptxas(arch).version))
+    except Exception:  # internal API (present in Triton 3.6-3.9); the compile falls back on its own
+        return None
+
+
+def _isa_number(isa: str) -> int:
+    major, minor = isa.split(".")
+    return int(major) * 10 + int(minor)
+
+
+def find_ptxas() -> str | None:
+    """The CUDA toolkit's ptxas (next to nvcc), or None."""
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(nvcc).resolve().parent / "ptxas"] if nvcc else []
+    candidates += [Path(p) for p in filter(None, [shutil.which("ptxas")])]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
+def ptxas_version(ptxas: str) -> str:
+    out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else out.strip().splitlines()[-1]
+
+
+def validate_ptx(ptx: str, sm: str, ptxas: str) -> dict:
+    """Assemble PTX with ``ptxas`` (as a driver of that CUDA version would JIT it): registers, spills."""
+    with tempfile.TemporaryDirectory(prefix="dspark-ptxas-") as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        proc = subprocess.run([ptxas, f"--gpu-name={sm}", "-v", str(src), "-o", str(Path(d) / "k.cubin")],
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DSparkTrtError(f"ptxas {ptxas} rejected the PTX for {sm}: {proc.stderr.strip().splitlines()[-1:]}")
+    regs = re.search(r"Used (\d+) registers", proc.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", proc.stderr)
+    return {"ptxas": ptxas, "ptxas_version": ptxas_version(ptxas), "registers": int(regs.group(1)) if regs else None,
+            "spill_store_bytes": int(spills.group(1)) if spills else 0}
+
+
+def write_ptx_artifacts(
+    out_dir: str | Path,
+    *,
+    num_draft_tokens: int,
+    topk: int,
+    rank: int,
+    logit_scale: float,
+    dtypes: tuple[tuple[str, str], ...] = (("bfloat16", "bfloat16"),),
+    archs: tuple[int, ...] = DEFAULT_ARCHS,
+    ptx_isa: int | None = DEFAULT_PTX_ISA,
+    validate_with: str | None = None,
+) -> dict:
+    """Compile one PTX per (arch, dtype pair) into ``out_dir`` and return their JSON-able description.
+
+    ``validate_with``: a ptxas to assemble each file with (``find_ptxas()``: the CUDA toolkit's); the result
+    is recorded under ``validated``. Files are written atomically; an existing file of the same name is
+    replaced only if its content is identical (the name encodes every input of the build).
+    """
+    from ..atomic import atomic_write_text
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kernels = []
+    triton_version = None
+    for arch in archs:
+        for logits_dtype, weights_dtype in dtypes:
+            spec = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), logits_dtype, weights_dtype,
+                                  arch, ptx_isa)
+            ck = compile_walk_kernel(spec)
+            triton_version = ck.triton_version
+            path = out_dir / spec.file_name
+            if path.exists() and path.read_text() != ck.ptx:
+                raise DSparkTrtError(f"{path} exists with different content; remove it or choose another directory")
+            atomic_write_text(path, ck.ptx)
+            entry = {
+                "file": spec.file_name,
+                "arch": spec.sm,
+                "compute_capability": arch,
+                "ptx_isa": ck.ptx_isa,
+                "logits_dtype": logits_dtype,
+                "weights_dtype": weights_dtype,
+                "num_warps": ck.num_warps,
+                "launch": ck.launch,
+                "params": ptx_param_count(ck.ptx, ck.name),
+                "trailing_params": ck.trailing_params,
+                "sha256": hashlib.sha256(ck.ptx.encode()).hexdigest(),
+            }
+            if validate_with:
+                entry["validated"] = validate_ptx(ck.ptx, spec.sm, validate_with)
+            kernels.append(entry)
+    first = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), *dtypes[0], archs[0], ptx_isa)
+    return {
+        "op": OP_NAME,
+        "plugin": PLUGIN_ID,
+        "plugin_version": PLUGIN_VERSION,
+        "kernel_name": kernel_name(),
+        "triton_version": triton_version,
+        "calling_convention": "input pointers, int32 extra arguments, output pointers, then a null pointer for "
+                              "each trailing parameter",
+        "constexprs": kernel_constexprs(first),
+        "signature": [{"name": n, "type": t} for n, t in kernel_signature(first)],
+        "extra_args": [{"name": n, "dtype": "int32", "input": src, "dim": dim} for n, src, dim in EXTRA_ARGS],
+        "kernels": kernels,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def _parse_dtypes(text: str) -> tuple[tuple[str, str], ...]:
+    aliases = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", **{v: v for v in DTYPE_NAMES}}
+    pairs = []
+    for item in text.split(","):
+        t, _, w = item.strip().partition("-")
+        w = w or t
+        if t not in aliases or w not in aliases:
+            raise DSparkTrtError(f"--dtypes item {item!r} must be LOGITS[-WEIGHTS] from fp32/fp16/bf16, e.g. bf16-bf16")
+        pairs.append((aliases[t], aliases[w]))
+    return tuple(pairs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dspark_trt.plugins.aot", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="directory for the .ptx files")
+    p.add_argument("--n", type=int, default=7, help="num_draft_tokens N (default 7)")
+    p.add_argument("--k", type=int, default=512, help="top-k candidates per slot (default 512)")
+    p.add_argument("--rank", type=int, default=256, help="Markov rank r (default 256)")
+    p.add_argument("--logit-scale", type=float, default=1.0)
+    p.add_argument("--dtypes", default="bf16-bf16", help="comma list of LOGITS-WEIGHTS (default bf16-bf16)")
+    p.add_argument("--archs", default="80,90", help="compute capabilities (default 80,90)")
+    p.add_argument("--ptx-isa", default="9.0", help="PTX ISA cap, e.g. 9.0 for CUDA 13.0 drivers; 'triton' = "
+                                                    "Triton's default")
+    p.add_argument("--validate", action="store_true", help="assemble each PTX with the CUDA toolkit's ptxas")
+    args = p.parse_args(argv)
+    try:
+        isa = None if args.ptx_isa == "triton" else _isa_number(args.ptx_isa)
+        ptxas = find_ptxas() if args.validate else None
+        if args.validate and ptxas is None:
+            raise DSparkTrtError("--validate needs a CUDA toolkit ptxas (nvcc's directory or PATH)")
+        info = write_ptx_artifacts(args.out, num_draft_tokens=args.n, topk=args.k, rank=args.rank,
+                                   logit_scale=args.logit_scale, dtypes=_parse_dtypes(args.dtypes),
+                                   archs=tuple(int(a) for a in args.archs.split(",")), ptx_isa=isa,
+                                   validate_with=ptxas)
+        from ..atomic import atomic_write_text
+
+        atomic_write_text(Path(args.out) / DESCRIPTION_FILE, json.dumps(info, indent=2) + "\n")
+    except DSparkTrtError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

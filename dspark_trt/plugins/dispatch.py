@@ -1,0 +1,115 @@
+"""Which Markov walk the PyTorch runtime runs: the fused Triton kernel on CUDA when it supports the case,
+else the reference ``markov_walk``. Both have the signature and result of ``reference.markov.markov_walk``.
+
+    walk = select_markov_walk(device, topk=512, rank=256, num_draft_tokens=7,
+                              logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16)
+    result = walk(base_logits, anchor, w1, w2, topk=512, logit_scale=s, temperature=T, seed=seed, positions=pos)
+
+The choice and, for a fallback, its reason are logged once per distinct case.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+from typing import Callable
+
+import torch
+
+from ..reference.markov import MarkovWalkResult, markov_walk, select_candidates
+from ..reference.sampling import HASH_PRIME
+
+__all__ = ["select_markov_walk", "fused_markov_walk", "fallback_reason"]
+
+log = logging.getLogger("dspark.plugins")
+
+
+def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
+                    logits_dtype: torch.dtype, weights_dtype: torch.dtype) -> str | None:
+    """Why the reference walk must run instead of the fused kernel (one line), or None when the kernel can."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"device {device} is not CUDA"
+    if topk is None:
+        return "dense Markov head (no top-k): one GEMM per step is already the fast path"
+    if importlib.util.find_spec("triton") is None:
+        return "OpenAI Triton is not installed (pip install 'dspark-trt[kernels]')"
+    from .kernel import kernel_unsupported_reason
+
+    return kernel_unsupported_reason(k=topk, r=rank, n=num_draft_tokens, logits_dtype=logits_dtype,
+                                     weights_dtype=weights_dtype, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _log_choice(choice: str, reason: str | None) -> None:
+    if reason is None:
+        log.info("Markov walk: %s", choice)
+    else:
+        log.info("Markov walk: %s (fused kernel not used: %s)", choice, reason)
+
+
+def select_markov_walk(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
+                       logits_dtype: torch.dtype = torch.float32, weights_dtype: torch.dtype = torch.float32,
+                       use_kernel: bool = True) -> Callable[..., MarkovWalkResult]:
+    """The walk function for this device and case: ``fused_markov_walk`` or ``reference.markov.markov_walk``."""
+    reason = "disabled by the caller" if not use_kernel else fallback_reason(
+        device, topk=topk, rank=rank, num_draft_tokens=num_draft_tokens, logits_dtype=logits_dtype,
+        weights_dtype=weights_dtype)
+    if reason is None:
+        _log_choice(f"fused Triton kernel (k={topk}, r={rank}, N={num_draft_tokens})", None)
+        return fused_markov_walk
+    _log_choice("reference PyTorch walk", reason)
+    return markov_walk
+
+
+def _int32_key(x: torch.Tensor | None, like: torch.Tensor, B: int) -> torch.Tensor:
+    """A non-negative noise key as int32 *without changing the noise*: the hash only sees it modulo 2^31 - 1."""
+    if x is None:
+        return torch.zeros(B, dtype=torch.int32, device=like.device)
+    return (x.to(device=like.device, dtype=torch.int64) % HASH_PRIME).to(torch.int32)
+
+
+def fused_markov_walk(
+    base_logits: torch.Tensor,  # [B, N, V_d] already × logit_scale
+    anchor: torch.Tensor,  # [B] int target ids
+    w1: torch.Tensor,  # [V, r]
+    w2: torch.Tensor,  # [V_d, r]
+    *,
+    topk: int | None = None,
+    logit_scale: float = 1.0,
+    d2t: torch.Tensor | None = None,
+    temperature: torch.Tensor | None = None,
+    seed: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    conf_base: torch.Tensor | None = None,
+    conf_w_markov: torch.Tensor | None = None,
+) -> MarkovWalkResult:
+    """``reference.markov.markov_walk`` with the walk in one fused kernel launch (CUDA; top-k only)."""
+    from ..errors import DSparkTrtError
+    from .kernel import topk_markov_walk
+
+    if topk is None:
+        raise DSparkTrtError("the fused Markov kernel walks top-k candidates; use reference markov_walk for dense")
+    if temperature is not None and (seed is None or positions is None):
+        raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
+    cand_vals, cand_ids = select_candidates(base_logits, topk)  # [B, N, k] fp32, int64 (the reference's choice)
+    B, N, k = cand_vals.shape
+    dev = cand_vals.device
+    r = w1.shape[1]
+    tokens, cand_logits, confidence = topk_markov_walk(
+        cand_vals,
+        cand_ids.to(torch.int32),
+        anchor.to(device=dev, dtype=torch.int32),
+        w1,
+        w2,
+        torch.zeros(w2.shape[0], dtype=torch.int32, device=dev) if d2t is None else d2t.to(dev, torch.int32),
+        torch.zeros(B, device=dev) if temperature is None else temperature.to(dev, torch.float32),
+        _int32_key(seed, cand_vals, B),
+        _int32_key(positions, cand_vals, B),
+        torch.zeros(B, N, device=dev) if conf_base is None else conf_base.to(dev, torch.float32).contiguous(),
+        torch.zeros(r, device=dev) if conf_w_markov is None else conf_w_markov.to(dev, torch.float32),
+        logit_scale=float(logit_scale),
+    )
+    return MarkovWalkResult(tokens=tokens.to(torch.int64), cand_ids=cand_ids, cand_logits=cand_logits,
+                            confidence=confidence if conf_base is not None else None)

@@ -1,0 +1,142 @@
+"""Random inputs for the ``DSparkTopKMarkov`` op and a tie-robust comparison of two walks.
+
+Shared by the kernel tests (Triton interpreter on CPU), the dispatch tests and the GPU check script, so
+every executor of the op is held to the same oracle (``contract.reference_op``) in the same way.
+
+Tie robustness: two executors may sum the rank-r dot products in different orders, so two candidates
+whose scores are within rounding of each other may be picked differently. ``compare_walks`` accepts a
+different token only where the reference's own scores make it a near-tie, and then stops comparing that
+request (its later steps follow a different predecessor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
+
+__all__ = ["WalkCase", "make_walk_inputs", "compare_walks", "WalkMismatch"]
+
+
+@dataclass(frozen=True)
+class WalkCase:
+    batch: int = 5  # B
+    steps: int = 7  # N
+    vocab: int = 257  # V (target vocabulary: rows of W1)
+    rank: int = 8  # r
+    topk: int = 16  # k
+    draft_vocab: int | None = None  # V_d (rows of W2); None = V (then d2t is all zeros)
+    logits_dtype: torch.dtype = torch.float32
+    weights_dtype: torch.dtype = torch.float32
+    logit_scale: float = 1.0
+    mode: str = "greedy"  # greedy | sampled | mixed (per-request temperatures, some greedy)
+    seed: int = 0
+
+    @property
+    def vd(self) -> int:
+        return self.vocab if self.draft_vocab is None else self.draft_vocab
+
+
+def _temperatures(case: WalkCase) -> torch.Tensor:
+    B = case.batch
+    if case.mode == "greedy":
+        return torch.zeros(B)
+    if case.mode == "sampled":
+        return torch.linspace(0.6, 1.4, B) if B > 1 else torch.tensor([0.8])
+    if case.mode == "mixed":  # greedy, sampled and the 1e-5 threshold on both sides, in one launch
+        pattern = torch.tensor([0.0, 0.7, 1e-5, 1.3, 5e-6])  # 1e-5 samples, 5e-6 is greedy
+        return pattern.repeat((B + 4) // 5)[:B]
+    raise ValueError(f"unknown mode {case.mode!r}")
+
+
+def make_walk_inputs(case: WalkCase, device: torch.device | str = "cpu", *, shuffle: bool = True) -> tuple:
+    """The op's 11 inputs in contract order, random but determined by ``case.seed``.
+
+    Candidates are the top-k of random base logits, in random order when ``shuffle`` (order must not matter).
+    """
+    g = torch.Generator().manual_seed(case.seed)
+    B, N, V, Vd, r, k = case.batch, case.steps, case.vocab, case.vd, case.rank, case.topk
+    base = torch.randn(B, N, Vd, generator=g) * 3.0  # [B, N, V_d]
+    base = base.to(case.logits_dtype).to(torch.float32)  # representable in the logits dtype
+    vals, ids = torch.topk(base, k, dim=-1)  # [B, N, k]
+    if shuffle:
+        perm = torch.argsort(torch.rand(B, N, k, generator=g), dim=-1)
+        vals, ids = vals.gather(-1, perm), ids.gather(-1, perm)
+    w1 = torch.randn(V, r, generator=g) / r**0.5  # e = W1[prev] has unit-scale dot products with W2 rows
+    w2 = torch.randn(Vd, r, generator=g)
+    if Vd < V:  # reduced vocabulary: draft id d ↦ target id t(d), strictly increasing, as speculators' d2t
+        targets = torch.sort(torch.randperm(V, generator=g)[:Vd]).values
+        d2t = targets - torch.arange(Vd)
+    else:
+        d2t = torch.zeros(Vd, dtype=torch.int64)
+    inputs = (
+        vals.to(case.logits_dtype),  # cand_values [B, N, k] T
+        ids.to(torch.int32),  # cand_ids [B, N, k]
+        torch.randint(0, V, (B,), generator=g, dtype=torch.int32),  # anchor [B]
+        w1.to(case.weights_dtype),  # markov_w1 [V, r] W
+        w2.to(case.weights_dtype),  # markov_w2 [V_d, r] W
+        d2t.to(torch.int32),  # d2t [V_d]
+        _temperatures(case),  # temperature [B] fp32
+        torch.randint(0, 2**31 - 1, (B,), generator=g, dtype=torch.int32),  # seed [B]
+        torch.randint(0, 1 << 20, (B,), generator=g, dtype=torch.int32),  # position [B]
+        torch.randn(B, N, generator=g),  # conf_base [B, N] fp32
+        torch.randn(r, generator=g) / r**0.5,  # conf_w [r] fp32
+    )
+    return tuple(t.to(device) for t in inputs)
+
+
+class WalkMismatch(AssertionError):
+    pass
+
+
+def _scores(z: torch.Tensor, ids: torch.Tensor, temp: float, seed: int, pos: int) -> torch.Tensor:
+    """What the walk argmaxes at one step: z (greedy) or z / T + Gumbel noise (reference noise)."""
+    if bool(is_greedy(torch.tensor([temp]))[0]):
+        return z
+    g = gumbel_noise(torch.tensor(seed), torch.tensor(pos), ids.to(torch.int64), DRAFT_SALT)
+    return z / torch.tensor(temp, dtype=torch.float32) + g
+
+
+def compare_walks(got: tuple, want: tuple, inputs: tuple, *, atol: float, rtol: float,
+                  tie_tol: float = 1e-4) -> dict:
+    """Check (draft_tokens, cand_logits, confidence) ``got`` against the reference ``want``.
+
+    Logits and confidences must be close (``atol``/``rtol``) at every step up to and including a request's
+    first token difference; a token difference is allowed only where the reference's score of the
+    candidate ``got`` picked is within ``tie_tol`` of the best score (a near-tie). Raises ``WalkMismatch``
+    naming the request, step and values; returns ``{"steps": compared, "near_ties": n}``.
+    """
+    tok_g, log_g, conf_g = (t.detach().cpu() for t in got)
+    tok_w, log_w, conf_w = (t.detach().cpu() for t in want)
+    ids, d2t, temp, seed, pos = (inputs[i].detach().cpu() for i in (1, 5, 6, 7, 8))
+    B, N, k = log_w.shape
+    for name, a, b in (("draft_tokens", tok_g, tok_w), ("cand_logits", log_g, log_w), ("confidence", conf_g, conf_w)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise WalkMismatch(f"{name}: got {a.dtype}{tuple(a.shape)}, want {b.dtype}{tuple(b.shape)}")
+    steps = ties = 0
+    for b in range(B):
+        for j in range(N):
+            steps += 1
+            if not torch.allclose(log_g[b, j], log_w[b, j], atol=atol, rtol=rtol):
+                err = (log_g[b, j] - log_w[b, j]).abs()
+                c = int(torch.nan_to_num(err, nan=float("inf")).argmax())
+                raise WalkMismatch(f"cand_logits[{b}, {j}, {c}] = {log_g[b, j, c].item()!r}, reference "
+                                   f"{log_w[b, j, c].item()!r} (|diff| {err[c].item():.3g} > atol {atol} + rtol {rtol})")
+            if not torch.allclose(conf_g[b, j], conf_w[b, j], atol=atol, rtol=rtol):
+                raise WalkMismatch(f"confidence[{b}, {j}] = {conf_g[b, j].item()!r}, reference {conf_w[b, j].item()!r}")
+            if tok_g[b, j] == tok_w[b, j]:
+                continue
+            score = _scores(log_w[b, j], ids[b, j], float(temp[b]), int(seed[b]), int(pos[b]) + j)
+            target_ids = ids[b, j].to(torch.int64) + d2t[ids[b, j].to(torch.int64)].to(torch.int64)
+            picked = target_ids == tok_g[b, j].to(torch.int64)
+            if not picked.any():
+                raise WalkMismatch(f"draft_tokens[{b}, {j}] = {int(tok_g[b, j])} is not a candidate's target id")
+            gap = (score.max() - score[picked].max()).item()
+            if gap > tie_tol:
+                raise WalkMismatch(f"draft_tokens[{b}, {j}] = {int(tok_g[b, j])}, reference {int(tok_w[b, j])}: "
+                                   f"its reference score is {gap:.3g} below the best (not a near-tie)")
+            ties += 1
+            break  # later steps of this request follow a different predecessor
+    return {"steps": steps, "near_ties": ties}

@@ -1,0 +1,52 @@
+"""`dspark bench markov` smoke runs at shrunken shapes (timings are reported, never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark_trt.cli.main import main
+
+SMALL = ["bench", "markov", "--batch", "1,3", "--topk", "4,16", "--vocab", "4099", "--rank", "8", "--steps", "3",
+         "--repeats", "1"]
+KEYS = {"device", "batch", "topk", "dense_ms", "topk_ms", "speedup", "floor_ms"}
+
+
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
+def test_json_rows_cover_every_batch_and_topk(capsys, clock):
+    assert main([*SMALL, "--json", "--clock", clock]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["batch"], r["topk"]) for r in rows] == [(1, 4), (1, 16), (3, 4), (3, 16)]
+    for r in rows:
+        assert KEYS <= set(r) and r["device"] == "cpu"
+        assert r["dense_ms"] > 0 and r["topk_ms"] > 0 and r["floor_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["dense_ms"] / r["topk_ms"], rel=0.01, abs=0.01)
+    # the bytes floor grows with k: the gathered W2 rows
+    assert rows[1]["floor_ms"] > rows[0]["floor_ms"]
+
+
+def test_table_json_file_and_plot(tmp_path, capsys):
+    out, png = tmp_path / "rows.json", tmp_path / "markov.png"
+    assert main([*SMALL, "--json", str(out), "--plot", str(png)]) == 0
+    assert "speedup" in capsys.readouterr().out  # the table
+    assert len(json.loads(out.read_text())) == 4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([*SMALL, "--json", str(out)]) == 1  # nothing the user had is overwritten without --force
+    assert "--force" in capsys.readouterr().err
+    assert main([*SMALL, "--json", str(out), "--force"]) == 0
+
+
+def test_bad_topk_is_a_one_line_error(capsys):
+    assert main(["bench", "markov", "--topk", "5000", "--vocab", "4099", "--repeats", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "--topk" in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.triton
+def test_cuda_rows_time_the_fused_kernel(capsys):
+    assert main(["bench", "markov", "--device", "cuda", "--batch", "1,8", "--topk", "16,64", "--vocab", "4099",
+                 "--repeats", "2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["kernel_ms"] > 0 and r["cublas_dense_ms"] > 0 for r in rows)

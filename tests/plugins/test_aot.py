@@ -1,0 +1,136 @@
+"""AOT PTX for the fused walk: real ``triton.compile`` builds (in a subprocess without the interpreter) and the
+pure functions the export manifest and the TensorRT plugin are built on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.plugins import aot
+from dspark_trt.plugins.contract import INPUTS, OUTPUTS
+
+pytestmark = pytest.mark.triton
+REPO = Path(__file__).resolve().parents[2]
+
+
+def build(out: Path, *args: str) -> dict:
+    """``python -m dspark_trt.plugins.aot`` in a fresh process: triton.jit must see TRITON_INTERPRET unset."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "dspark_trt.plugins.aot", "--out", str(out), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def small_build(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ptx")
+    args = ["--n", "3", "--k", "16", "--rank", "8", "--logit-scale", "0.5", "--dtypes", "bf16,fp32-fp16"]
+    if aot.find_ptxas():
+        args.append("--validate")
+    return out, build(out, *args)
+
+
+def test_build_writes_one_ptx_per_arch_and_dtype_pair(small_build):
+    out, info = small_build
+    files = sorted(p.name for p in out.glob("*.ptx"))
+    assert files == sorted(k["file"] for k in info["kernels"]) and len(files) == 4  # 2 archs × 2 dtype pairs
+    assert json.loads((out / aot.DESCRIPTION_FILE).read_text()) == info  # what gpu_check --ptx-dir reads
+    assert {(k["compute_capability"], k["logits_dtype"], k["weights_dtype"]) for k in info["kernels"]} == {
+        (a, t, w) for a in (80, 90) for t, w in (("bfloat16", "bfloat16"), ("float32", "float16"))}
+    assert info["constexprs"] == {"N": 3, "K": 16, "R": 8, "BLOCK_K": 16, "BLOCK_R": 8, "LOGIT_SCALE": 0.5}
+    assert [a["name"] for a in info["signature"]] == [c.name for c in INPUTS] + ["vocab", "draft_vocab"] + [
+        c.name for c in OUTPUTS]
+    json.dumps(info)  # JSON-able for the export manifest
+
+
+def test_ptx_files_are_what_the_engine_needs(small_build):
+    out, info = small_build
+    for k in info["kernels"]:
+        ptx = (out / k["file"]).read_text()
+        assert hashlib.sha256(ptx.encode()).hexdigest() == k["sha256"]
+        assert re.search(rf"\.visible \.entry {info['kernel_name']}\(", ptx)
+        assert re.search(rf"^\.target {k['arch']}\b", ptx, re.MULTILINE)
+        isa = aot.ptx_isa_version(ptx)
+        assert isa == k["ptx_isa"] and aot._isa_number(isa) <= aot.DEFAULT_PTX_ISA  # a CUDA 13.0 driver JITs it
+        # inputs, 2 int32 extras, outputs; then Triton's scratch pointers, which a launcher passes as null
+        assert k["params"] == len(INPUTS) + 2 + len(OUTPUTS) + k["trailing_params"]
+        assert re.findall(r"\.param \.u32 ", ptx) and len(re.findall(r"\.param \.u32 ", ptx)) == 2
+        assert k["launch"] == {"grid": ["B", 1, 1], "block": [k["num_warps"] * 32, 1, 1],
+                               "shared_mem": k["launch"]["shared_mem"]}
+        if "validated" in k:  # assembled by the CUDA toolkit's ptxas, as the driver's JIT would
+            assert k["validated"]["spill_store_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_qwen3_8b_shapes_build_for_cuda_13_drivers(tmp_path):
+    info = build(tmp_path, "--n", "7", "--k", "3840", "--rank", "1024", "--archs", "90")
+    (k,) = info["kernels"]
+    assert k["ptx_isa"] == "9.0" and k["arch"] == "sm_90a"
+
+
+def test_compiling_under_the_interpreter_is_refused():
+    from dspark_trt.plugins.kernel import interpreting
+
+    if not interpreting():
+        pytest.skip("the interpreter is off in this process")
+    with pytest.raises(DSparkTrtError, match="TRITON_INTERPRET"):
+        aot.compile_walk_kernel(aot.WalkKernelSpec(3, 16, 8, 1.0))
+
+
+def test_kernel_arguments_follow_the_aot_calling_convention():
+    from dspark_trt.plugins.kernel import dspark_topk_markov_walk
+
+    spec = aot.WalkKernelSpec(7, 512, 256, 1.0, "float16", "bfloat16", 90)
+    sig = aot.kernel_signature(spec)
+    constexprs = aot.kernel_constexprs(spec)
+    assert [n for n, _ in sig] + list(constexprs) == list(dspark_topk_markov_walk.arg_names)
+    types = dict(sig)
+    assert types["cand_values"] == "*fp16" and types["markov_w1"] == types["markov_w2"] == "*bf16"
+    assert types["cand_ids"] == types["draft_tokens"] == "*i32" and types["cand_logits"] == "*fp32"
+    assert types["vocab"] == types["draft_vocab"] == "i32"
+
+
+def test_launch_params_and_extra_args():
+    assert aot.launch_params(8, 128) == {"grid": ["B", 1, 1], "block": [256, 1, 1], "shared_mem": 128}
+    assert aot.launch_params(4, 0, batch=5)["grid"] == [5, 1, 1]
+    assert aot.extra_arg_values({"markov_w1": (151936, 256), "markov_w2": (32000, 256)}) == [151936, 32000]
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(topk=3841), "3840"),
+    (dict(rank=0), "rank"),
+    (dict(num_draft_tokens=0), "num_draft_tokens"),
+    (dict(logits_dtype="float64"), "logits_dtype"),
+    (dict(arch=75), "below 80"),
+])
+def test_spec_rejects_what_the_kernel_cannot_build(change, message):
+    base = dict(num_draft_tokens=7, topk=512, rank=256, logit_scale=1.0)
+    with pytest.raises(DSparkTrtError, match=message):
+        aot.WalkKernelSpec(**{**base, **change})
+
+
+def test_file_names_encode_every_build_input():
+    a = aot.WalkKernelSpec(7, 512, 256, 1.0, "bfloat16", "bfloat16", 90)
+    assert a.file_name == "dspark_topk_markov_walk.sm_90a.bf16-bf16.n7k512r256.ptx"
+    assert aot.WalkKernelSpec(7, 512, 256, 1.0, "float32", "bfloat16", 80).file_name.startswith(
+        "dspark_topk_markov_walk.sm_80.fp32-bf16.")
+
+
+def test_ptx_text_helpers():
+    ptx = ".version 9.0\n.target sm_90a\n.visible .entry f(\n\t.param .u64 a,\n\t.param .u32 b\n)\n{ ret; }\n"
+    assert aot.ptx_isa_version(ptx) == "9.0"
+    assert aot.ptx_param_count(ptx, "f") == 2
+    with pytest.raises(DSparkTrtError):
+        aot.ptx_param_count(ptx, "g")
+    with pytest.raises(DSparkTrtError):
+        aot.ptx_isa_version("no version here")

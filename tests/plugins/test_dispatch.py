@@ -1,0 +1,78 @@
+"""Choosing the Markov walk for the runtime, and the fused walk's drop-in equivalence with the reference."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from dspark_trt.plugins.dispatch import fallback_reason, fused_markov_walk, select_markov_walk
+from dspark_trt.reference.markov import markov_walk
+from dspark_trt.testing.walk import compare_walks
+
+CASE = dict(topk=16, rank=8, num_draft_tokens=7, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16)
+
+
+def test_cpu_falls_back_to_the_reference_and_says_why(caplog):
+    with caplog.at_level(logging.INFO, logger="dspark.plugins"):
+        walk = select_markov_walk("cpu", **{**CASE, "topk": 17})
+    assert walk is markov_walk
+    assert "reference PyTorch walk" in caplog.text and "is not CUDA" in caplog.text
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(topk=None), "dense Markov head"),
+    (dict(topk=4000), "3840"),
+    (dict(rank=2048), "1024"),
+    (dict(weights_dtype=torch.float64), "float64"),
+])
+def test_cuda_fallback_reasons(change, why):
+    reason = fallback_reason("cuda", **{**CASE, **change})
+    assert reason is not None and why in reason
+
+
+def test_kernel_is_chosen_on_cuda_when_supported():
+    pytest.importorskip("triton")
+    assert fallback_reason("cuda", **CASE) is None
+    assert select_markov_walk("cuda", **CASE) is fused_markov_walk
+    assert select_markov_walk("cuda", **CASE, use_kernel=False) is markov_walk
+
+
+def _device():
+    from dspark_trt.plugins.kernel import interpreting
+
+    return torch.device("cpu") if interpreting() else torch.device("cuda")
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_fused_walk_is_a_drop_in_for_markov_walk(sampled):
+    """Same arguments, same MarkovWalkResult: int64 seeds/positions above 2^31 (reduced mod 2^31 - 1 without
+    changing the noise), a reduced vocabulary, confidence on; and confidence None without conf_base."""
+    dev = _device()
+    g = torch.Generator().manual_seed(4)
+    B, N, V, Vd, r, k = 3, 7, 257, 101, 8, 16
+    base = (torch.randn(B, N, Vd, generator=g) * 3).to(dev)
+    anchor = torch.randint(0, V, (B,), generator=g).to(dev)
+    w1, w2 = (torch.randn(V, r, generator=g) / r**0.5).to(dev), torch.randn(Vd, r, generator=g).to(dev)
+    d2t = (torch.sort(torch.randperm(V, generator=g)[:Vd]).values - torch.arange(Vd)).to(dev)
+    opts = dict(topk=k, logit_scale=0.5, d2t=d2t, conf_base=torch.randn(B, N, generator=g).to(dev),
+                conf_w_markov=torch.randn(r, generator=g).to(dev))
+    if sampled:
+        opts.update(temperature=torch.tensor([0.7, 0.0, 1.2]).to(dev),
+                    seed=torch.tensor([2**40 + 3, 5, 2**33]).to(dev), positions=torch.tensor([7, 2**31 + 9, 100]).to(dev))
+    got = fused_markov_walk(base, anchor, w1, w2, **opts)
+    cpu = {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in opts.items()}
+    want = markov_walk(base.cpu(), anchor.cpu(), w1.cpu(), w2.cpu(), **cpu)
+    assert got.tokens.dtype == want.tokens.dtype == torch.int64
+    assert torch.equal(got.cand_ids.cpu(), want.cand_ids)
+    ids32 = want.cand_ids.to(torch.int32)
+    inputs = (None, ids32, None, None, None, d2t.cpu().to(torch.int32),
+              cpu.get("temperature", torch.zeros(B)), (cpu["seed"] % (2**31 - 1)) if sampled else torch.zeros(B),
+              (cpu["positions"] % (2**31 - 1)) if sampled else torch.zeros(B))
+    compare_walks((got.tokens.cpu(), got.cand_logits.cpu(), got.confidence.cpu()),
+                  (want.tokens, want.cand_logits, want.confidence), inputs, atol=2e-5, rtol=1e-5)
+    no_conf = fused_markov_walk(base, anchor, w1, w2, topk=k)
+    assert no_conf.confidence is None
+    assert torch.equal(no_conf.tokens.cpu(), markov_walk(base.cpu(), anchor.cpu(), w1.cpu(), w2.cpu(), topk=k).tokens)
