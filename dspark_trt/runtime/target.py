@@ -119,6 +119,8 @@ class HFTarget:
         import transformers
 
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        bars = transformers.utils.logging.is_progress_bar_enabled()
+        transformers.utils.logging.disable_progress_bar()  # keep the CLI's stderr to its own lines
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=dtype, local_files_only=True, **extra)
@@ -126,6 +128,9 @@ class HFTarget:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DSparkTrtError(f"cannot load the target model from {model_dir} ({first}); pass a directory "
                                  f"with a transformers causal-LM checkpoint") from None
+        finally:
+            if bars:
+                transformers.utils.logging.enable_progress_bar()
         return cls(model.to(device).eval().requires_grad_(False), **kwargs)
 
     # -- taps -----------------------------------------------------------------------------------------
