@@ -116,3 +116,12 @@ def small_vocab_pair(tmp_path_factory):
 
     return build_once(tmp_path_factory, "distilled-vocab37", lambda out: write_distilled_pair(
         out, seed=2, vocab_size=37, head_scale=6.0, block_size=4))
+
+
+@pytest.fixture(scope="session")
+def small_vocab_reduced_pair(tmp_path_factory):
+    """As ``small_vocab_pair`` with a reduced draft vocabulary (29 of 37 ids, d2t table)."""
+    from dspark_trt.testing import write_distilled_pair
+
+    return build_once(tmp_path_factory, "distilled-vocab37-reduced", lambda out: write_distilled_pair(
+        out, seed=3, vocab_size=37, draft_vocab_size=29, head_scale=6.0, block_size=4))

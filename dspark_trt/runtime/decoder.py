@@ -69,7 +69,7 @@ class SpeculativeDecoder:
         self.config = backend.config
         self.tokenizer = tokenizer
         check_pair(self.config, target)
-        if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None and not hasattr(backend, "drafter"):
+        if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
             raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
                                  f"reduced draft vocabulary ({self.config.draft_vocab_size} < {self.config.vocab_size})")
 
@@ -85,10 +85,7 @@ class SpeculativeDecoder:
 
     @property
     def _d2t(self) -> torch.Tensor | None:
-        if not self.config.has_reduced_vocab:
-            return None
-        d2t = getattr(self.backend, "d2t", None)
-        return d2t if d2t is not None else self.backend.drafter.d2t
+        return self.backend.d2t if self.config.has_reduced_vocab else None
 
     # -- inputs ---------------------------------------------------------------------------------------
     def _prompts(self, inputs) -> list[torch.Tensor]:

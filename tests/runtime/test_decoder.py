@@ -265,3 +265,16 @@ def test_bad_requests_raise_one_line_errors(distilled_decoder, inputs, kwargs, m
     with pytest.raises(DSparkTrtError) as e:
         distilled_decoder.generate(inputs, **{"max_new_tokens": 4, **kwargs})
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_speculators_format_with_reduced_vocab_through_from_pretrained(tmp_path):
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    pair = write_tiny_checkpoint(tmp_path / "spec", format="speculators", vocab_size=301, draft_vocab_size=200,
+                                 seed=5)
+    dec = SpeculativeDecoder.from_pretrained(pair.drafter, pair.target, device="cpu")
+    assert dec.config.source_format == "speculators" and dec.backend.d2t is not None and dec.tokenizer is None
+    prompts = [[1, 2, 3], [250, 7]]
+    assert dec.generate(prompts, 12, topk=50).tokens == dec.generate(prompts, 12, draft=False).tokens
+    sampled = dec.generate(prompts, 12, temperature=0.8, seed=[3, 4])
+    assert all(0 <= t < 301 for row in sampled.tokens for t in row)

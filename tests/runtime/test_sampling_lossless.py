@@ -27,6 +27,10 @@ def decoder(small_vocab_pair):
 
 @pytest.fixture(scope="module")
 def exact_joint(decoder):
+    return target_joint(decoder)
+
+
+def target_joint(decoder):
     """[V, V, V] fp64: exact target probability of the first three new tokens at T = 1."""
     model, V = decoder.target.model, decoder.target.vocab_size
     with torch.no_grad():
@@ -54,16 +58,29 @@ def chi_square_pvalues(tokens: list[list[int]], joint: torch.Tensor) -> list[flo
     return out
 
 
-def run(decoder, topk):
+def run(decoder, topk, **options):
     return decoder.generate([PROMPT] * REQUESTS, 3, temperature=1.0, seed=list(range(REQUESTS)), topk=topk,
-                            eos_token_id=[])
+                            eos_token_id=[], **options)
 
 
-@pytest.mark.parametrize("topk", [0, 4], ids=["dense", "top4"])
-def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joint, topk):
-    out = run(decoder, topk)
+@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (0, {"confidence_threshold": 0.5})],
+                         ids=["dense", "top4", "dense-confidence-truncated"])
+def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joint, topk, options):
+    out = run(decoder, topk, **options)
     assert out.stats.accepted > 0.2 * out.stats.rounds  # drafts are really accepted, not only corrected
+    if options:
+        assert out.stats.drafted < out.stats.rounds * decoder.config.num_draft_tokens  # truncation happened
     assert min(chi_square_pvalues(out.tokens, exact_joint)) > 1e-4
+
+
+@pytest.mark.parametrize("topk", [0, 3], ids=["dense", "top3"])
+def test_reduced_draft_vocabulary_sampling_is_lossless(small_vocab_reduced_pair, topk):
+    """d2t: candidates are draft ids; the verifier must see them as target ids."""
+    dec = make_decoder(small_vocab_reduced_pair)
+    assert dec.config.has_reduced_vocab
+    out = run(dec, topk)
+    assert out.stats.accepted > 0.2 * out.stats.rounds
+    assert min(chi_square_pvalues(out.tokens, target_joint(dec))) > 1e-4
 
 
 @pytest.mark.parametrize("topk", [0, 4], ids=["dense", "top4"])

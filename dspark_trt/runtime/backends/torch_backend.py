@@ -40,6 +40,7 @@ class TorchDrafterBackend(DrafterBackend):
         self.device = drafter.embed_tokens.weight.device
         self.dtype = drafter.embed_tokens.weight.dtype
         self.walk_fn = walk_fn or walk_candidates
+        self.d2t = drafter.d2t_or_none  # [V_d] or None
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None, dtype=None,
