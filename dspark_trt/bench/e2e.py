@@ -20,23 +20,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_generate_arguments(p)
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..cli.generate import build_decoder, generation_options, requests
     from ..errors import DSparkTrtError
 
     if args.no_draft:
         raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     if args.max_new_tokens is None:
         args.max_new_tokens = 128
     decoder = build_decoder(args)
     prompts = requests(args, decoder)
+    prompts = prompts[: args.batch_size] if args.batch_size else prompts  # one batch of exactly that size
     options = generation_options(args, len(prompts))
     decoder.generate(prompts, **{**options, "max_new_tokens": 8})  # warm-up (allocations, lazy inits)
     decoder.generate(prompts, draft=False, **{**options, "max_new_tokens": 8})
