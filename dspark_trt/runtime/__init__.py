@@ -1,1 +1,23 @@
-"""Speculative decoding: a target model, a DSpark drafter backend, and the loop between them."""
+"""Speculative decoding: a target model, a DSpark drafter backend, and the loop between them.
+
+    from dspark_trt.runtime import SpeculativeDecoder
+    dec = SpeculativeDecoder.from_pretrained("drafter/", "target/")
+    out = dec.generate([[1, 2, 3]], max_new_tokens=32)
+"""
+
+from .decoder import SpeculativeDecoder, check_pair, load_tokenizer
+from .drafter_state import DrafterState
+from .stats import GenerationResult, GenerationStats
+from .target import HFTarget, Target, TargetOutput
+
+__all__ = [
+    "DrafterState",
+    "GenerationResult",
+    "GenerationStats",
+    "HFTarget",
+    "SpeculativeDecoder",
+    "Target",
+    "TargetOutput",
+    "check_pair",
+    "load_tokenizer",
+]

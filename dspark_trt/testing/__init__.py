@@ -1,5 +1,15 @@
-"""Helpers for tests and demos: tiny deterministic checkpoint pairs."""
+"""Helpers for tests and demos: tiny deterministic checkpoint pairs, distilled drafters, a scripted drafter."""
 
+from .distill import distill_drafter, distill_tiny_drafter, write_distilled_pair
+from .scripted import ScriptedDrafterBackend
 from .tiny import TinyCheckpoint, tiny_config, write_tiny_checkpoint
 
-__all__ = ["TinyCheckpoint", "tiny_config", "write_tiny_checkpoint"]
+__all__ = [
+    "ScriptedDrafterBackend",
+    "TinyCheckpoint",
+    "distill_drafter",
+    "distill_tiny_drafter",
+    "tiny_config",
+    "write_distilled_pair",
+    "write_tiny_checkpoint",
+]

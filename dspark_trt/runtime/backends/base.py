@@ -10,6 +10,15 @@ reference ``DSparkDrafter`` (whose methods have the same names and meaning):
 
 Backends are context managers (acquire sessions/buffers/graphs in ``activate``, free them in
 ``deactivate``), registered by name in ``BACKENDS``.
+
+What ``SpeculativeDecoder`` additionally uses (all optional):
+
+* ``from_pretrained(drafter_dir, *, target_dir=, device=, dtype=, **options)`` — a classmethod, used by
+  ``SpeculativeDecoder.from_pretrained(..., backend=NAME)`` and ``dspark generate --backend NAME``;
+* ``d2t`` — the drafter's ``[V_d]`` int64 draft→target offsets; **required when V_d < V** (the verifier needs
+  the candidates as target ids); ``None`` for a full vocabulary;
+* ``set_active_requests(request_ids)`` — called whenever the batch changes (finished requests leave it), for
+  backends that keep per-request state.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ class DrafterBackend(abc.ABC):
     name: str = "abstract"
     config: DSparkConfig
     device: torch.device
+    d2t: torch.Tensor | None = None  # [V_d] int64 draft→target offsets; required when V_d < V
 
     def activate(self) -> None:
         """Acquire sessions, buffers, graphs. Called by ``__enter__``."""

@@ -1,0 +1,77 @@
+"""The ``torch`` drafter backend: the reference ``DSparkDrafter`` itself, on any device.
+
+``draft`` composes the reference pieces — ``block_hidden`` → ``base_logits`` → ``select_candidates`` →
+``walk_fn`` — exactly as ``DSparkDrafter.draft`` does. ``walk_fn`` (default: the oracle
+``reference.markov.walk_candidates``) is a replaceable attribute with ``walk_candidates``' signature, so a
+fused kernel (e.g. the Triton DSparkTopKMarkov kernel on CUDA) can be plugged in without touching the loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ...reference.markov import MarkovWalkResult, select_candidates, walk_candidates
+from .base import DrafterBackend
+
+__all__ = ["TorchDrafterBackend"]
+
+
+class TorchDrafterBackend(DrafterBackend):
+    """Runs a reference ``DSparkDrafter`` (weights on ``drafter``'s device/dtype).
+
+    Args:
+        drafter: a loaded ``reference.DSparkDrafter`` (``dspark_trt.load_drafter``).
+        walk_fn (*optional*): replaces the Markov walk; same signature and result as
+            ``reference.markov.walk_candidates``.
+
+    Example:
+        >>> with TorchDrafterBackend.from_pretrained("drafter/", target_dir="target/") as backend:
+        ...     k, v = backend.context_kv(taps, positions)
+    """
+
+    name = "torch"
+
+    def __init__(self, drafter, *, walk_fn: Callable[..., MarkovWalkResult] | None = None):
+        self.drafter = drafter
+        self.config = drafter.config
+        self.device = drafter.embed_tokens.weight.device
+        self.dtype = drafter.embed_tokens.weight.dtype
+        self.walk_fn = walk_fn or walk_candidates
+        self.d2t = drafter.d2t_or_none  # [V_d] or None
+
+    @classmethod
+    def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None, dtype=None,
+                        device=None, **kwargs) -> "TorchDrafterBackend":
+        from ...loader import load_drafter
+
+        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = dtype if dtype is not None else ("bf16" if device.type == "cuda" else "fp32")
+        return cls(load_drafter(drafter_dir, dtype=dtype, device=device, target_dir=target_dir), **kwargs)
+
+    @torch.inference_mode()
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.drafter.context_kv(taps.to(self.device), positions.to(self.device))
+
+    @torch.inference_mode()
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+        d = self.drafter
+        hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len)  # [B, N, d]
+        conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r]
+        cand_vals, cand_ids = select_candidates(d.base_logits(hidden), topk)  # [B, N, k]
+        return self.walk_fn(
+            cand_vals,
+            cand_ids,
+            anchor,
+            d.markov_head.markov_w1.weight,
+            d.markov_head.markov_w2.weight,
+            logit_scale=d.config.logit_scale,
+            d2t=d.d2t_or_none,
+            temperature=temperature,
+            seed=seed,
+            positions=ctx_len.to(torch.int64) + 1,  # d_1 sits right after the anchor
+            conf_base=conf_base,
+            conf_w_markov=conf_w,
+        )

@@ -1,0 +1,323 @@
+"""``SpeculativeDecoder``: a target model, a DSpark drafter backend, and the lossless loop between them.
+
+One batched step for the active requests (spec §9), anchor ``a`` at position ``p``::
+
+    draft     backend.draft(a, ctx K/V, p)           → d_1 … d_N, candidates, corrected logits Z, confidence
+    truncate  n = leading slots with confidence ≥ threshold   (n = N without a threshold)
+    q         reference.draft_probs(Z, candidates, d, T)      the exact distribution each d_j was drawn from
+    verify    target.verify([a, d_1 … d_n])                   → p_1 … p_{n+1}, taps of positions p … p+n
+              reference.verify_drafts(p, d, q)                → acc accepted, one emitted token y
+    commit    target keeps a, d_1 … d_acc (KV rollback); drafter context += their taps; anchor ← y at p+acc+1
+
+The verifier and the target-only baseline (``draft=False``) are the reference oracle functions, with the
+same noise keys: ``sample_tokens`` at position t draws what the verifier's bonus draw at position t would.
+Requests are independent (own lengths, seeds, temperatures, stop points); finished ones leave the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..errors import DSparkTrtError
+from ..reference.markov import draft_to_target
+from ..reference.verify import draft_probs, sample_tokens, verify_drafts
+from .backends.base import DrafterBackend, backend_class
+from .drafter_state import DrafterState
+from .stats import GenerationResult, GenerationStats, Stopwatch
+from .target import HFTarget, Target
+
+__all__ = ["SpeculativeDecoder", "check_pair"]
+
+log = logging.getLogger("dspark")
+
+
+def check_pair(config, target: Target) -> None:
+    """A drafter must match its target: vocabulary, hidden size, tapped layers. One-line error otherwise."""
+    fix = "use the drafter trained for this target (or the target it was trained for)"
+    if config.vocab_size != target.vocab_size:
+        raise DSparkTrtError(f"drafter vocab_size {config.vocab_size} != target vocab_size {target.vocab_size}; {fix}")
+    if config.hidden_size != target.hidden_size:
+        raise DSparkTrtError(f"drafter hidden_size {config.hidden_size} != target hidden_size {target.hidden_size}: "
+                             f"the drafter fuses {config.num_taps}×{config.hidden_size} tapped features; {fix}")
+    if not 0 <= config.mask_token_id < target.vocab_size:
+        raise DSparkTrtError(f"drafter mask_token_id {config.mask_token_id} is outside the target vocabulary "
+                             f"[0, {target.vocab_size}); fix mask_token_id in the drafter's config.json")
+    target.set_taps(config.target_layer_ids)  # rejects ids beyond the target's depth
+
+
+class SpeculativeDecoder:
+    """Speculative decoding with a DSpark drafter, lossless with respect to the target.
+
+    Args:
+        target: a ``Target`` (e.g. ``HFTarget``).
+        backend: a ``DrafterBackend`` (e.g. ``TorchDrafterBackend``) for a drafter trained for this target.
+        tokenizer (*optional*): encodes string prompts and decodes outputs.
+
+    Example:
+        >>> dec = SpeculativeDecoder.from_pretrained("drafter/", "target/")
+        >>> out = dec.generate([[1, 2, 3], [4, 5]], max_new_tokens=32)
+        >>> out.tokens, out.stats.mean_acceptance_length
+    """
+
+    def __init__(self, target: Target, backend: DrafterBackend, *, tokenizer=None):
+        self.target = target
+        self.backend = backend
+        self.config = backend.config
+        self.tokenizer = tokenizer
+        check_pair(self.config, target)
+        if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
+            raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
+                                 f"reduced draft vocabulary ({self.config.draft_vocab_size} < {self.config.vocab_size})")
+
+    @classmethod
+    def from_pretrained(cls, drafter_dir: str | Path, target_dir: str | Path, *, backend: str = "torch",
+                        device=None, dtype=None, target_dtype=None, tokenizer: bool = True,
+                        **backend_options) -> "SpeculativeDecoder":
+        """Load the target (``HFTarget``), the drafter into backend ``backend``, and the target's tokenizer."""
+        target = HFTarget.from_pretrained(target_dir, device=device, dtype=target_dtype or dtype)
+        drafter = backend_class(backend).from_pretrained(drafter_dir, target_dir=target_dir, device=target.device,
+                                                         dtype=dtype, **backend_options)
+        return cls(target, drafter, tokenizer=load_tokenizer(target_dir) if tokenizer else None)
+
+    @property
+    def _d2t(self) -> torch.Tensor | None:
+        return self.backend.d2t if self.config.has_reduced_vocab else None
+
+    # -- inputs ---------------------------------------------------------------------------------------
+    def _prompts(self, inputs) -> list[torch.Tensor]:
+        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
+            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            if self.tokenizer is None:
+                raise DSparkTrtError("text prompts need a tokenizer, and the target directory has none; "
+                                     "pass token ids instead (--input-ids)")
+            inputs = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        if isinstance(inputs, torch.Tensor):
+            inputs = [inputs] if inputs.dim() == 1 else list(inputs)
+        elif isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], int):
+            inputs = [inputs]
+        if not isinstance(inputs, (list, tuple)) or not inputs:
+            raise DSparkTrtError("no prompts given: pass a list of token-id lists (or text with a tokenizer)")
+        V = self.target.vocab_size
+        prompts = []
+        for i, p in enumerate(inputs):
+            t = torch.as_tensor(p, dtype=torch.int64).flatten()
+            if t.numel() == 0:
+                raise DSparkTrtError(f"prompt {i} is empty: every request needs at least one token")
+            bad = t[(t < 0) | (t >= V)]
+            if bad.numel():
+                raise DSparkTrtError(f"prompt {i} has token id {int(bad[0])} outside the target vocabulary [0, {V}); "
+                                     f"use ids from the target's tokenizer")
+            prompts.append(t)
+        return prompts
+
+    def _per_request(self, value, B: int, name: str, dtype) -> torch.Tensor:
+        values = list(value) if isinstance(value, (list, tuple)) else [value] * B
+        if len(values) != B:
+            raise DSparkTrtError(f"{name} has {len(values)} values for {B} requests; give one value or one per request")
+        return torch.tensor(values, dtype=dtype, device=self.target.device)
+
+    # -- generation -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self,
+        inputs,
+        max_new_tokens: int = 64,
+        *,
+        temperature: float | Sequence[float] = 0.0,
+        topk: int | None = None,
+        seed: int | Sequence[int] = 0,
+        eos_token_id: int | Sequence[int] | None = None,
+        confidence_threshold: float | None = None,
+        draft: bool = True,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` per request.
+
+        Args:
+            inputs: token ids (a list of lists, a 1-D list, a tensor [B, T] or a list of 1-D tensors), or text
+                (a string or list of strings) when a tokenizer is available.
+            temperature: < 1e-5 is greedy; one value or one per request.
+            topk (*optional*): candidates per draft slot for the top-k Markov head; ``None`` uses the drafter
+                config's ``draft_topk`` (dense when unset), ``0`` forces dense.
+            seed: noise key, ≥ 0; one value or one per request. Results do not depend on the batch.
+            eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
+            confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
+            draft: ``False`` runs the target alone with the same sampler (the baseline).
+        """
+        c = self.config
+        prompts = self._prompts(inputs)
+        B, N = len(prompts), c.num_draft_tokens
+        if int(max_new_tokens) < 1:
+            raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        temp = self._per_request(temperature, B, "temperature", torch.float32)
+        if not bool(torch.isfinite(temp).all()) or bool((temp < 0).any()):
+            raise DSparkTrtError("temperature must be finite and >= 0 (0 = greedy)")
+        seeds = self._per_request(seed, B, "seed", torch.int64)
+        if bool((seeds < 0).any()):
+            raise DSparkTrtError("seed must be >= 0")
+        topk = c.draft_topk if topk is None else (None if int(topk) == 0 else int(topk))
+        if topk is not None and not 1 <= topk <= c.draft_vocab_size:
+            raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
+                                 f"--topk or 'off'")
+        if confidence_threshold is not None:
+            if not 0.0 <= float(confidence_threshold) <= 1.0:
+                raise DSparkTrtError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+            if not c.enable_confidence_head:
+                raise DSparkTrtError("this drafter has no confidence head; drop confidence_threshold")
+        eos = self.target.eos_token_ids if eos_token_id is None else (
+            (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
+        run = _Run(self, prompts, int(max_new_tokens), temp, seeds, topk, eos, confidence_threshold, draft)
+        stats = run.loop()
+        texts = None
+        if self.tokenizer is not None:
+            texts = [self.tokenizer.decode(t, skip_special_tokens=False) for t in run.out]
+        return GenerationResult(tokens=run.out, stats=stats, texts=texts)
+
+
+class _Run:
+    """The state of one ``generate`` call (kept out of the decoder so the decoder stays reusable)."""
+
+    def __init__(self, dec: SpeculativeDecoder, prompts, max_new, temp, seeds, topk, eos, threshold, draft):
+        self.dec, self.prompts, self.max_new, self.topk, self.threshold, self.speculative = (
+            dec, prompts, max_new, topk, threshold, draft)
+        self.eos = set(eos)
+        self.B = len(prompts)
+        self.temp_all, self.seed_all = temp, seeds
+        self.greedy_only = bool((temp < 1e-5).all())
+        self.out: list[list[int]] = [[] for _ in prompts]
+        self.rows = torch.arange(self.B)  # request index of each active batch row
+        self.stats = GenerationStats(speculative=draft, num_draft_tokens=dec.config.num_draft_tokens, requests=self.B)
+        self.clock = Stopwatch(self.stats, dec.target.device)
+
+    # per-row views of the per-request settings
+    @property
+    def temp(self):
+        return None if self.greedy_only else self.temp_all[self.rows.to(self.temp_all.device)]
+
+    @property
+    def seed(self):
+        return self.seed_all[self.rows.to(self.seed_all.device)]
+
+    def _emit(self, row: int, tokens: list[int]) -> bool:
+        """Append a request's new tokens (up to EOS / the budget); True when the request is finished."""
+        out = self.out[int(self.rows[row])]
+        for t in tokens:
+            out.append(t)
+            if t in self.eos or len(out) >= self.max_new:
+                return True
+        return False
+
+    def loop(self) -> GenerationStats:
+        import time
+
+        start = time.perf_counter()
+        dec, target, backend, c = self.dec, self.dec.target, self.dec.backend, self.dec.config
+        self._notify()
+        with self.clock("prefill"):
+            pre = target.prefill(self.prompts)
+            lens = target.lengths.clone()  # [B] = position of the first new token
+            first = sample_tokens(pre.logits, self.temp, self.seed, lens)  # [B]
+            if self.speculative:
+                cap = int(lens.max()) + self.max_new + c.num_draft_tokens + 2
+                kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(self.B, -1))
+                self.state = DrafterState(c.num_hidden_layers, self.B, cap, c.num_key_value_heads, c.head_dim,
+                                          dtype=kv[0].dtype, device=kv[0].device)
+                self.state.append(kv[0], kv[1], lens)
+        anchor = self._drop(first, [self._emit(b, [int(first[b])]) for b in range(self.B)])
+        while self.rows.numel():
+            anchor, done = self._speculative_step(anchor) if self.speculative else self._target_step(anchor)
+            with self.clock("other"):
+                anchor = self._drop(anchor, done)
+        self.stats.generated_tokens = sum(len(o) for o in self.out)
+        self.stats.total_seconds = time.perf_counter() - start
+        return self.stats
+
+    def _target_step(self, anchor: torch.Tensor):
+        target = self.dec.target
+        with self.clock("verify"):
+            p = target.lengths.clone()  # anchor position
+            logits = target.verify(anchor.view(-1, 1).to(target.device), with_taps=False).logits  # [B, 1, V]
+            nxt = sample_tokens(logits[:, 0], self.temp, self.seed, p + 1)  # [B]
+        with self.clock("other"):
+            target.commit(torch.ones_like(p))
+            self.stats.record_round(torch.zeros_like(p), torch.zeros_like(p))
+            done = [self._emit(b, [t]) for b, t in enumerate(nxt.tolist())]
+        return nxt, done
+
+    def _speculative_step(self, anchor: torch.Tensor):
+        dec, target, backend, state = self.dec, self.dec.target, self.dec.backend, self.state
+        N = dec.config.num_draft_tokens
+        with self.clock("draft"):
+            ctx_k, ctx_v = state.context()
+            ctx_len = state.ctx_len  # [B] anchor position p
+            res = backend.draft(anchor.to(state.k.device), ctx_k, ctx_v, ctx_len, topk=self.topk,
+                                temperature=self.temp, seed=self.seed)
+        with self.clock("verify"):
+            drafts = res.tokens.to(target.device)  # [B, N]
+            n = torch.full((drafts.shape[0],), N, dtype=torch.int64, device=target.device)  # [B] drafts to verify
+            if self.threshold is not None:
+                sure = (res.confidence.to(target.device) >= self.threshold).to(torch.int64)  # [B, N]
+                n = torch.cumprod(sure, dim=1).sum(1)
+            width = int(n.max()) + 1
+            cand = draft_to_target(res.cand_ids, dec._d2t).to(target.device)  # [B, N, k] target ids
+            q = draft_probs(res.cand_logits.to(target.device), cand, drafts, self.temp)  # [B, N, k]
+            fed = torch.cat((anchor.view(-1, 1).to(target.device), drafts[:, : width - 1]), dim=1)  # [B, W]
+            ver = target.verify(fed)  # logits [B, W, V], taps [B, W, m·d]
+            p = ctx_len.to(target.device)
+            accepted = torch.zeros_like(n)
+            emitted = torch.full((fed.shape[0], N + 1), -1, dtype=torch.int64, device=target.device)
+            temp, seed = self.temp, self.seed
+            for m in torch.unique(n).tolist():  # requests verifying the same number of drafts, together
+                rows = (n == m).nonzero().view(-1)
+                r = verify_drafts(ver.logits[rows, : m + 1], drafts[rows, :m], cand[rows, :m], q[rows, :m],
+                                  temperature=None if temp is None else temp[rows], seed=seed[rows],
+                                  positions=p[rows] + 1)
+                accepted[rows] = r.num_accepted
+                emitted[rows, : m + 1] = r.tokens
+        with self.clock("other"):
+            target.commit(accepted + 1)  # the anchor and the accepted drafts stay; rejected drafts roll back
+            self.stats.record_round(n, accepted)
+            nxt = emitted.gather(1, accepted.view(-1, 1)).squeeze(1)  # [B] the correction / bonus token
+            done = [self._emit(b, row[: a + 1]) for b, (row, a) in enumerate(zip(emitted.tolist(), accepted.tolist()))]
+        with self.clock("draft"):
+            W = fed.shape[1]
+            pos = p.view(-1, 1) + torch.arange(W, device=p.device)  # [B, W] positions of a, d_1, ...
+            k, v = backend.context_kv(ver.taps, pos)
+            state.append(k, v, (accepted + 1).to(state.ctx_len.device))
+        return nxt, done
+
+    def _drop(self, anchor: torch.Tensor, done: list[bool]) -> torch.Tensor:
+        """Remove finished requests from the target, the drafter state and the batch; returns their anchors."""
+        if not any(done):
+            return anchor
+        keep = torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.int64)
+        self.rows = self.rows[keep]
+        if keep.numel():
+            self.dec.target.select(keep)
+            if self.speculative:
+                self.state.select(keep)
+        self._notify()
+        return anchor[keep.to(anchor.device)]
+
+    def _notify(self) -> None:
+        """Optional backend hook: backends that keep per-request state learn which requests are active."""
+        hook = getattr(self.dec.backend, "set_active_requests", None)
+        if hook is not None and self.speculative:
+            hook(self.rows.tolist())
+
+
+def load_tokenizer(target_dir: str | Path):
+    """The target's tokenizer when its directory has one (offline), else None."""
+    target_dir = Path(target_dir)
+    if not any((target_dir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    except Exception as e:  # a broken tokenizer should not block token-id generation
+        log.warning("ignoring the tokenizer in %s (%s)", target_dir, str(e).splitlines()[0] if str(e) else e)
+        return None

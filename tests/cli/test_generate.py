@@ -1,0 +1,131 @@
+"""``dspark generate``: JSON and text output, the baseline flag, and one-line errors with exit 1."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dspark_trt.cli.main import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def run_cli(capsys, *argv):
+    code = main(["generate", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_and_no_draft_baseline(distilled_pair, capsys):
+    pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target]
+    code, out, _ = run_cli(capsys, *pair, "--input-ids", "1 2 3", "--input-ids", "40,41", "--max-new-tokens", 12,
+                           "--json")
+    assert code == 0
+    spec = json.loads(out)
+    assert [len(t) for t in spec["tokens"]] == [12, 12]
+    stats = spec["stats"]
+    for key in ("mean_acceptance_length", "per_position_acceptance", "rounds", "drafted", "accepted",
+                "tokens_per_second", "draft_seconds", "verify_seconds", "other_seconds"):
+        assert key in stats
+    assert stats["accepted"] <= stats["drafted"] and len(stats["per_position_acceptance"]) == 7
+    code, out, _ = run_cli(capsys, *pair, "--input-ids", "1 2 3", "--input-ids", "40,41", "--max-new-tokens", 12,
+                           "--json", "--no-draft")
+    base = json.loads(out)
+    assert code == 0 and base["tokens"] == spec["tokens"] and base["stats"]["accepted"] == 0
+
+
+def test_batch_size_repeats_prompts_with_consecutive_seeds(distilled_pair, capsys):
+    pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target]
+    code, out, _ = run_cli(capsys, *pair, "--input-ids", "5 6", "--batch-size", 3, "--temperature", 1,
+                           "--seed", 10, "--max-new-tokens", 8, "--topk", "off", "--json")
+    assert code == 0
+    batch = json.loads(out)["tokens"]
+    code, out, _ = run_cli(capsys, *pair, "--input-ids", "5 6", "--temperature", 1, "--seed", 12,
+                           "--max-new-tokens", 8, "--topk", "off", "--json")
+    assert len(batch) == 3 and json.loads(out)["tokens"][0] == batch[2]  # request 2 = seed 10 + 2
+
+
+def test_text_prompt_with_a_tokenizer(distilled_pair, tmp_path, capsys):
+    from dspark_trt.testing.embedded import write_byte_tokenizer
+
+    target = tmp_path / "target"
+    shutil.copytree(distilled_pair.target, target)
+    write_byte_tokenizer(target)  # ids = bytes, 256 = <|mask|>: matches the vocabulary-257 pair
+    code, out, _ = run_cli(capsys, "--drafter", distilled_pair.drafter, "--target", target, "--prompt", "hello",
+                           "--max-new-tokens", 6)
+    lines = out.strip().splitlines()
+    assert code == 0 and lines[0].startswith("[0] hello") and "acceptance" in lines[-1]
+
+
+def mutate_config(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def narrow_drafter(tmp_path_factory):
+    """A vocabulary-257 drafter with hidden size 32 (the distilled target has 64)."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("narrow") / "pair", vocab_size=257, hidden_size=32).drafter
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", "prompt 0 is empty"),
+    ("big-id", "token id 999 outside the target vocabulary [0, 257)"),
+    ("vocab", "drafter vocab_size 257 != target vocab_size 2500"),
+    ("hidden", "drafter hidden_size 32 != target hidden_size 64"),
+    ("layers", "target_layer_ids [1, 2, 9]"),
+    ("mask", "mask_token_id 300 is outside the vocabulary [0, 257)"),
+    ("one-model", "pass both --drafter and --target"),
+    ("topk", "--topk 'many' is not an integer or 'off'"),
+])
+def test_bad_input_is_one_line_and_exit_1(case, message, distilled_pair, random_pair, narrow_drafter, tmp_path,
+                                          capsys):
+    drafter, target, ids = distilled_pair.drafter, distilled_pair.target, "1 2 3"
+    extra = []
+    if case == "empty":
+        ids = ""
+    elif case == "big-id":
+        ids = "1 2 999"
+    elif case == "vocab":
+        target = random_pair.target
+    elif case == "hidden":
+        drafter = narrow_drafter
+    elif case == "layers":
+        drafter = mutate_config(Path(drafter), tmp_path / "d", target_layer_ids=[1, 2, 9], num_target_layers=None)
+    elif case == "mask":
+        drafter = mutate_config(Path(drafter), tmp_path / "d", mask_token_id=300)
+    elif case == "topk":
+        extra = ["--topk", "many"]
+    models = ["--drafter", drafter] if case == "one-model" else ["--drafter", drafter, "--target", target]
+    code, out, err = run_cli(capsys, *models, "--input-ids", ids, "--max-new-tokens", 4, *extra)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_embedded_default_pair_runs_offline(tmp_path, monkeypatch, capsys):
+    """No model arguments: the embedded demo pair is built into the cache once and shows acceptance > 1."""
+    monkeypatch.setenv("DSPARK_TRT_CACHE", str(tmp_path / "cache"))
+    code, out, err = run_cli(capsys, "--prompt", "The verifier", "--max-new-tokens", 48, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["texts"] and len(result["tokens"][0]) == 48
+    assert result["stats"]["mean_acceptance_length"] > 1.0
+    built = list((tmp_path / "cache").glob("embedded-*"))
+    assert len(built) == 1 and (built[0] / "target" / "tokenizer.json").is_file()
+    code, out2, _ = run_cli(capsys, "--prompt", "The verifier", "--max-new-tokens", 48, "--json")  # cached
+    assert code == 0 and json.loads(out2)["tokens"] == result["tokens"]

@@ -1,0 +1,17 @@
+"""Runtime tests run torch on one thread (tiny models, 2 cores, 2 xdist workers); pairs come from tests/conftest.py."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _runtime_one_thread(one_thread):
+    yield
+
+
+@pytest.fixture(scope="session")
+def distilled_decoder(distilled_pair):
+    from runtime_helpers import make_decoder
+
+    return make_decoder(distilled_pair)

@@ -1,0 +1,102 @@
+"""Lossless sampling: at T = 1 the tokens emitted with speculation follow the target's distribution exactly.
+
+Small vocabulary (37), one prompt, thousands of requests with their own seeds, three new tokens each: the
+empirical joint distributions of (x_P, x_P+1) and (x_P+1, x_P+2) are compared by chi-square with the exact
+ones computed from the target (p(y) p(x|y) p(z|y,x), batched forwards). x_P comes from the prefill; x_P+1
+and x_P+2 from verification rounds (accepted drafts, residual draws and bonus tokens). The same test with a deliberately wrong draft
+distribution handed to the verifier (q at twice the temperature) must fail — so the test can fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime_helpers import make_decoder
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+PROMPT = [17, 9, 3, 25]
+REQUESTS = 3000
+
+
+@pytest.fixture(scope="module")
+def decoder(small_vocab_pair):
+    return make_decoder(small_vocab_pair)
+
+
+@pytest.fixture(scope="module")
+def exact_joint(decoder):
+    return target_joint(decoder)
+
+
+def target_joint(decoder):
+    """[V, V, V] fp64: exact target probability of the first three new tokens at T = 1."""
+    model, V = decoder.target.model, decoder.target.vocab_size
+    with torch.no_grad():
+        p0 = torch.softmax(model(torch.tensor([PROMPT])).logits[0, -1].double(), -1)  # [V]
+        one = torch.tensor([PROMPT + [y] for y in range(V)])
+        p1 = torch.softmax(model(one).logits[:, -1].double(), -1)  # [V(y), V(x)]
+        two = torch.tensor([PROMPT + [y, x] for y in range(V) for x in range(V)])
+        p2 = torch.softmax(model(two).logits[:, -1].double(), -1).view(V, V, V)  # [y, x, z]
+    return p0.view(V, 1, 1) * p1.view(V, V, 1) * p2
+
+
+def chi_square_pvalues(tokens: list[list[int]], joint: torch.Tensor) -> list[float]:
+    """p-values for (x_P, x_P+1) and (x_P+1, x_P+2) against ``joint`` [V, V, V]; cells expecting < 5 pooled."""
+    V = joint.shape[0]
+    t = torch.tensor(tokens)[:, :3]
+    out = []
+    for (a, b), expected in (((0, 1), joint.sum(2)), ((1, 2), joint.sum(0))):
+        counts = torch.bincount(t[:, a] * V + t[:, b], minlength=V * V).double()
+        e = expected.flatten() * len(tokens)
+        big = e >= 5
+        assert big.sum() > 20, "too few cells for a meaningful test"
+        obs = torch.cat((counts[big], counts[~big].sum().view(1)))
+        exp = torch.cat((e[big], e[~big].sum().view(1)))
+        out.append(float(scipy_stats.chisquare(obs.numpy(), exp.numpy()).pvalue))
+    return out
+
+
+def run(decoder, topk, **options):
+    return decoder.generate([PROMPT] * REQUESTS, 3, temperature=1.0, seed=list(range(REQUESTS)), topk=topk,
+                            eos_token_id=[], **options)
+
+
+@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (0, {"confidence_threshold": 0.5})],
+                         ids=["dense", "top4", "dense-confidence-truncated"])
+def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joint, topk, options):
+    out = run(decoder, topk, **options)
+    assert out.stats.accepted > 0.2 * out.stats.rounds  # drafts are really accepted, not only corrected
+    if options:
+        assert out.stats.drafted < out.stats.rounds * decoder.config.num_draft_tokens  # truncation happened
+    assert min(chi_square_pvalues(out.tokens, exact_joint)) > 1e-4
+
+
+@pytest.mark.parametrize("topk", [0, 3], ids=["dense", "top3"])
+def test_reduced_draft_vocabulary_sampling_is_lossless(small_vocab_reduced_pair, topk):
+    """d2t: candidates are draft ids; the verifier must see them as target ids."""
+    dec = make_decoder(small_vocab_reduced_pair)
+    assert dec.config.has_reduced_vocab
+    out = run(dec, topk)
+    assert out.stats.accepted > 0.2 * out.stats.rounds
+    assert min(chi_square_pvalues(out.tokens, target_joint(dec))) > 1e-4
+
+
+@pytest.mark.parametrize("topk", [0, 4], ids=["dense", "top4"])
+def test_a_wrong_draft_distribution_fails_the_same_test(decoder, exact_joint, topk, monkeypatch):
+    import dspark_trt.runtime.decoder as decoder_module
+    from dspark_trt.reference.verify import draft_probs
+
+    def wrong_q(cand_logits, cand_ids, tokens, temperature):  # drafts were sampled at T, verified as if at 2T
+        return draft_probs(cand_logits, cand_ids, tokens, temperature * 2)
+
+    monkeypatch.setattr(decoder_module, "draft_probs", wrong_q)
+    out = run(decoder, topk)
+    assert min(chi_square_pvalues(out.tokens, exact_joint)) < 1e-6
+
+
+def test_target_only_sampling_matches_the_target_distribution(decoder, exact_joint):
+    out = decoder.generate([PROMPT] * REQUESTS, 3, temperature=1.0, seed=list(range(REQUESTS)), draft=False,
+                           eos_token_id=[])
+    assert min(chi_square_pvalues(out.tokens, exact_joint)) > 1e-4

@@ -1,0 +1,68 @@
+"""TorchDrafterBackend: equals the reference DSparkDrafter; the Markov walk is a replaceable attribute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_trt import load_drafter
+from dspark_trt.reference.markov import walk_candidates
+from dspark_trt.runtime.backends.base import backend_class
+from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+
+
+@pytest.fixture(scope="module")
+def drafter(random_pair):
+    return load_drafter(random_pair.drafter, target_dir=random_pair.target)
+
+
+def inputs(drafter, B=3, T=9, seed=0):
+    c = drafter.config
+    g = torch.Generator().manual_seed(seed)
+    taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=g)
+    ctx_len = torch.tensor([T, 4, 1][:B])
+    anchor = torch.randint(0, c.vocab_size - 1, (B,), generator=g)
+    return taps, ctx_len, anchor
+
+
+@pytest.mark.parametrize("topk", [None, 16])
+@pytest.mark.parametrize("sampling", [False, True])
+def test_backend_equals_reference_draft(drafter, topk, sampling):
+    backend = TorchDrafterBackend(drafter)
+    taps, ctx_len, anchor = inputs(drafter)
+    positions = torch.arange(taps.shape[1]).expand(3, -1)
+    k, v = backend.context_kv(taps, positions)
+    rk, rv = drafter.context_kv(taps, positions)
+    assert torch.equal(k, rk) and torch.equal(v, rv)
+    kw = dict(topk=topk, temperature=torch.tensor([0.0, 1.0, 0.7]) if sampling else None,
+              seed=torch.tensor([1, 2, 3]) if sampling else None)
+    got = backend.draft(anchor, k, v, ctx_len, **kw)
+    want = drafter.draft(anchor, k, v, ctx_len, **kw)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.cand_ids, want.cand_ids if topk else torch.arange(drafter.config.draft_vocab_size).expand_as(got.cand_ids))
+    torch.testing.assert_close(got.cand_logits, want.cand_logits)
+    torch.testing.assert_close(got.confidence, want.confidence)
+
+
+def test_walk_fn_is_replaceable(drafter):
+    calls = []
+
+    def spy_walk(*args, **kwargs):
+        calls.append(kwargs["positions"].clone())
+        result = walk_candidates(*args, **kwargs)
+        result.tokens = torch.zeros_like(result.tokens)  # visibly different
+        return result
+
+    backend = TorchDrafterBackend(drafter)
+    taps, ctx_len, anchor = inputs(drafter)
+    k, v = backend.context_kv(taps, torch.arange(taps.shape[1]).expand(3, -1))
+    backend.walk_fn = spy_walk
+    out = backend.draft(anchor, k, v, ctx_len, topk=8, temperature=None, seed=None)
+    assert len(calls) == 1 and calls[0].tolist() == (ctx_len + 1).tolist()  # d_1 sits after the anchor
+    assert int(out.tokens.abs().sum()) == 0
+
+
+def test_registry_and_context_manager(random_pair):
+    assert backend_class("torch") is TorchDrafterBackend
+    with TorchDrafterBackend.from_pretrained(random_pair.drafter, target_dir=random_pair.target, device="cpu") as b:
+        assert b.name == "torch" and b.device.type == "cpu" and b.config.num_draft_tokens == 7

@@ -1,0 +1,56 @@
+"""dspark_trt.testing helpers: distillation, the scripted drafter, the byte tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_trt import load_drafter
+from dspark_trt.errors import DSparkTrtInternalError
+from dspark_trt.testing import ScriptedDrafterBackend, distill_drafter, write_tiny_checkpoint
+from dspark_trt.testing.distill import save_drafter_like
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("h") / "pair", vocab_size=97, seed=4, block_size=4)
+
+
+def test_distillation_lowers_the_loss_and_saves_loadable_weights(pair, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    drafter = load_drafter(pair.drafter, target_dir=pair.target)
+    before = drafter.fc.weight.clone()
+    target = AutoModelForCausalLM.from_pretrained(pair.target).eval()
+    losses = distill_drafter(drafter, target, steps=40, num_sequences=16, length=16, batch=8, anchors=4)
+    assert losses["loss_last"] < losses["loss_first"]
+    assert not torch.equal(before, drafter.fc.weight)
+    out = save_drafter_like(drafter, pair.drafter, tmp_path / "distilled")
+    again = load_drafter(out, target_dir=pair.target)
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(tensor, again.state_dict()[name]), name
+    assert not drafter.training and not any(p.requires_grad for p in drafter.parameters())
+
+
+def test_scripted_drafter_detects_a_drifted_anchor(pair):
+    drafter = load_drafter(pair.drafter, target_dir=pair.target)
+    scripted = ScriptedDrafterBackend(drafter.config, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]],
+                                      wrong=lambda r, pos: pos == 4)
+    res = scripted.draft(torch.tensor([3]), None, None, torch.tensor([2]), topk=None, temperature=None, seed=None)
+    assert res.tokens.tolist() == [[4, 5 + 1, 6, 7]] and scripted.rounds[-1]["expected_accepted"] == 1
+    with pytest.raises(DSparkTrtInternalError, match="drifted"):
+        scripted.draft(torch.tensor([9]), None, None, torch.tensor([2]), topk=None, temperature=None, seed=None)
+
+
+def test_byte_tokenizer_ids_are_utf8_bytes(tmp_path):
+    from transformers import AutoTokenizer
+
+    from dspark_trt.testing.embedded import write_byte_tokenizer
+
+    write_byte_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    text = "Grüße, DSpark!"
+    assert tok.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))
+    assert tok.decode(list(text.encode("utf-8"))) == text
+    assert len(tok) == 257 and tok.convert_tokens_to_ids("<|mask|>") == 256
