@@ -12,6 +12,6 @@ def _runtime_one_thread(one_thread):
 
 @pytest.fixture(scope="session")
 def distilled_decoder(distilled_pair):
-    from runtime_helpers import make_decoder
+    from tests.runtime.runtime_helpers import make_decoder
 
     return make_decoder(distilled_pair)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime_helpers import make_decoder, random_prompts
+from tests.runtime.runtime_helpers import make_decoder, random_prompts
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime import SpeculativeDecoder
 from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend

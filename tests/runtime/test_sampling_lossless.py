@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime_helpers import make_decoder
+from tests.runtime.runtime_helpers import make_decoder
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
