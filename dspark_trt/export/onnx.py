@@ -17,6 +17,7 @@ Export directory::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -149,7 +150,8 @@ def _io(model) -> dict:
 
 
 def _resolve(source):
-    return source() if callable(source) else source
+    """A loader's result, or the object itself (modules are callable but are not loaders)."""
+    return source() if callable(source) and not isinstance(source, torch.nn.Module) else source
 
 
 class OnnxFromDrafter:
@@ -162,10 +164,12 @@ class OnnxFromDrafter:
     """
 
     def __init__(self, drafter, *, topk: int | str | None = None, max_context: int | None = None,
-                 target: str | None = None, block_size: int | None = None, validate: bool = True):
+                 target: str | None = None, block_size: int | None = None, validate: bool = True,
+                 context_graph=None):
         self._drafter = drafter
         self._options = dict(topk=topk, max_context=max_context, target=target, block_size=block_size)
         self.validate = validate
+        self._context_graph = context_graph  # an already exported context graph of this drafter and dtype
 
     def __call__(self) -> ExportedOnnx:
         from .graphs import GraphInfo, export_context, export_draft
@@ -179,7 +183,8 @@ class OnnxFromDrafter:
                  f"context ≤ {spec.max_context})")
         exported = ExportedOnnx(
             config=c, spec=spec,
-            context=export_context(drafter, GraphInfo("context", topk=None, **info)),
+            context=(_resolve(self._context_graph) if self._context_graph is not None
+                     else export_context(drafter, GraphInfo("context", topk=None, **info))),
             draft=export_draft(drafter, GraphInfo("draft", topk=spec.topk, **info)),
         )
         if self.validate:
@@ -257,12 +262,18 @@ class OnnxFromDir:
                                  f"reads {FORMAT_VERSION}; re-export the drafter")
         return manifest
 
+    def config(self) -> DSparkConfig:
+        raw = self.manifest()["config"]
+        return DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+    def spec(self) -> ExportSpec:
+        return ExportSpec(**self.manifest()["spec"])
+
     def __call__(self) -> ExportedOnnx:
         import onnx_ir as ir
 
         m = self.manifest()
-        config = DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["config"].items()})
-        return ExportedOnnx(config=config, spec=ExportSpec(**m["spec"]), validation=m.get("validation"),
+        return ExportedOnnx(config=self.config(), spec=self.spec(), validation=m.get("validation"),
                             **{name: ir.load(self.path / file) for name, file in GRAPH_FILES.items()})
 
 
@@ -272,38 +283,70 @@ def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_d
     """Export directory for this checkpoint and these options under ``cache_dir``, exporting on a miss.
 
     The key hashes the checkpoint files' contents, the options and the exporter's sources, so an edited
-    checkpoint or a new dspark-trt never reuses a stale export. Concurrent callers (pytest-xdist workers)
-    may both export; the first rename wins and the other copy is dropped.
+    checkpoint or a new dspark-trt never reuses a stale export. Concurrent callers (processes, pytest-xdist
+    workers) take a file lock per entry, so each entry is exported once.
     """
     from ..loader import load_drafter
 
     dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)]
     config = DSparkConfig.from_pretrained(model_dir)
     spec = ExportSpec.resolve(config, dtype=dtype_name, **options)  # bad options fail before hashing
-    key = _cache_key(model_dir, target_dir, spec)
-    out = Path(cache_dir) / f"{config.digest()[:12]}-{spec.dtype}-topk{spec.topk or 'off'}-{key[:16]}"
+    inputs = _inputs_digest(model_dir, target_dir)
+    key = _digest(inputs, dataclasses.asdict(spec), validate)
+    context_key = _digest(inputs, spec.dtype, spec.max_context)
+    stem = f"{config.digest()[:12]}-{spec.dtype}-{context_key[:8]}"  # entries with equal stems share a context
+    out = Path(cache_dir) / f"{stem}-topk{spec.topk or 'off'}-{key[:16]}"
     if (out / MANIFEST).is_file():
         return out
-    drafter = load_drafter(model_dir, dtype=dtype_name, target_dir=target_dir)
-    exported = OnnxFromDrafter(drafter, validate=validate, **options)()
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=cache_dir))
-    try:
-        _write(exported, tmp)
-        (tmp / MANIFEST).write_text(json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
-        os.rename(tmp, out)
-    except OSError:
-        if not (out / MANIFEST).is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _file_lock(Path(cache_dir) / f".{out.name}.lock"):  # one exporter per entry; the others wait
+        if (out / MANIFEST).is_file():
+            return out
+        drafter = load_drafter(model_dir, dtype=dtype_name, target_dir=target_dir)
+        sibling = next((d for d in sorted(Path(cache_dir).glob(f"{stem}-topk*")) if (d / MANIFEST).is_file()), None)
+        context = None if sibling is None else (lambda: _load_ir(sibling / GRAPH_FILES["context"]))
+        exported = OnnxFromDrafter(drafter, validate=validate, context_graph=context, **options)()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=cache_dir))
+        try:
+            _write(exported, tmp)
+            (tmp / MANIFEST).write_text(json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
+            os.rename(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def _cache_key(model_dir, target_dir, spec: ExportSpec) -> str:
+def _load_ir(path: Path):
+    import onnx_ir as ir
+
+    return ir.load(path)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock (POSIX ``flock``; no lock where unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _inputs_digest(model_dir, target_dir) -> str:
+    """sha256 over the exporter's sources, dspark-trt's version and the checkpoint files' contents."""
     from .. import __version__
 
-    h = hashlib.sha256(json.dumps([dataclasses.asdict(spec), __version__]).encode())
+    h = hashlib.sha256(__version__.encode())
     sources = Path(__file__).resolve().parents[1]
     for rel in ("export", "plugins", "reference", "onnx_export.py", "loader.py", "checkpoint.py", "config.py"):
         for file in sorted((sources / rel).rglob("*.py")) if (sources / rel).is_dir() else [sources / rel]:

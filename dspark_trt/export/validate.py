@@ -98,9 +98,9 @@ def _close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, mask
     if got.shape != ref.shape:
         return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
     both_inf = torch.isinf(got) & torch.isinf(ref) & (torch.sign(got) == torch.sign(ref))
-    err = torch.where(both_inf, 0.0, (got - ref).abs())
-    err = torch.nan_to_num(err, nan=float("inf"))
-    bad = err > tol.bound(torch.where(both_inf, 0.0, ref))
+    finite = torch.isfinite(got) & torch.isfinite(ref)
+    err = torch.where(finite, (got - ref).abs(), torch.where(both_inf, 0.0, float("inf")))  # NaN, ±inf vs x: inf
+    bad = ~both_inf & (~finite | (err > tol.bound(torch.where(finite, ref, 0.0))))
     if mask is not None:
         err, bad = err[mask], bad[mask]
     worst = float(err.max()) if err.numel() else 0.0
@@ -135,6 +135,12 @@ def _dense_rows(ids: torch.Tensor, values: torch.Tensor, vocab: int) -> torch.Te
     """Scatter candidates into −inf-filled rows [B, N, V_d] (so comparisons are by id, not position)."""
     rows = torch.full((*ids.shape[:2], vocab), float("-inf"), dtype=torch.float64)
     return rows.scatter(-1, ids.to(torch.int64), values.to(torch.float64))
+
+
+def _present(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, N, V_d] bool: which ids are candidates (a NaN logit is still a candidate, and then fails)."""
+    mask = torch.zeros((*ids.shape[:2], vocab), dtype=torch.bool)
+    return mask.scatter(-1, ids.to(torch.int64), True)
 
 
 def _picked(result: MarkovWalkResult, b: int, j: int, d2t: torch.Tensor | None) -> int:
@@ -187,7 +193,7 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
                   f"near-tie (later slots not compared)")
         checks.append(Check(f"{label} tokens", not bad, detail + ("; " + bad[0] if bad else "")))
     k = ref.cand_ids.shape[-1]
-    in_both = torch.isfinite(got_rows) & torch.isfinite(ref_rows)
+    in_both = _present(got.cand_ids, vocab) & _present(ref.cand_ids, vocab)  # [B, N, V_d]
     overlap = in_both.sum(-1).to(torch.float64) / k  # [B, N]
     mean_overlap = float(overlap[comparable].mean())
     need = tol.min_overlap if k < vocab else 1.0
