@@ -56,10 +56,10 @@ def tiny_pair(tmp_path_factory):
 
 # -- ONNX exports of tiny checkpoints, shared by tests/export, tests/plugins and tests/runtime -------------
 @pytest.fixture(scope="session")
-def onnx_cache_dir(tmp_path_factory, worker_id):
+def onnx_cache_dir(tmp_path_factory, request):
     """One export cache per pytest run, shared by xdist workers (entries are content-addressed and locked)."""
     base = tmp_path_factory.getbasetemp()
-    return (base.parent if worker_id != "master" else base) / "dspark-onnx-cache"
+    return (base.parent if hasattr(request.config, "workerinput") else base) / "dspark-onnx-cache"
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +79,7 @@ STANDARD_ONNX_EXPORTS = [("tiny_pair", "fp32", 16), ("tiny_pair", "fp32", "off")
 
 
 @pytest.fixture(scope="session")
-def onnx_export(onnx_cache_dir, worker_id, request):
+def onnx_export(onnx_cache_dir, request):
     """``onnx_export(pair, dtype, topk)`` → export directory (exported and validated once per run).
 
     Under xdist, each worker first builds its share of ``STANDARD_ONNX_EXPORTS`` (entry i on worker
@@ -91,8 +91,9 @@ def onnx_export(onnx_cache_dir, worker_id, request):
         return cached_onnx_export(pair.drafter, onnx_cache_dir, target_dir=pair.target, dtype=dtype, topk=topk,
                                   target="onnxruntime")
 
-    if worker_id != "master":
-        index, count = int(worker_id.removeprefix("gw")), request.config.workerinput["workercount"]
+    worker = getattr(request.config, "workerinput", None)
+    if worker is not None:
+        index, count = int(worker["workerid"].removeprefix("gw")), worker["workercount"]
         for pair, dtype, topk in STANDARD_ONNX_EXPORTS[index::count]:
             export(request.getfixturevalue(pair), dtype, topk)
     return export

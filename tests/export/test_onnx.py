@@ -131,6 +131,7 @@ def test_validation_mismatch_raises_and_exits_3(tiny_pair, onnx_export, caplog):
 
 
 @pytest.mark.onnx
+@pytest.mark.slow  # a fresh fp16 export of the awkward pair (~15 s)
 def test_export_from_checkpoint_end_to_end(tiny_odd_pair, tmp_path, caplog):
     """OnnxFromCheckpoint → SaveOnnx with validation on (the default), logging every check."""
     import logging
@@ -142,3 +143,27 @@ def test_export_from_checkpoint_end_to_end(tiny_odd_pair, tmp_path, caplog):
     assert manifest["spec"] == {"topk": 16, "dtype": "fp16", "max_context": 512, "target": "tensorrt"}
     assert manifest["validation"][0].startswith("validation (fp16")
     assert any("B=3 sampled draft tokens" in r.message for r in caplog.records)
+
+
+@pytest.mark.onnx
+def test_large_weights_go_to_external_data(tiny_pair, onnx_export, tmp_path, monkeypatch):
+    """Above the threshold (1.5 GiB; here forced to 0) weights are written beside the graph, and every reader
+    (onnx_ir, onnxruntime through OrtGraph, the checker by path) still finds them."""
+    import onnx
+
+    import dspark_trt.export.onnx as export_onnx
+    from dspark_trt.export.graphs import run_context
+    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.plugins.onnx_op import register_schema
+
+    source = onnx_export(tiny_pair, "fp32", 16)  # the shared export, written before the threshold changes
+    monkeypatch.setattr(export_onnx, "EXTERNAL_DATA_BYTES", 0)
+    out = SaveOnnx(OnnxFromDir(source)(), tmp_path / "big")()
+    assert (out / "draft.onnx.data").is_file() and (out / "context.onnx.data").is_file()
+    assert (out / "draft.onnx").stat().st_size < (source / "draft.onnx").stat().st_size
+    register_schema()
+    onnx.checker.check_model(str(out / "draft.onnx"), full_check=True)
+    taps, positions = torch.randn(2, 5, 192), torch.arange(5).expand(2, 5)
+    k_small, _ = run_context(OrtGraph(source / "context.onnx"), taps, positions)
+    k_big, _ = run_context(OrtGraph(out / "context.onnx"), taps, positions)
+    assert torch.equal(k_small, k_big)

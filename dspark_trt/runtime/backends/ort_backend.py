@@ -4,12 +4,14 @@ It runs exactly what TensorRT is built from (the top-k walk through the node's s
 so it is both a portable executor and the proof that the ONNX hand-off computes what the reference does.
 Inputs and outputs are torch tensors on the CPU; ids come back as int64 like the reference's.
 
-Construct it from an export directory (``SaveOnnx`` / ``dspark export``) or, with ``from_pretrained``, from a
-drafter checkpoint: the graphs are exported (and validated) once into a content-addressed cache directory.
+Construct it from an export directory (``SaveOnnx`` / ``dspark export``; its top-k is fixed) or, with
+``from_pretrained``, from a drafter checkpoint: the graphs are exported (and validated) once into a
+content-addressed cache directory, and a ``draft`` call with another top-k exports and loads that variant.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from ...reference.markov import MarkovWalkResult
 from .base import DrafterBackend
 
 __all__ = ["OnnxRuntimeDrafterBackend", "default_cache_dir"]
+
+log = logging.getLogger("dspark.runtime")
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -46,19 +50,28 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
 
     name = "onnxruntime"
 
-    def __init__(self, export_dir: str | Path, *, providers: list[str] | None = None, threads: int | None = None):
+    def __init__(self, export_dir: str | Path, *, providers: list[str] | None = None, threads: int | None = None,
+                 device: str | torch.device | None = None):
+        if device is not None and torch.device(device).type != "cpu" and providers is None:
+            raise DSparkTrtError(f"the onnxruntime drafter backend runs on the CPU here (device {device!r} asked); "
+                                 f"pass providers=[...] for another onnxruntime execution provider, or use the "
+                                 f"torch/tensorrt backend on GPUs")
+        self._providers, self._threads = providers, threads
+        self._rebuild = None  # (checkpoint, options) when built by from_pretrained: other top-k values export on demand
+        self._graphs: dict | None = None
+        self._load(Path(export_dir))
+
+    def _load(self, export_dir: Path) -> None:
         from ...export.onnx import GRAPH_FILES, OnnxFromDir
 
-        self.export_dir = Path(export_dir)
-        source = OnnxFromDir(self.export_dir)
+        self.export_dir = export_dir
+        source = OnnxFromDir(export_dir)
         self.config, spec = source.config(), source.spec()
         self.topk: int | None = spec.topk
         self.dtype = _TORCH_DTYPES[spec.dtype]
         self.max_context: int = spec.max_context
         self.device = torch.device("cpu")
-        self._files = {name: self.export_dir / file for name, file in GRAPH_FILES.items()}
-        self._providers, self._threads = providers, threads
-        self._graphs: dict | None = None
+        self._files = {name: export_dir / file for name, file in GRAPH_FILES.items()}
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None,
@@ -71,10 +84,24 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         """
         from ...export.onnx import cached_onnx_export
 
-        path = cached_onnx_export(drafter_dir, cache_dir or default_cache_dir(), target_dir=target_dir,
-                                  dtype=dtype or "fp32", topk="off" if topk is None else topk, target="onnxruntime",
-                                  max_context=max_context, validate=validate)
-        return cls(path, **kwargs)
+        options = dict(target_dir=target_dir, dtype=dtype or "fp32", target="onnxruntime", max_context=max_context,
+                       validate=validate)
+        cache_dir = cache_dir or default_cache_dir()
+        path = cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk, **options)
+        backend = cls(path, **kwargs)
+        backend._rebuild = (drafter_dir, cache_dir, options)
+        return backend
+
+    def _switch_topk(self, topk: int | None) -> None:
+        """Load (exporting into the cache on a miss) the graphs for another top-k (from_pretrained only)."""
+        from ...export.onnx import cached_onnx_export
+
+        drafter_dir, cache_dir, options = self._rebuild
+        log.info(f"onnxruntime backend: switching to top-k {topk or 'off'} (export cached in {cache_dir})")
+        self._load(cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk, **options))
+        if self._graphs is not None:
+            self._graphs = None
+            self.activate()
 
     # -- lifetime ----------------------------------------------------------------------------------------
     def activate(self) -> None:
@@ -102,6 +129,8 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
         from ...export.graphs import run_draft
 
+        if topk != self.topk and self._rebuild is not None:
+            self._switch_topk(topk)
         if topk != self.topk:
             have = self.topk or "off"
             raise DSparkTrtError(f"this ONNX export drafts with top-k {have} but top-k {topk or 'off'} was "

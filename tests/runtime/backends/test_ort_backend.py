@@ -117,16 +117,43 @@ def test_decode_rounds_match_reference(backend_and_topk, tiny_pair, temperature)
         torch.testing.assert_close(round_got.confidence, round_ref.confidence, atol=1e-6, rtol=1e-6)
 
 
-def test_wrong_topk_and_long_context_are_refused(backend_and_topk, tiny_pair):
-    backend, topk = backend_and_topk
+def test_export_dir_backend_refuses_other_topk_and_long_context(tiny_pair, onnx_export):
+    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
     c = reference(tiny_pair).config
     kv = torch.zeros(c.num_hidden_layers, 1, 4, c.num_key_value_heads, c.head_dim)
-    other = 8 if topk is None else None
-    with pytest.raises(DSparkTrtError, match="export drafts with top-k"):
-        backend.draft(torch.tensor([1]), kv, kv, torch.tensor([4]), topk=other, temperature=None, seed=None)
-    long = torch.zeros(1, backend.max_context + 1, c.num_taps * c.hidden_size)
-    with pytest.raises(DSparkTrtError, match="--max-context"):
-        backend.context_kv(long, torch.arange(backend.max_context + 1).view(1, -1))
+    with OnnxRuntimeDrafterBackend(onnx_export(tiny_pair, "fp32", 16)) as backend:
+        assert backend.topk == 16 and backend.dtype == torch.float32
+        with pytest.raises(DSparkTrtError, match="export drafts with top-k 16 but top-k off"):
+            backend.draft(torch.tensor([1]), kv, kv, torch.tensor([4]), topk=None, temperature=None, seed=None)
+        long = torch.zeros(1, backend.max_context + 1, c.num_taps * c.hidden_size)
+        with pytest.raises(DSparkTrtError, match="--max-context"):
+            backend.context_kv(long, torch.arange(backend.max_context + 1).view(1, -1))
+    with pytest.raises(DSparkTrtError, match="runs on the CPU"):
+        OnnxRuntimeDrafterBackend(onnx_export(tiny_pair, "fp32", 16), device="cuda")
+
+
+def test_from_pretrained_backend_switches_topk(tiny_pair, onnx_export, onnx_cache_dir):
+    """Built from a checkpoint, the backend loads (exporting on a miss) the graphs for a requested top-k."""
+    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+    onnx_export(tiny_pair, "fp32", 16), onnx_export(tiny_pair, "fp32", "off")  # both cached: no export here
+    drafter = reference(tiny_pair)
+    backend = OnnxRuntimeDrafterBackend.from_pretrained(tiny_pair.drafter, target_dir=tiny_pair.target, topk=16,
+                                                        cache_dir=onnx_cache_dir, device="cpu")
+    g = torch.Generator().manual_seed(9)
+    c = drafter.config
+    taps = torch.randn(2, 6, c.num_taps * c.hidden_size, generator=g)
+    with backend:
+        k, v = backend.context_kv(taps, torch.arange(6).expand(2, 6))
+        anchor, ctx_len = torch.tensor([3, 1999]), torch.tensor([6, 2])
+        dense = backend.draft(anchor, k, v, ctx_len, topk=None, temperature=None, seed=None)
+        assert backend.topk is None
+        top16 = backend.draft(anchor, k, v, ctx_len, topk=16, temperature=None, seed=None)
+    ref_k, ref_v = drafter.context_kv(taps, torch.arange(6).expand(2, 6))
+    assert torch.equal(dense.tokens, drafter.draft(anchor, ref_k, ref_v, ctx_len, topk=None).tokens)
+    assert torch.equal(top16.tokens, drafter.draft(anchor, ref_k, ref_v, ctx_len, topk=16).tokens)
+    assert dense.cand_logits.shape[-1] == c.draft_vocab_size and top16.cand_logits.shape[-1] == 16
 
 
 def test_not_an_export_directory(tmp_path):
