@@ -48,7 +48,6 @@ OPSET_VERSION = 1  # version of the ``dspark`` ONNX domain
 #: ONNX type strings the logits (T) and weights (W) may have
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 _FIXED_TYPES = {"int32": "tensor(int32)", "float32": "tensor(float)"}
-_TORCH_TO_ONNX = {torch.float32: 1, torch.float16: 10, torch.bfloat16: 16}  # onnx.TensorProto enums
 _lock = threading.Lock()
 
 
