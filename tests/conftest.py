@@ -130,3 +130,48 @@ def small_vocab_reduced_pair(tmp_path_factory):
 
     return build_once(tmp_path_factory, "distilled-vocab37-reduced", lambda out: write_distilled_pair(
         out, seed=3, vocab_size=37, draft_vocab_size=29, head_scale=6.0, block_size=4))
+
+
+# -- ONNX exports of tiny checkpoints, shared by tests/export, tests/plugins and tests/runtime -------------
+@pytest.fixture(scope="session")
+def onnx_cache_dir(tmp_path_factory, request):
+    """One export cache per pytest run, shared by xdist workers (entries are content-addressed and locked)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if hasattr(request.config, "workerinput") else base) / "dspark-onnx-cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_odd_pair(tmp_path_factory):
+    """A speculators-format pair with the awkward options: reduced vocab (d2t), logit_scale 0.5, bonus-anchor
+    layout (N = block_size - 1 = 4), no confidence head."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-odd") / "pair", seed=3, format="speculators",
+                                 draft_vocab_size=1111, logit_scale=0.5, sample_from_anchor=False, block_size=5,
+                                 confidence_head=False)
+
+
+#: exports the ONNX tests use: (pair fixture, dtype, topk), split between xdist workers up front (below)
+STANDARD_ONNX_EXPORTS = [("tiny_pair", "fp32", 16), ("tiny_pair", "fp32", "off"), ("tiny_pair", "fp16", 16),
+                         ("tiny_pair", "bf16", 16), ("tiny_pair", "fp32", 2500), ("tiny_odd_pair", "fp32", 1)]
+
+
+@pytest.fixture(scope="session")
+def onnx_export(onnx_cache_dir, request):
+    """``onnx_export(pair, dtype, topk)`` → export directory (exported and validated once per run).
+
+    Under xdist, each worker first builds its share of ``STANDARD_ONNX_EXPORTS`` (entry i on worker
+    i mod n), so the workers export in parallel instead of queueing on the same entry's lock.
+    """
+    from dspark_trt.export.onnx import cached_onnx_export
+
+    def export(pair, dtype: str = "fp32", topk="off"):
+        return cached_onnx_export(pair.drafter, onnx_cache_dir, target_dir=pair.target, dtype=dtype, topk=topk,
+                                  target="onnxruntime")
+
+    worker = getattr(request.config, "workerinput", None)
+    if worker is not None:
+        index, count = int(worker["workerid"].removeprefix("gw")), worker["workercount"]
+        for pair, dtype, topk in STANDARD_ONNX_EXPORTS[index::count]:
+            export(request.getfixturevalue(pair), dtype, topk)
+    return export

@@ -1,0 +1,215 @@
+"""The two drafter graphs, built from the reference modules and exported with ``torch.onnx.export(dynamo=True)``.
+
+``context`` — fuse newly accepted tokens' target taps into per-layer K/V (``DSparkDrafter.context_kv``)::
+
+    taps [B, T, m·d] (model dtype), positions [B, T] int32  →  ctx_k, ctx_v [L, B, T, H_kv, D] (model dtype)
+
+``draft`` — one draft round (``block_hidden`` → ``confidence_parts`` / ``base_logits`` → Markov walk)::
+
+    anchor [B] int32, ctx_k, ctx_v [L, B, T, H_kv, D], ctx_len [B] int32 (= anchor position p: valid context),
+    temperature [B] fp32 (< 1e-5 greedy), seed [B] int32 (>= 0)
+      →  draft_tokens [B, N] int32 (target ids), cand_ids [B, N, k] int32 (draft ids; top-k only),
+         cand_logits [B, N, k] fp32 (corrected, before temperature), confidence [B, N] fp32 (with a head)
+
+Top-k: a standard ``TopK`` on the fp32 base logits, then one ``dspark::DSparkTopKMarkov`` node (the plugin in
+TensorRT) with its standard-op local function attached (onnxruntime, TensorRT without the plugin).
+Dense (``topk=None``): the reference walk itself, inlined (no custom node; ``cand_logits`` has k = V_d and
+``cand_ids`` is omitted, as it would be ``arange(V_d)``).
+
+Shapes: batch B is dynamic; N is fixed (the checkpoint's block); the context length T is dynamic but
+**bounded** by ``max_context``. Bounded rather than static because a static T would make every round attend
+over ``max_context`` padded keys and copy a full-size cache, while TensorRT needs *some* bound for its
+optimisation profile; per-request valid lengths (``ctx_len``) mask the padding either way. The bound is
+recorded in the model metadata for the engine build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..reference.markov import select_candidates
+
+__all__ = [
+    "CONTEXT_INPUTS",
+    "CONTEXT_OUTPUTS",
+    "DRAFT_INPUTS",
+    "ContextGraph",
+    "DraftGraph",
+    "draft_outputs",
+    "export_context",
+    "export_draft",
+    "GraphInfo",
+    "run_context",
+    "run_draft",
+]
+
+CONTEXT_INPUTS = ("taps", "positions")
+CONTEXT_OUTPUTS = ("ctx_k", "ctx_v")
+DRAFT_INPUTS = ("anchor", "ctx_k", "ctx_v", "ctx_len", "temperature", "seed")
+
+
+def draft_outputs(topk: int | None, has_confidence: bool) -> tuple[str, ...]:
+    names = ("draft_tokens",) + (("cand_ids",) if topk is not None else ()) + ("cand_logits",)
+    return names + (("confidence",) if has_confidence else ())
+
+
+class ContextGraph(torch.nn.Module):
+    def __init__(self, drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, taps: torch.Tensor, positions: torch.Tensor):  # [B, T, m·d], [B, T] int32
+        return self.drafter.context_kv(taps, positions)  # K, V [L, B, T, H_kv, D]
+
+
+class DraftGraph(torch.nn.Module):
+    """One round of the reference drafter; the top-k Markov walk is the custom op (reference_op eagerly)."""
+
+    def __init__(self, drafter, topk: int | None):
+        super().__init__()
+        self.drafter, self.topk = drafter, topk
+
+    def forward(self, anchor, ctx_k, ctx_v, ctx_len, temperature, seed):
+        d, c = self.drafter, self.drafter.config
+        if self.topk is None:  # dense: the reference round, unchanged
+            r = d.draft(anchor, ctx_k, ctx_v, ctx_len, topk=None, temperature=temperature, seed=seed)
+            extra = () if r.confidence is None else (r.confidence,)
+            return (r.tokens.to(torch.int32), r.cand_logits) + extra
+        from .topk_op import topk_markov
+
+        hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len)  # [B, N, d]
+        B, N = hidden.shape[:2]
+        conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r] fp32 (or None)
+        cand_vals, cand_ids = select_candidates(d.base_logits(hidden), self.topk)  # [B, N, k] fp32, int64
+        cand_ids = cand_ids.to(torch.int32)
+        tokens, logits, conf = topk_markov(
+            cand_vals, cand_ids, anchor.to(torch.int32),
+            d.markov_head.markov_w1.weight, d.markov_head.markov_w2.weight, d.d2t.to(torch.int32),
+            temperature.to(torch.float32), seed.to(torch.int32), (ctx_len + 1).to(torch.int32),  # d_1 after p
+            conf_base if conf_base is not None else hidden.new_zeros((B, N), dtype=torch.float32),
+            conf_w if conf_w is not None else hidden.new_zeros((c.markov_rank,), dtype=torch.float32),
+            self.topk, float(c.logit_scale),
+        )
+        return (tokens, cand_ids, logits) + ((conf,) if conf_base is not None else ())
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """What a graph was built for (also written to the model's ``metadata_props`` as ``dspark.*``)."""
+
+    graph: str  # "context" | "draft"
+    dtype: str  # fp32 | fp16 | bf16
+    num_draft_tokens: int
+    max_context: int
+    topk: int | None
+    config_digest: str
+
+    def metadata(self) -> dict[str, str]:
+        return {f"dspark.{k}": ("off" if v is None else str(v)) for k, v in self.__dict__.items()}
+
+
+def _example_context(drafter, B: int, T: int):
+    c, dtype = drafter.config, drafter.fc.weight.dtype
+    gen = torch.Generator().manual_seed(0)
+    taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=gen).to(dtype)
+    positions = torch.arange(T, dtype=torch.int32).expand(B, T).contiguous()
+    return taps, positions
+
+
+def export_context(drafter, info: GraphInfo):
+    """The context graph as an ``onnx_ir.Model``."""
+    from ..onnx_export import torch_onnx_export
+
+    B, T = 3, 11  # example sizes: distinct, ≥ 2, so neither dimension specialises
+    Bd = torch.export.Dim("B")
+    Td = torch.export.Dim("T", max=info.max_context)
+    program = torch_onnx_export(
+        ContextGraph(drafter), _example_context(drafter, B, T), input_names=list(CONTEXT_INPUTS),
+        output_names=list(CONTEXT_OUTPUTS), dynamic_shapes=({0: Bd, 1: Td}, {0: Bd, 1: Td}),
+    )
+    return _finish(program.model, info)
+
+
+def export_draft(drafter, info: GraphInfo):
+    """The draft graph as an ``onnx_ir.Model`` (top-k: custom node + local function)."""
+    from ..onnx_export import torch_onnx_export
+    from .topk_op import translation_table
+
+    c = drafter.config
+    B, T = 3, 11
+    taps, positions = _example_context(drafter, B, T)
+    ctx_k, ctx_v = drafter.context_kv(taps, positions)
+    example = (
+        torch.tensor([5, 7, 11], dtype=torch.int32) % c.vocab_size, ctx_k, ctx_v,
+        torch.tensor([T, 4, 9], dtype=torch.int32), torch.tensor([0.0, 1.0, 0.5]),
+        torch.tensor([1, 2, 3], dtype=torch.int32),
+    )
+    Bd = torch.export.Dim("B")
+    Td = torch.export.Dim("T", max=info.max_context)
+    kv = {1: Bd, 2: Td}
+    has_conf = drafter.confidence_head is not None
+    program = torch_onnx_export(
+        DraftGraph(drafter, info.topk), example, input_names=list(DRAFT_INPUTS),
+        output_names=list(draft_outputs(info.topk, has_conf)),
+        dynamic_shapes=({0: Bd}, kv, kv, {0: Bd}, {0: Bd}, {0: Bd}),
+        custom_translation_table=translation_table() if info.topk is not None else None,
+    )
+    model = program.model
+    if info.topk is not None:
+        _attach_local_function(model, info, weights_dtype=drafter.markov_head.markov_w1.weight.dtype)
+    return _finish(model, info)
+
+
+def _attach_local_function(model, info: GraphInfo, weights_dtype: torch.dtype) -> None:
+    import onnx_ir as ir
+
+    from ..plugins.contract import OP_DOMAIN, OP_NAME
+    from ..plugins.onnx_op import OPSET_VERSION, local_function
+
+    opset = model.opset_imports[""]
+    fn = ir.serde.deserialize_function(local_function(info.num_draft_tokens, torch.float32, weights_dtype,
+                                                      opset=opset))
+    model.functions[fn.identifier()] = fn
+    model.opset_imports[OP_DOMAIN] = OPSET_VERSION
+    for node in model.graph:
+        if node.domain == OP_DOMAIN:
+            node.name = OP_NAME  # the one custom node; readable in polygraphy / TensorRT layer names
+
+
+def _finish(model, info: GraphInfo):
+    model.producer_name = "dspark-trt"
+    model.graph.name = f"dspark_{info.graph}"
+    for key, value in info.metadata().items():
+        model.metadata_props[key] = value
+    return model
+
+
+# -- running the graphs (onnxruntime backend and validation) ---------------------------------------------
+def run_context(graph, taps: torch.Tensor, positions: torch.Tensor):
+    """Context graph (an ``OrtGraph``): taps [B, T, m·d], positions [B, T] → K, V [L, B, T, H_kv, D]."""
+    out = graph.run({"taps": taps, "positions": positions})
+    return out["ctx_k"], out["ctx_v"]
+
+
+def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int):
+    """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them).
+
+    ``temperature=None`` drafts greedily (fed as zeros); seeds are reduced modulo the hash prime, which the
+    noise hash does first anyway, so any non-negative int64 seed fits the graph's int32 input.
+    """
+    from ..reference.markov import MarkovWalkResult
+    from ..reference.sampling import HASH_PRIME
+
+    B = anchor.shape[0]
+    if temperature is None:
+        temperature = torch.zeros(B)
+    seed = torch.zeros(B, dtype=torch.int64) if seed is None else seed.to(torch.int64)
+    out = graph.run({"anchor": anchor, "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_len": ctx_len,
+                     "temperature": temperature.to(torch.float32), "seed": seed % HASH_PRIME})
+    logits = out["cand_logits"]
+    ids = out.get("cand_ids")
+    ids = (torch.arange(draft_vocab).expand(logits.shape) if ids is None else ids.to(torch.int64))
+    return MarkovWalkResult(tokens=out["draft_tokens"].to(torch.int64), cand_ids=ids, cand_logits=logits,
+                            confidence=out.get("confidence"))

@@ -1,0 +1,363 @@
+"""Checkpoint → ONNX: lazy loaders (Polygraphy style) that a ``dspark-export`` pipeline chains.
+
+    exported = OnnxFromCheckpoint("drafter/", target_dir="target/", topk=512, dtype="bf16")   # nothing ran yet
+    out_dir = SaveOnnx(exported, "out/onnx")()       # export (+ validation in onnxruntime), then write atomically
+    again = OnnxFromDir("out/onnx")()                 # ExportedOnnx, as written
+
+Loaders are callables whose constructor only stores arguments; ``__call__`` does the work and each accepts
+another loader (or its result) as input. ``OnnxFromCheckpoint`` validates by default: both graphs run in
+onnxruntime on random inputs against the reference drafter (``export/validate.py``); a mismatch raises
+``ValidationMismatch`` (CLI exit 3).
+
+Export directory::
+
+    context.onnx, draft.onnx            the graphs (``*.onnx.data`` beside them when weights exceed 1.5 GiB)
+    onnx_export.json                    ExportSpec, config digest, I/O, versions, validation summary
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ..config import DSparkConfig
+from ..errors import DSparkTrtError
+from ..loader import resolve_dtype
+from ..plugins.contract import TENSORRT_TOPK_LIMIT
+
+__all__ = [
+    "DEFAULT_MAX_CONTEXT",
+    "ExportSpec",
+    "ExportedOnnx",
+    "OnnxFromDrafter",
+    "OnnxFromCheckpoint",
+    "SaveOnnx",
+    "OnnxFromDir",
+    "cached_onnx_export",
+]
+
+log = logging.getLogger("dspark.export")
+
+DEFAULT_MAX_CONTEXT = 8192  # bound of the dynamic context length T (TensorRT optimisation profile)
+EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: above this, weights go to <graph>.onnx.data (protobuf caps at 2 GiB)
+FORMAT_VERSION = 1
+MANIFEST = "onnx_export.json"
+GRAPH_FILES = {"context": "context.onnx", "draft": "draft.onnx"}
+_DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """What to export. ``topk`` None = dense Markov walk (``--topk off``)."""
+
+    topk: int | None = None
+    dtype: str = "bf16"
+    max_context: int = DEFAULT_MAX_CONTEXT
+    target: Literal["tensorrt", "onnxruntime"] = "tensorrt"
+
+    @classmethod
+    def resolve(cls, config: DSparkConfig, *, topk: int | str | None = None, dtype: str | torch.dtype | None = None,
+                max_context: int | None = None, target: str | None = None,
+                block_size: int | None = None) -> "ExportSpec":
+        """Defaults filled in and every argument checked against the drafter (one-line errors with the fix).
+
+        ``topk``: None → the checkpoint's ``draft_topk`` (vLLM ``dspark_draft_topk``), dense when absent;
+        ``"off"`` or 0 → dense; an int → that k. ``block_size``, when given, must equal the checkpoint's.
+        """
+        dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else cls.dtype)]
+        target = target or cls.target
+        if target not in ("tensorrt", "onnxruntime"):
+            raise DSparkTrtError(f"unknown export target {target!r}: use 'tensorrt' or 'onnxruntime'")
+        if block_size is not None and int(block_size) != config.block_size:
+            raise DSparkTrtError(
+                f"block size {block_size} does not match the checkpoint's block_size {config.block_size} (the "
+                f"drafter was trained for it and N is baked into the graphs); omit --block-size or pass "
+                f"{config.block_size}")
+        if topk is None:
+            topk = config.draft_topk
+        if isinstance(topk, str):
+            if topk.strip().lower() in ("off", "none", "dense", "0"):
+                topk = None
+            elif topk.strip().isdigit():
+                topk = int(topk)
+            else:
+                raise DSparkTrtError(f"top-k {topk!r} is not a number; use --topk K (1 <= K <= draft vocab) or 'off'")
+        if topk == 0:
+            topk = None
+        vd = config.draft_vocab_size
+        if topk is not None:
+            if not 1 <= topk <= vd:
+                raise DSparkTrtError(f"top-k {topk} is outside [1, draft_vocab_size={vd}]; use --topk <= {vd} "
+                                     f"or --topk off for the dense walk")
+            if target == "tensorrt" and topk > TENSORRT_TOPK_LIMIT:
+                raise DSparkTrtError(f"top-k {topk} exceeds TensorRT's TopK limit of {TENSORRT_TOPK_LIMIT}; use "
+                                     f"--topk <= {TENSORRT_TOPK_LIMIT}, --topk off, or the onnxruntime target")
+        max_context = DEFAULT_MAX_CONTEXT if max_context is None else int(max_context)
+        if max_context < 2:
+            raise DSparkTrtError(f"max context {max_context} is too small; use --max-context >= 2 "
+                                 f"(the longest sequence the drafter will see)")
+        return cls(topk=topk, dtype=dtype_name, max_context=max_context, target=target)
+
+
+@dataclass
+class ExportedOnnx:
+    """Both graphs (``onnx_ir.Model``) and what they were built for."""
+
+    config: DSparkConfig
+    spec: ExportSpec
+    context: Any  # onnx_ir.Model
+    draft: Any  # onnx_ir.Model
+    validation: list[str] | None = None  # report lines when validated
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.config.num_draft_tokens
+
+    def manifest(self) -> dict:
+        import onnx
+        import onnxruntime
+        import onnxscript
+
+        return {
+            "format_version": FORMAT_VERSION,
+            "spec": dataclasses.asdict(self.spec),
+            "config": dataclasses.asdict(self.config),
+            "config_digest": self.config.digest(),
+            "num_draft_tokens": self.num_draft_tokens,
+            "graphs": {name: {"file": GRAPH_FILES[name], **_io(getattr(self, name))} for name in GRAPH_FILES},
+            "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
+                         "onnxruntime": onnxruntime.__version__},
+            "validation": self.validation,
+        }
+
+
+def _io(model) -> dict:
+    def describe(values):
+        return [{"name": v.name, "dtype": str(v.dtype), "shape": [str(d) for d in v.shape]} for v in values]
+
+    return {"inputs": describe(model.graph.inputs), "outputs": describe(model.graph.outputs)}
+
+
+def _resolve(source):
+    """A loader's result, or the object itself (modules are callable but are not loaders)."""
+    return source() if callable(source) and not isinstance(source, torch.nn.Module) else source
+
+
+class OnnxFromDrafter:
+    """Export an already loaded reference ``DSparkDrafter`` (its dtype is the export dtype).
+
+    Args:
+        drafter: a ``DSparkDrafter`` (or a loader returning one).
+        topk / max_context / target / block_size: see ``ExportSpec.resolve``.
+        validate (*optional*, defaults to True): run both graphs in onnxruntime against the drafter.
+    """
+
+    def __init__(self, drafter, *, topk: int | str | None = None, max_context: int | None = None,
+                 target: str | None = None, block_size: int | None = None, validate: bool = True,
+                 context_graph=None):
+        self._drafter = drafter
+        self._options = dict(topk=topk, max_context=max_context, target=target, block_size=block_size)
+        self.validate = validate
+        self._context_graph = context_graph  # an already exported context graph of this drafter and dtype
+
+    def __call__(self) -> ExportedOnnx:
+        from .graphs import GraphInfo, export_context, export_draft
+
+        drafter = _resolve(self._drafter)
+        c = drafter.config
+        spec = ExportSpec.resolve(c, dtype=drafter.fc.weight.dtype, **self._options)
+        info = dict(dtype=spec.dtype, num_draft_tokens=c.num_draft_tokens, max_context=spec.max_context,
+                    config_digest=c.digest())
+        log.info(f"exporting ONNX graphs ({spec.dtype}, top-k {spec.topk or 'off'}, N {c.num_draft_tokens}, "
+                 f"context ≤ {spec.max_context})")
+        exported = ExportedOnnx(
+            config=c, spec=spec,
+            context=(_resolve(self._context_graph) if self._context_graph is not None
+                     else export_context(drafter, GraphInfo("context", topk=None, **info))),
+            draft=export_draft(drafter, GraphInfo("draft", topk=spec.topk, **info)),
+        )
+        if self.validate:
+            from .ort_session import OrtGraph
+            from .validate import validate_onnx
+
+            report = validate_onnx(OrtGraph(exported.context), OrtGraph(exported.draft), drafter, topk=spec.topk,
+                                   dtype=spec.dtype)
+            exported.validation = report.lines()
+        return exported
+
+
+class OnnxFromCheckpoint(OnnxFromDrafter):
+    """Load a drafter checkpoint in ``dtype`` (fp32 | fp16 | bf16, default bf16) and export it.
+
+    Example:
+        >>> exported = OnnxFromCheckpoint("drafter/", target_dir="target/", topk=16, dtype="fp32")()
+        >>> [n.op_type for n in exported.draft.graph if n.domain == "dspark"]
+        ['DSparkTopKMarkov']
+    """
+
+    def __init__(self, model_dir: str | Path, *, target_dir: str | Path | None = None,
+                 dtype: str | torch.dtype | None = None, **options):
+        dtype = resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)  # bad dtype: fail before loading
+        self.model_dir, self.target_dir, self.dtype = Path(model_dir), target_dir, dtype
+        super().__init__(self._load, **options)
+
+    def _load(self):
+        from ..loader import load_drafter
+
+        return load_drafter(self.model_dir, dtype=self.dtype, target_dir=self.target_dir)
+
+
+class SaveOnnx:
+    """Write an ``ExportedOnnx`` (or a loader of one) to ``out_dir`` atomically; ``force`` replaces."""
+
+    def __init__(self, exported, out_dir: str | Path, *, force: bool = False):
+        self._exported, self.out_dir, self.force = exported, Path(out_dir), force
+
+    def __call__(self) -> Path:
+        from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
+
+        check_output_dir(self.out_dir, force=self.force)  # refuse before the (slow) export
+        exported = _resolve(self._exported)
+        with atomic_output_dir(self.out_dir, force=self.force) as tmp:
+            _write(exported, tmp)
+            atomic_write_text(tmp / MANIFEST, json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
+        log.info(f"wrote {self.out_dir}")
+        return self.out_dir
+
+
+def _write(exported: ExportedOnnx, out: Path) -> None:
+    import onnx_ir as ir
+
+    for name, file in GRAPH_FILES.items():
+        model = getattr(exported, name)
+        size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+        ir.save(model, out / file, external_data=f"{file}.data" if size > EXTERNAL_DATA_BYTES else None)
+
+
+class OnnxFromDir:
+    """Read an export directory back: ``ExportedOnnx`` (graphs as ``onnx_ir.Model``, weights lazily)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def manifest(self) -> dict:
+        file = self.path / MANIFEST
+        if not file.is_file():
+            raise DSparkTrtError(f"{self.path} is not an ONNX export directory (no {MANIFEST}); export the "
+                                 f"drafter first (OnnxFromCheckpoint + SaveOnnx, or dspark export)")
+        manifest = json.loads(file.read_text())
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise DSparkTrtError(f"{file} has format version {manifest.get('format_version')}, this dspark-trt "
+                                 f"reads {FORMAT_VERSION}; re-export the drafter")
+        return manifest
+
+    def config(self) -> DSparkConfig:
+        raw = self.manifest()["config"]
+        return DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+    def spec(self) -> ExportSpec:
+        return ExportSpec(**self.manifest()["spec"])
+
+    def __call__(self) -> ExportedOnnx:
+        import onnx_ir as ir
+
+        m = self.manifest()
+        return ExportedOnnx(config=self.config(), spec=self.spec(), validation=m.get("validation"),
+                            **{name: ir.load(self.path / file) for name, file in GRAPH_FILES.items()})
+
+
+# -- a content-addressed cache (runtime backend, tests) ----------------------------------------------------
+def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_dir: str | Path | None = None,
+                       dtype: str | torch.dtype | None = None, validate: bool = True, **options) -> Path:
+    """Export directory for this checkpoint and these options under ``cache_dir``, exporting on a miss.
+
+    The key hashes the checkpoint files' contents, the options and the exporter's sources, so an edited
+    checkpoint or a new dspark-trt never reuses a stale export. Concurrent callers (processes, pytest-xdist
+    workers) take a file lock per entry, so each entry is exported once.
+    """
+    from ..loader import load_drafter
+
+    dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)]
+    config = DSparkConfig.from_pretrained(model_dir)
+    spec = ExportSpec.resolve(config, dtype=dtype_name, **options)  # bad options fail before hashing
+    inputs = _inputs_digest(model_dir, target_dir)
+    key = _digest(inputs, dataclasses.asdict(spec), validate)
+    context_key = _digest(inputs, spec.dtype, spec.max_context)
+    stem = f"{config.digest()[:12]}-{spec.dtype}-{context_key[:8]}"  # entries with equal stems share a context
+    out = Path(cache_dir) / f"{stem}-topk{spec.topk or 'off'}-{key[:16]}"
+    if (out / MANIFEST).is_file():
+        return out
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    with _file_lock(Path(cache_dir) / f".{out.name}.lock"):  # one exporter per entry; the others wait
+        if (out / MANIFEST).is_file():
+            return out
+        drafter = load_drafter(model_dir, dtype=dtype_name, target_dir=target_dir)
+        sibling = next((d for d in sorted(Path(cache_dir).glob(f"{stem}-topk*")) if (d / MANIFEST).is_file()), None)
+        context = None if sibling is None else (lambda: _load_ir(sibling / GRAPH_FILES["context"]))
+        exported = OnnxFromDrafter(drafter, validate=validate, context_graph=context, **options)()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=cache_dir))
+        try:
+            _write(exported, tmp)
+            (tmp / MANIFEST).write_text(json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
+            os.rename(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _load_ir(path: Path):
+    import onnx_ir as ir
+
+    return ir.load(path)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive advisory lock (POSIX ``flock``; no lock where unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _inputs_digest(model_dir, target_dir) -> str:
+    """sha256 over the exporter's sources, dspark-trt's version and the checkpoint files' contents."""
+    from .. import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    sources = Path(__file__).resolve().parents[1]
+    for rel in ("export", "plugins", "reference", "onnx_export.py", "loader.py", "checkpoint.py", "config.py"):
+        for file in sorted((sources / rel).rglob("*.py")) if (sources / rel).is_dir() else [sources / rel]:
+            h.update(file.read_bytes())
+    for directory in (model_dir, target_dir):
+        if directory is None:
+            continue
+        for file in sorted(Path(directory).iterdir()):
+            if file.suffix in (".json", ".safetensors") and file.is_file():
+                h.update(file.name.encode())
+                with open(file, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 23), b""):
+                        h.update(chunk)
+    return h.hexdigest()

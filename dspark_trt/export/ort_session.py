@@ -1,0 +1,106 @@
+"""Run an exported graph in onnxruntime with torch tensors in and out.
+
+``OrtGraph(model)`` wraps an ``InferenceSession``: ``run({name: tensor}) -> {name: tensor}``. onnxruntime's
+CPU provider has no bf16 arithmetic kernels (``MatMul``/``Mul`` are not implemented for bfloat16), so a graph
+with bf16 tensors runs on CPU as its fp32 **bf16-emulation twin** (``export/bf16_emulation.py``: every bf16
+result rounded to bf16, the way PyTorch's CPU bf16 ops round). Its bf16 inputs and outputs are fed and
+returned as ``torch.bfloat16`` all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from ..errors import DSparkTrtError
+
+__all__ = ["OrtGraph", "model_proto"]
+
+log = logging.getLogger("dspark.export")
+
+_ONNX_TO_TORCH = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16,
+                  "tensor(int32)": torch.int32, "tensor(int64)": torch.int64, "tensor(bool)": torch.bool}
+
+
+def model_proto(model):
+    """A ``ModelProto`` from an ``onnx_ir.Model``, a ``ModelProto`` or a path (external data loaded)."""
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (str, Path)):
+        return onnx.load(str(model))
+    import onnx_ir as ir
+
+    return ir.to_proto(model)
+
+
+def _has_bf16(proto) -> bool:
+    import onnx
+
+    bf16 = onnx.TensorProto.BFLOAT16
+    values = list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info)
+    return (any(v.type.tensor_type.elem_type == bf16 for v in values)
+            or any(t.data_type == bf16 for t in proto.graph.initializer))
+
+
+class OrtGraph:
+    """An onnxruntime session over one exported graph; torch tensors in, torch tensors out (on CPU).
+
+    Args:
+        model: ``onnx_ir.Model``, ``onnx.ModelProto`` or path of a ``.onnx`` file.
+        providers (*optional*, defaults to CPU): onnxruntime execution providers.
+        threads (*optional*): intra-op threads (onnxruntime's default when None).
+    """
+
+    def __init__(self, model, *, providers: list[str] | None = None, threads: int | None = None):
+        import onnxruntime as ort
+
+        self.providers = providers or ["CPUExecutionProvider"]
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        cpu_only = self.providers == ["CPUExecutionProvider"]
+        source, proto = (str(model), None) if isinstance(model, (str, Path)) else (None, model_proto(model))
+        self._bf16_outputs: set[str] = set()
+        self.emulated_bf16 = False
+        if cpu_only:
+            import onnx
+
+            if proto is None:  # types only: the weights stay on disk unless there is bf16 to emulate
+                proto = onnx.load(source, load_external_data=False)
+                proto = model_proto(source) if _has_bf16(proto) else None
+            if proto is not None and _has_bf16(proto):
+                from .bf16_emulation import emulate_bf16
+
+                bf16 = onnx.TensorProto.BFLOAT16
+                self._bf16_outputs = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type == bf16}
+                proto, self.emulated_bf16 = emulate_bf16(proto), True
+                log.debug("bf16 graph on onnxruntime CPU: running its fp32 bf16-emulation twin")
+        try:
+            self.session = ort.InferenceSession(source if proto is None else proto.SerializeToString(), options,
+                                                providers=self.providers)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise DSparkTrtError(f"onnxruntime cannot load the graph ({str(e).splitlines()[0]}); re-export it") from None
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        missing = sorted(set(self.inputs) - set(feeds))
+        if missing:
+            raise DSparkTrtError(f"missing graph inputs {missing}")
+        arrays = {}
+        for name, tensor in feeds.items():
+            want = _ONNX_TO_TORCH[self.inputs[name].type]
+            arrays[name] = tensor.detach().to("cpu", want).contiguous().numpy()
+        outputs = self.session.run(self.output_names, arrays)
+        result = {}
+        for name, array in zip(self.output_names, outputs):
+            t = torch.from_numpy(array)
+            if name in self._bf16_outputs:
+                t = t.to(torch.bfloat16)  # exact: the twin rounded it to bf16 already
+            result[name] = t
+        return result

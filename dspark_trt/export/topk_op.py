@@ -1,0 +1,68 @@
+"""The ``DSparkTopKMarkov`` node as a PyTorch custom op, so ``torch.onnx.export`` emits exactly one node.
+
+``torch.ops.dspark_export.topk_markov`` runs the contract's ``reference_op`` eagerly (so a graph module that
+calls it is still the reference) and has a fake implementation with the plugin's output shapes. The
+translation table maps it to ``dspark::DSparkTopKMarkov`` with the attributes TensorRT's plugin lookup
+needs (``plugins/onnx_op.node_attributes``).
+
+The op lives in its own torch namespace (``dspark_export``) so it cannot collide with a runtime custom op
+for the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..plugins.contract import OP_DOMAIN, OP_NAME, reference_op
+from ..plugins.onnx_op import OPSET_VERSION, node_attributes, register_schema
+
+__all__ = ["topk_markov", "translation_table"]
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("dspark_export::topk_markov", mutates_args=())
+def topk_markov(
+    cand_values: Tensor,  # [B, N, k] T
+    cand_ids: Tensor,  # [B, N, k] int32 draft ids
+    anchor: Tensor,  # [B] int32 target ids
+    markov_w1: Tensor,  # [V, r] W
+    markov_w2: Tensor,  # [V_d, r] W
+    d2t: Tensor,  # [V_d] int32
+    temperature: Tensor,  # [B] fp32
+    seed: Tensor,  # [B] int32
+    position: Tensor,  # [B] int32: position of d_1
+    conf_base: Tensor,  # [B, N] fp32
+    conf_w: Tensor,  # [r] fp32
+    k: int,
+    logit_scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # draft_tokens [B, N] int32, cand_logits [B, N, k] fp32, confidence [B, N] fp32
+    return reference_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                        conf_base, conf_w, logit_scale=logit_scale)
+
+
+@topk_markov.register_fake
+def _(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base, conf_w,
+      k, logit_scale):
+    B, N, _ = cand_values.shape
+    return (cand_values.new_empty((B, N), dtype=torch.int32), cand_values.new_empty((B, N, k), dtype=torch.float32),
+            cand_values.new_empty((B, N), dtype=torch.float32))
+
+
+def _to_onnx(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base,
+             conf_w, k: int, logit_scale: float):
+    """Translation: one ``dspark::DSparkTopKMarkov`` node (a plain function, not ``@onnxscript.script``)."""
+    from onnxscript.values import Opset
+
+    op = Opset(OP_DOMAIN, OPSET_VERSION)
+    return getattr(op, OP_NAME)(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                position, conf_base, conf_w, **node_attributes(k, logit_scale))
+
+
+@functools.cache
+def translation_table() -> dict:
+    """``custom_translation_table`` for ``torch.onnx.export``; registers the ONNX schema first."""
+    register_schema()
+    return {torch.ops.dspark_export.topk_markov.default: _to_onnx}

@@ -1,0 +1,248 @@
+"""Check exported graphs against the reference drafter: onnxruntime vs ``DSparkDrafter`` on the same inputs.
+
+Rules (spec §10.14, §10.16):
+
+* context K/V and candidate logits within a **dtype-aware tolerance** (``TOLERANCES``, each with its
+  reason); −inf compared equal; candidates compared by *id*, never by position (order is irrelevant);
+* fp32: drafted tokens equal, greedy and probabilistic (same seeds → same tokens), candidate sets equal;
+* fp16/bf16: a row may diverge only at a near-tie — the token onnxruntime picked must score within the
+  tolerance of the reference's pick under the reference's own scores (``z`` greedy, ``z/T + g`` with the
+  same Gumbel noise probabilistic). Later slots of that row condition on a different token and are not
+  compared. Candidate sets must overlap by ≥ 97 % (top-k boundary ties flip in low precision).
+
+``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures),
+logs the max errors, returns a ``ValidationReport`` and raises ``cli.common.ValidationMismatch`` (exit 3)
+on any failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from ..reference.markov import MarkovWalkResult, draft_to_target
+from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
+
+__all__ = ["Tolerance", "TOLERANCES", "Check", "ValidationReport", "compare_context", "compare_draft",
+           "validate_onnx"]
+
+log = logging.getLogger("dspark.export")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    reason: str
+    min_overlap: float = 1.0  # mean candidate-set overlap required (top-k)
+    exact_tokens: bool = True
+
+    def bound(self, ref: torch.Tensor) -> torch.Tensor:
+        return self.atol + self.rtol * ref.abs()
+
+
+#: per export dtype; the reason is printed with every report
+TOLERANCES = {
+    "fp32": Tolerance(2e-4, 1e-4, "fp32 both sides; onnxruntime's MLAS GEMMs sum in another order than torch "
+                      "(~1e-6 relative per op, grown through the layers and the lm_head)"),
+    "fp16": Tolerance(6e-2, 2e-2, "fp16 activations: onnxruntime and torch round fp16 intermediates at "
+                      "different points (10-bit mantissa, ~1e-3 per op, grown through layers and lm_head)",
+                      min_overlap=0.97, exact_tokens=False),
+    "bf16": Tolerance(2.5e-1, 4e-2, "bf16 activations (8-bit mantissa, ~4e-3 per op) on both sides; "
+                      "accumulation order flips roundings (spec §8.3.2: rtol 4e-2, atol 1e-1 per op)",
+                      min_overlap=0.97, exact_tokens=False),
+}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+
+
+@dataclass
+class ValidationReport:
+    dtype: str
+    tolerance: Tolerance
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def lines(self) -> list[str]:
+        t = self.tolerance
+        head = f"validation ({self.dtype}: atol {t.atol:g}, rtol {t.rtol:g} — {t.reason})"
+        return [head] + ["  " + c.line() for c in self.checks]
+
+    def raise_on_failure(self) -> None:
+        if not self.ok:
+            from ..cli.common import ValidationMismatch
+
+            bad = [c for c in self.checks if not c.ok]
+            raise ValidationMismatch(
+                f"exported ONNX disagrees with the reference ({len(bad)} of {len(self.checks)} checks): "
+                f"{bad[0].name}: {bad[0].detail}; re-export, or report a bug if it persists"
+            )
+
+
+def _close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, mask: torch.Tensor | None = None) -> Check:
+    """Elementwise |got − ref| ≤ atol + rtol·|ref|; −inf == −inf; NaN always fails."""
+    got, ref = got.to(torch.float64), ref.to(torch.float64)
+    if got.shape != ref.shape:
+        return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
+    both_inf = torch.isinf(got) & torch.isinf(ref) & (torch.sign(got) == torch.sign(ref))
+    finite = torch.isfinite(got) & torch.isfinite(ref)
+    err = torch.where(finite, (got - ref).abs(), torch.where(both_inf, 0.0, float("inf")))  # NaN, ±inf vs x: inf
+    bad = ~both_inf & (~finite | (err > tol.bound(torch.where(finite, ref, 0.0))))
+    if mask is not None:
+        err, bad = err[mask], bad[mask]
+    worst = float(err.max()) if err.numel() else 0.0
+    n_bad = int(bad.sum())
+    where = ""
+    if n_bad:
+        full = torch.zeros_like(got, dtype=torch.bool)
+        full[mask if mask is not None else ...] = bad
+        where = f", first at {tuple(int(i) for i in full.nonzero()[0])}"
+    return Check(name, n_bad == 0, f"max |Δ| {worst:.3g}, {n_bad} of {err.numel()} outside tolerance{where}")
+
+
+def compare_context(got_k, got_v, ref_k, ref_v, tol: Tolerance, label: str = "context") -> list[Check]:
+    """K/V [L, B, T, H_kv, D] against the reference."""
+    return [_close(f"{label} ctx_k", got_k, ref_k, tol), _close(f"{label} ctx_v", got_v, ref_v, tol)]
+
+
+def _scores(result: MarkovWalkResult, temperature, seed, positions) -> torch.Tensor:
+    """The reference's selection scores per candidate [B, N, k]: z (greedy) or z/T + g (probabilistic)."""
+    z = result.cand_logits.to(torch.float64)
+    if temperature is None:
+        return z
+    B, N, _ = z.shape
+    steps = torch.arange(N).view(1, N, 1)
+    g = gumbel_noise(seed.view(B, 1, 1), positions.view(B, 1, 1) + steps, result.cand_ids, DRAFT_SALT)
+    greedy = is_greedy(temperature).view(B, 1, 1)
+    temp = torch.where(greedy, 1.0, temperature.to(torch.float64).view(B, 1, 1))
+    return torch.where(greedy, z, z / temp + g.to(torch.float64))
+
+
+def _dense_rows(ids: torch.Tensor, values: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Scatter candidates into −inf-filled rows [B, N, V_d] (so comparisons are by id, not position)."""
+    rows = torch.full((*ids.shape[:2], vocab), float("-inf"), dtype=torch.float64)
+    return rows.scatter(-1, ids.to(torch.int64), values.to(torch.float64))
+
+
+def _present(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, N, V_d] bool: which ids are candidates (a NaN logit is still a candidate, and then fails)."""
+    mask = torch.zeros((*ids.shape[:2], vocab), dtype=torch.bool)
+    return mask.scatter(-1, ids.to(torch.int64), True)
+
+
+def _picked(result: MarkovWalkResult, b: int, j: int, d2t: torch.Tensor | None) -> int:
+    """The draft-vocab id the walk picked at (b, j): its candidate whose target id is the drafted token."""
+    ids = result.cand_ids[b, j].to(torch.int64)
+    match = (draft_to_target(ids, d2t) == int(result.tokens[b, j])).nonzero()
+    return int(ids[match[0, 0]]) if len(match) else -1
+
+
+def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, *, vocab: int,
+                  d2t: torch.Tensor | None = None, temperature: torch.Tensor | None = None,
+                  seed: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                  label: str = "draft") -> list[Check]:
+    """One draft round against the reference round (module docstring for the rules).
+
+    ``positions`` is the position of d_1 per request (anchor position + 1), as the walk keys its noise.
+    """
+    checks = []
+    B, N = ref.tokens.shape
+    differs = got.tokens.to(torch.int64) != ref.tokens.to(torch.int64)  # [B, N]
+    first = torch.where(differs.any(1), differs.to(torch.int8).argmax(1), torch.full((B,), N))  # [B]
+    comparable = torch.arange(N).view(1, N) <= first.view(B, 1)  # slots whose predecessor agrees
+    got_rows = _dense_rows(got.cand_ids, got.cand_logits, vocab)  # [B, N, V_d], −inf off the candidates
+    ref_rows = _dense_rows(ref.cand_ids, ref.cand_logits, vocab)
+    n_rows = int(differs.any(1).sum())
+    if tol.exact_tokens or not n_rows:
+        detail = f"{B * N - int(differs.sum())} of {B * N} equal"
+        if n_rows:
+            detail += f", first difference at {tuple(int(i) for i in differs.nonzero()[0])}"
+        checks.append(Check(f"{label} tokens", n_rows == 0, detail))
+    else:
+        ref_scores = _dense_rows(ref.cand_ids, _scores(ref, temperature, seed, positions), vocab)
+        got_scores = _dense_rows(got.cand_ids, _scores(got, temperature, seed, positions), vocab)
+        bad = []
+        for b in range(B):
+            j = int(first[b])
+            if j == N:
+                continue
+            mine, best = _picked(got, b, j, d2t), _picked(ref, b, j, d2t)
+            if mine < 0 or best < 0:
+                bad.append(f"row {b} slot {j}: drafted token is not one of its candidates")
+                continue
+            mine_score = ref_scores[b, j, mine] if torch.isfinite(ref_scores[b, j, mine]) else got_scores[b, j, mine]
+            temp = 1.0 if temperature is None or is_greedy(temperature[b]) else float(temperature[b])
+            slack = float(tol.bound(ref_rows[b, j, best])) / temp
+            gap = float(ref_scores[b, j, best] - mine_score)
+            if not gap <= slack:
+                bad.append(f"row {b} slot {j}: picked a candidate {gap:.3g} below the reference's (slack {slack:.3g})")
+        detail = (f"{B * N - int(differs.sum())} of {B * N} equal; {n_rows - len(bad)} row(s) diverged at a "
+                  f"near-tie (later slots not compared)")
+        checks.append(Check(f"{label} tokens", not bad, detail + ("; " + bad[0] if bad else "")))
+    k = ref.cand_ids.shape[-1]
+    in_both = _present(got.cand_ids, vocab) & _present(ref.cand_ids, vocab)  # [B, N, V_d]
+    overlap = in_both.sum(-1).to(torch.float64) / k  # [B, N]
+    mean_overlap = float(overlap[comparable].mean())
+    need = tol.min_overlap if k < vocab else 1.0
+    checks.append(Check(f"{label} candidate ids", mean_overlap >= need,
+                        f"mean overlap {mean_overlap:.4f} (need ≥ {need:g})"))
+    checks.append(_close(f"{label} cand_logits", got_rows, ref_rows, tol, mask=in_both & comparable.unsqueeze(-1)))
+    if (got.confidence is None) != (ref.confidence is None):
+        checks.append(Check(f"{label} confidence", False, "present on one side only"))
+    elif ref.confidence is not None:
+        checks.append(_close(f"{label} confidence", got.confidence, ref.confidence, tol, mask=comparable))
+    return checks
+
+
+def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batch_sizes=(1, 3), seed: int = 0,
+                  raise_on_failure: bool = True) -> ValidationReport:
+    """Run the exported graphs (``OrtGraph``s) and the reference drafter on the same random inputs.
+
+    Context: random taps → K/V. Draft: the reference's K/V with random valid lengths, random anchors, a
+    greedy round (temperature 0 in the graph, ``None`` in the reference) and a probabilistic round with
+    mixed per-request temperatures (greedy included) and seeds. Logs every check; raises
+    ``ValidationMismatch`` on a failure unless ``raise_on_failure=False``.
+    """
+    from .graphs import run_context, run_draft
+
+    c = drafter.config
+    tol = TOLERANCES[dtype]
+    report = ValidationReport(dtype, tol)
+    gen = torch.Generator().manual_seed(seed)
+    model_dtype = drafter.fc.weight.dtype
+    for B in batch_sizes:
+        T = 13 + 4 * B
+        taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=gen).to(model_dtype)
+        positions = torch.arange(T).expand(B, T)
+        ref_k, ref_v = drafter.context_kv(taps, positions)
+        got_k, got_v = run_context(context, taps, positions)
+        report.checks += compare_context(got_k, got_v, ref_k, ref_v, tol, label=f"B={B} context")
+        ctx_len = torch.randint(1, T + 1, (B,), generator=gen)
+        anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
+        seeds = torch.randint(0, 2**31 - 1, (B,), generator=gen)
+        temps = torch.tensor([0.0, 0.8, 1.3])[torch.arange(B) % 3] if B > 1 else torch.tensor([0.9])
+        for mode, temperature in (("greedy", None), ("sampled", temps)):
+            ref = drafter.draft(anchor, ref_k, ref_v, ctx_len, topk=topk, temperature=temperature, seed=seeds)
+            got = run_draft(draft, anchor, ref_k, ref_v, ctx_len, temperature, seeds,
+                            draft_vocab=c.draft_vocab_size)
+            report.checks += compare_draft(got, ref, tol, vocab=c.draft_vocab_size, d2t=drafter.d2t_or_none,
+                                           temperature=temperature, seed=seeds, positions=ctx_len + 1,
+                                           label=f"B={B} {mode} draft")
+    for line in report.lines():
+        log.info(line)
+    if raise_on_failure:
+        report.raise_on_failure()
+    return report

@@ -1,0 +1,145 @@
+"""The ``onnxruntime`` drafter backend: the exported ``context`` and ``draft`` graphs in onnxruntime.
+
+It runs exactly what TensorRT is built from (the top-k walk through the node's standard-op local function),
+so it is both a portable executor and the proof that the ONNX hand-off computes what the reference does.
+Inputs and outputs are torch tensors on the CPU; ids come back as int64 like the reference's.
+
+Construct it from an export directory (``SaveOnnx`` / ``dspark export``; its top-k is fixed) or, with
+``from_pretrained``, from a drafter checkpoint: the graphs are exported (and validated) once into a
+content-addressed cache directory, and a ``draft`` call with another top-k exports and loads that variant.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from ...errors import DSparkTrtError
+from ...reference.markov import MarkovWalkResult
+from .base import DrafterBackend
+
+__all__ = ["OnnxRuntimeDrafterBackend", "default_cache_dir"]
+
+log = logging.getLogger("dspark.runtime")
+
+_TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def default_cache_dir() -> Path:
+    """``$DSPARK_TRT_CACHE/onnx`` or ``~/.cache/dspark-trt/onnx`` (``$XDG_CACHE_HOME`` honoured)."""
+    root = os.environ.get("DSPARK_TRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark-trt"
+    return Path(root) / "onnx"
+
+
+class OnnxRuntimeDrafterBackend(DrafterBackend):
+    """Drafter backend over an ONNX export directory.
+
+    Args:
+        export_dir: directory with ``context.onnx``, ``draft.onnx`` and ``onnx_export.json``.
+        providers (*optional*, defaults to CPU): onnxruntime execution providers.
+        threads (*optional*): intra-op threads per session.
+
+    Example:
+        >>> with OnnxRuntimeDrafterBackend.from_pretrained("drafter/", target_dir="target/", topk=16) as b:
+        ...     k, v = b.context_kv(taps, positions)
+        ...     result = b.draft(anchor, k, v, ctx_len, topk=16, temperature=None, seed=None)
+    """
+
+    name = "onnxruntime"
+
+    def __init__(self, export_dir: str | Path, *, providers: list[str] | None = None, threads: int | None = None,
+                 device: str | torch.device | None = None):
+        if device is not None and torch.device(device).type != "cpu" and providers is None:
+            raise DSparkTrtError(f"the onnxruntime drafter backend runs on the CPU here (device {device!r} asked); "
+                                 f"pass providers=[...] for another onnxruntime execution provider, or use the "
+                                 f"torch/tensorrt backend on GPUs")
+        self._providers, self._threads = providers, threads
+        self._rebuild = None  # (checkpoint, options) when built by from_pretrained: other top-k values export on demand
+        self._graphs: dict | None = None
+        self._load(Path(export_dir))
+
+    def _load(self, export_dir: Path) -> None:
+        from ...export.onnx import GRAPH_FILES, OnnxFromDir
+
+        self.export_dir = export_dir
+        source = OnnxFromDir(export_dir)
+        self.config, spec = source.config(), source.spec()
+        self.topk: int | None = spec.topk
+        self.dtype = _TORCH_DTYPES[spec.dtype]
+        self.max_context: int = spec.max_context
+        self.device = torch.device("cpu")
+        self._files = {name: export_dir / file for name, file in GRAPH_FILES.items()}
+
+    @classmethod
+    def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None,
+                        dtype: str | None = None, topk: int | str | None = None, cache_dir: str | Path | None = None,
+                        max_context: int | None = None, validate: bool = True,
+                        **kwargs) -> "OnnxRuntimeDrafterBackend":
+        """Export ``drafter_dir`` into ``cache_dir`` (default ``default_cache_dir()``) unless cached, then load it.
+
+        ``dtype`` defaults to fp32 (onnxruntime's CPU provider computes bf16 only through emulation).
+        """
+        from ...export.onnx import cached_onnx_export
+
+        options = dict(target_dir=target_dir, dtype=dtype or "fp32", target="onnxruntime", max_context=max_context,
+                       validate=validate)
+        cache_dir = cache_dir or default_cache_dir()
+        path = cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk, **options)
+        backend = cls(path, **kwargs)
+        backend._rebuild = (drafter_dir, cache_dir, options)
+        return backend
+
+    def _switch_topk(self, topk: int | None) -> None:
+        """Load (exporting into the cache on a miss) the graphs for another top-k (from_pretrained only)."""
+        from ...export.onnx import cached_onnx_export
+
+        drafter_dir, cache_dir, options = self._rebuild
+        log.info(f"onnxruntime backend: switching to top-k {topk or 'off'} (export cached in {cache_dir})")
+        self._load(cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk, **options))
+        if self._graphs is not None:
+            self._graphs = None
+            self.activate()
+
+    # -- lifetime ----------------------------------------------------------------------------------------
+    def activate(self) -> None:
+        from ...export.ort_session import OrtGraph
+
+        if self._graphs is None:
+            self._graphs = {name: OrtGraph(file, providers=self._providers, threads=self._threads)
+                            for name, file in self._files.items()}
+
+    def deactivate(self) -> None:
+        self._graphs = None
+
+    def _graph(self, name: str):
+        if self._graphs is None:
+            self.activate()
+        return self._graphs[name]
+
+    # -- the interface -----------------------------------------------------------------------------------
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from ...export.graphs import run_context
+
+        self._check_context(taps.shape[1])
+        return run_context(self._graph("context"), taps, positions)  # K, V [L, B, T, H_kv, D] model dtype
+
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+        from ...export.graphs import run_draft
+
+        if topk != self.topk and self._rebuild is not None:
+            self._switch_topk(topk)
+        if topk != self.topk:
+            have = self.topk or "off"
+            raise DSparkTrtError(f"this ONNX export drafts with top-k {have} but top-k {topk or 'off'} was "
+                                 f"requested; run with --topk {have} or export again with --topk {topk or 'off'}")
+        self._check_context(ctx_k.shape[2])
+        return run_draft(self._graph("draft"), anchor, ctx_k, ctx_v, ctx_len, temperature, seed,
+                         draft_vocab=self.config.draft_vocab_size)
+
+    def _check_context(self, length: int) -> None:
+        if length > self.max_context:
+            raise DSparkTrtError(f"context length {length} exceeds the export's bound of {self.max_context} "
+                                 f"tokens; export again with a larger --max-context")

@@ -1,0 +1,82 @@
+"""Polygraphy on the exported draft graph: ``inspect model`` shows the node; ``run --onnxrt`` passes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+POLYGRAPHY = next((str(p) for p in (Path(sys.executable).with_name("polygraphy"),) if p.is_file()),
+                  shutil.which("polygraphy"))
+pytestmark = [pytest.mark.onnx, pytest.mark.skipif(POLYGRAPHY is None, reason="polygraphy CLI not installed")]
+
+
+def polygraphy(*args):
+    return subprocess.run([POLYGRAPHY, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_inspect_model_shows_the_custom_node(tiny_pair, onnx_export):
+    path = onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"
+    result = polygraphy("inspect", "model", path, "--show", "layers", "attrs")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "DSparkTopKMarkov [Op: DSparkTopKMarkov]" in text
+    block = text[text.index("DSparkTopKMarkov [Op: DSparkTopKMarkov]"):]
+    block = block[:block.index("Node ", 10) if "Node " in block[10:] else None]
+    for fragment in ("plugin_version = 1", "plugin_namespace = dspark", "k = 16", "logit_scale = 1.0",
+                     "markov_w1", "markov_w2", "draft_tokens", "cand_logits"):
+        assert fragment in block, fragment
+
+
+def test_run_onnxrt_matches_saved_reference_outputs(tiny_pair, onnx_export, tmp_path):
+    """``polygraphy run draft.onnx --onnxrt`` compared with the reference's outputs saved as Polygraphy JSON;
+    a perturbed reference makes the same command fail (the comparison is real)."""
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+    from polygraphy.json import save_json
+
+    from dspark_trt import load_drafter
+
+    drafter = load_drafter(tiny_pair.drafter, dtype="fp32", target_dir=tiny_pair.target)
+    c = drafter.config
+    B, T = 2, 6
+    g = torch.Generator().manual_seed(3)
+    taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=g)
+    ctx_k, ctx_v = drafter.context_kv(taps, torch.arange(T).expand(B, T))
+    feeds = {"anchor": torch.tensor([17, 2030]), "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_len": torch.tensor([6, 3]),
+             "temperature": torch.tensor([0.0, 1.0]), "seed": torch.tensor([5, 77])}
+    ref = drafter.draft(feeds["anchor"], ctx_k, ctx_v, feeds["ctx_len"], topk=16, temperature=feeds["temperature"],
+                        seed=feeds["seed"])
+    int32 = {"anchor", "ctx_len", "seed"}
+    save_json([{k: (v.to(torch.int32) if k in int32 else v).numpy() for k, v in feeds.items()}], tmp_path / "in.json")
+
+    def save_reference(file, tokens):
+        outputs = {"draft_tokens": tokens.to(torch.int32).numpy(), "cand_ids": ref.cand_ids.to(torch.int32).numpy(),
+                   "cand_logits": ref.cand_logits.numpy(), "confidence": ref.confidence.numpy()}
+        results = RunResults()
+        results.append(("reference", [IterationResult(outputs, runner_name="reference")]))
+        results.save(str(file))
+
+    save_reference(tmp_path / "ref.json", ref.tokens)
+    bad = ref.tokens.clone()
+    bad[1, 3] += 1
+    save_reference(tmp_path / "bad.json", bad)
+    model = onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"
+    common = [model, "--onnxrt", "--load-inputs", tmp_path / "in.json", "--atol", "1e-5", "--rtol", "1e-5"]
+    good = polygraphy("run", *common, "--load-outputs", tmp_path / "ref.json")
+    assert good.returncode == 0 and "PASSED" in good.stdout + good.stderr, good.stdout[-3000:] + good.stderr[-2000:]
+    failed = polygraphy("run", *common, "--load-outputs", tmp_path / "bad.json")
+    assert failed.returncode != 0 and "draft_tokens" in failed.stdout + failed.stderr
+
+
+def test_run_onnxrt_random_inputs(tiny_pair, onnx_export):
+    """Polygraphy's own random inputs through the top-k and dense draft graphs, outputs finite."""
+    shapes = ["anchor:[3]", "ctx_k:[2,3,9,2,16]", "ctx_v:[2,3,9,2,16]", "ctx_len:[3]", "temperature:[3]", "seed:[3]"]
+    for topk in (16, "off"):
+        result = polygraphy("run", onnx_export(tiny_pair, "fp32", topk) / "draft.onnx", "--onnxrt", "--validate",
+                            "--input-shapes", *shapes)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

@@ -1,0 +1,50 @@
+"""TensorRT-RTX (real parser and builder, CPU, SM80 target) takes the exported graphs without our plugin:
+the DSparkTopKMarkov node falls back to its standard-op local function (tensorrt-notes §1, §10)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.rtx, pytest.mark.onnx]
+
+
+def parse_and_build(path, batch=(1, 2, 4), context=(1, 64, 256)):
+    """Parse ``path`` and build a serialized engine for SM80 over a B × T profile; returns (layers, bytes)."""
+    import tensorrt_rtx as trt
+
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    ok = parser.parse_from_file(str(path))
+    assert ok, [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    config = builder.create_builder_config()
+    config.num_compute_capabilities = 1
+    config.set_compute_capability(trt.ComputeCapability.SM80, 0)
+    profile = builder.create_optimization_profile()
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        dims = list(tensor.shape)
+        batch_axis = 1 if len(dims) == 5 else 0  # K/V caches are [L, B, T, H_kv, D]
+        shapes = []
+        for b, t in zip(batch, context):
+            shape = [d for d in dims]
+            shape[batch_axis] = b
+            shape = [t if d == -1 else d for d in shape]  # the remaining dynamic axis is T
+            shapes.append(shape)
+        profile.set_shape(tensor.name, *shapes)
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    assert plan is not None, "TensorRT-RTX failed to build the engine"
+    return network.num_layers, plan.nbytes
+
+
+@pytest.mark.parametrize("dtype, topk", [("fp32", 16), ("bf16", 16), ("fp32", "off")])
+def test_rtx_parses_and_builds_the_draft_graph(tiny_pair, onnx_export, dtype, topk):
+    layers, size = parse_and_build(onnx_export(tiny_pair, dtype, topk) / "draft.onnx")
+    assert layers > 100 and size > 0
+
+
+def test_rtx_parses_and_builds_the_context_graph(tiny_pair, onnx_export):
+    layers, size = parse_and_build(onnx_export(tiny_pair, "bf16", 16) / "context.onnx")
+    assert layers > 10 and size > 0
