@@ -17,10 +17,11 @@ from typing import Callable
 
 import torch
 
-from ..reference.markov import MarkovWalkResult, markov_walk, select_candidates
+from ..reference.markov import MarkovWalkResult, markov_walk, select_candidates, walk_candidates
 from ..reference.sampling import HASH_PRIME
 
-__all__ = ["select_markov_walk", "fused_markov_walk", "fallback_reason"]
+__all__ = ["select_markov_walk", "select_candidate_walk", "fused_markov_walk", "fused_walk_candidates",
+           "fallback_reason"]
 
 log = logging.getLogger("dspark.plugins")
 
@@ -63,6 +64,12 @@ def select_markov_walk(device: torch.device | str, *, topk: int | None, rank: in
     return markov_walk
 
 
+def select_candidate_walk(device: torch.device | str, **case) -> Callable[..., MarkovWalkResult]:
+    """As ``select_markov_walk``, for a walk over given candidates (``reference.markov.walk_candidates``'
+    signature): ``fused_walk_candidates`` or ``walk_candidates``."""
+    return fused_walk_candidates if select_markov_walk(device, **case) is fused_markov_walk else walk_candidates
+
+
 def _int32_key(x: torch.Tensor | None, like: torch.Tensor, B: int) -> torch.Tensor:
     """A non-negative noise key as int32 *without changing the noise*: the hash only sees it modulo 2^31 - 1."""
     if x is None:
@@ -77,6 +84,24 @@ def fused_markov_walk(
     w2: torch.Tensor,  # [V_d, r]
     *,
     topk: int | None = None,
+    **walk_options,
+) -> MarkovWalkResult:
+    """``reference.markov.markov_walk`` with the walk in one fused kernel launch (CUDA; top-k only)."""
+    from ..errors import DSparkTrtError
+
+    if topk is None:
+        raise DSparkTrtError("the fused Markov kernel walks top-k candidates; use reference markov_walk for dense")
+    cand_vals, cand_ids = select_candidates(base_logits, topk)  # [B, N, k] fp32, int64 (the reference's choice)
+    return fused_walk_candidates(cand_vals, cand_ids, anchor, w1, w2, **walk_options)
+
+
+def fused_walk_candidates(
+    cand_vals: torch.Tensor,  # [B, N, k] base logits at the candidates
+    cand_ids: torch.Tensor | None,  # [B, N, k] int draft-vocab ids
+    anchor: torch.Tensor,  # [B] int target ids
+    w1: torch.Tensor,  # [V, r]
+    w2: torch.Tensor,  # [V_d, r]
+    *,
     logit_scale: float = 1.0,
     d2t: torch.Tensor | None = None,
     temperature: torch.Tensor | None = None,
@@ -85,15 +110,14 @@ def fused_markov_walk(
     conf_base: torch.Tensor | None = None,
     conf_w_markov: torch.Tensor | None = None,
 ) -> MarkovWalkResult:
-    """``reference.markov.markov_walk`` with the walk in one fused kernel launch (CUDA; top-k only)."""
+    """``reference.markov.walk_candidates`` in one fused kernel launch (the DSparkTopKMarkov op)."""
     from ..errors import DSparkTrtError
     from .kernel import topk_markov_walk
 
-    if topk is None:
-        raise DSparkTrtError("the fused Markov kernel walks top-k candidates; use reference markov_walk for dense")
+    if cand_ids is None:
+        raise DSparkTrtError("the fused Markov kernel walks top-k candidates; use reference walk_candidates for dense")
     if temperature is not None and (seed is None or positions is None):
         raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
-    cand_vals, cand_ids = select_candidates(base_logits, topk)  # [B, N, k] fp32, int64 (the reference's choice)
     B, N, k = cand_vals.shape
     dev = cand_vals.device
     r = w1.shape[1]
@@ -111,5 +135,5 @@ def fused_markov_walk(
         torch.zeros(r, device=dev) if conf_w_markov is None else conf_w_markov.to(dev, torch.float32),
         logit_scale=float(logit_scale),
     )
-    return MarkovWalkResult(tokens=tokens.to(torch.int64), cand_ids=cand_ids, cand_logits=cand_logits,
+    return MarkovWalkResult(tokens=tokens.to(torch.int64), cand_ids=cand_ids.to(torch.int64), cand_logits=cand_logits,
                             confidence=confidence if conf_base is not None else None)

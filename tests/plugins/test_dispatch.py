@@ -15,6 +15,9 @@ CASE = dict(topk=16, rank=8, num_draft_tokens=7, logits_dtype=torch.bfloat16, we
 
 
 def test_cpu_falls_back_to_the_reference_and_says_why(caplog):
+    from dspark_trt.plugins import dispatch
+
+    dispatch._log_choice.cache_clear()  # the choice is logged once per distinct case and process
     with caplog.at_level(logging.INFO, logger="dspark.plugins"):
         walk = select_markov_walk("cpu", **{**CASE, "topk": 17})
     assert walk is markov_walk

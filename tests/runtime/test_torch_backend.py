@@ -66,3 +66,30 @@ def test_registry_and_context_manager(random_pair):
     assert backend_class("torch") is TorchDrafterBackend
     with TorchDrafterBackend.from_pretrained(random_pair.drafter, target_dir=random_pair.target, device="cpu") as b:
         assert b.name == "torch" and b.device.type == "cpu" and b.config.num_draft_tokens == 7
+
+
+def test_default_walk_on_cpu_is_the_reference(drafter):
+    from dspark_trt.plugins.dispatch import select_candidate_walk
+
+    backend = TorchDrafterBackend(drafter)
+    assert backend.walk_fn is None  # chosen per round by plugins.dispatch
+    assert backend._auto_walk(16) is walk_candidates
+    assert select_candidate_walk("cpu", topk=16, rank=16, num_draft_tokens=7) is walk_candidates
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("sampling", [False, True])
+def test_fused_kernel_plugged_into_the_backend_matches_the_reference(drafter, sampling):
+    """The wiring CUDA uses (fused_walk_candidates as the backend's walk), run in Triton's CPU interpreter."""
+    from dspark_trt.plugins.dispatch import fused_walk_candidates
+
+    backend = TorchDrafterBackend(drafter, walk_fn=fused_walk_candidates)
+    taps, ctx_len, anchor = inputs(drafter, B=2)
+    k, v = backend.context_kv(taps, torch.arange(taps.shape[1]).expand(2, -1))
+    kw = dict(topk=16, temperature=torch.tensor([0.0, 1.0]) if sampling else None,
+              seed=torch.tensor([5, 6]) if sampling else None)
+    got = backend.draft(anchor, k, v, ctx_len, **kw)
+    want = drafter.draft(anchor, k, v, ctx_len, **kw)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.cand_ids, want.cand_ids)
+    torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=1e-5)  # fp32, other sum order
+    torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)

@@ -1,9 +1,9 @@
 """The ``torch`` drafter backend: the reference ``DSparkDrafter`` itself, on any device.
 
 ``draft`` composes the reference pieces — ``block_hidden`` → ``base_logits`` → ``select_candidates`` →
-``walk_fn`` — exactly as ``DSparkDrafter.draft`` does. ``walk_fn`` (default: the oracle
-``reference.markov.walk_candidates``) is a replaceable attribute with ``walk_candidates``' signature, so a
-fused kernel (e.g. the Triton DSparkTopKMarkov kernel on CUDA) can be plugged in without touching the loop.
+``walk_fn`` — exactly as ``DSparkDrafter.draft`` does. ``walk_fn`` has ``walk_candidates``' signature; by
+default (``None``) it is chosen per round by ``plugins.dispatch``: the fused Triton DSparkTopKMarkov kernel
+when the drafter runs on CUDA with top-k, else the oracle ``reference.markov.walk_candidates``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ...reference.markov import MarkovWalkResult, select_candidates, walk_candidates
+from ...reference.markov import MarkovWalkResult, select_candidates
 from .base import DrafterBackend
 
 __all__ = ["TorchDrafterBackend"]
@@ -25,7 +25,7 @@ class TorchDrafterBackend(DrafterBackend):
     Args:
         drafter: a loaded ``reference.DSparkDrafter`` (``dspark_trt.load_drafter``).
         walk_fn (*optional*): replaces the Markov walk; same signature and result as
-            ``reference.markov.walk_candidates``.
+            ``reference.markov.walk_candidates``. Default: the fused kernel on CUDA, else the reference.
 
     Example:
         >>> with TorchDrafterBackend.from_pretrained("drafter/", target_dir="target/") as backend:
@@ -39,7 +39,7 @@ class TorchDrafterBackend(DrafterBackend):
         self.config = drafter.config
         self.device = drafter.embed_tokens.weight.device
         self.dtype = drafter.embed_tokens.weight.dtype
-        self.walk_fn = walk_fn or walk_candidates
+        self.walk_fn = walk_fn  # None: plugins.dispatch chooses per (device, case)
         self.d2t = drafter.d2t_or_none  # [V_d] or None
 
     @classmethod
@@ -61,7 +61,8 @@ class TorchDrafterBackend(DrafterBackend):
         hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len)  # [B, N, d]
         conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r]
         cand_vals, cand_ids = select_candidates(d.base_logits(hidden), topk)  # [B, N, k]
-        return self.walk_fn(
+        walk = self.walk_fn or self._auto_walk(topk)
+        return walk(
             cand_vals,
             cand_ids,
             anchor,
@@ -75,3 +76,10 @@ class TorchDrafterBackend(DrafterBackend):
             conf_base=conf_base,
             conf_w_markov=conf_w,
         )
+
+    def _auto_walk(self, topk: int | None) -> Callable[..., MarkovWalkResult]:
+        from ...plugins.dispatch import select_candidate_walk
+
+        c = self.config
+        return select_candidate_walk(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
+                                     logits_dtype=torch.float32, weights_dtype=self.dtype)
