@@ -16,7 +16,7 @@ from typing import Iterator
 
 from .errors import DSparkTrtError
 
-__all__ = ["atomic_output_dir", "atomic_write_text", "check_output_dir"]
+__all__ = ["atomic_output_dir", "atomic_write_text", "atomic_write_bytes", "check_output_dir"]
 
 
 def check_output_dir(out: str | Path, *, force: bool = False) -> Path:
@@ -35,6 +35,7 @@ def atomic_output_dir(out: str | Path, *, force: bool = False) -> Iterator[Path]
     out = check_output_dir(out, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary directory
     try:
         yield tmp
     except BaseException:
@@ -49,11 +50,32 @@ def atomic_output_dir(out: str | Path, *, force: bool = False) -> Iterator[Path]
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """``atomic_write_text`` for binary content (engines)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write a file through a temporary sibling and ``os.replace``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; the result is an ordinary file
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

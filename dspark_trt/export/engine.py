@@ -84,6 +84,7 @@ class EngineBuildConfig:
     max_batch_size: int = 8
     opt_batch_size: int | None = None  # defaults to max_batch_size
     dynamic_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # other symbolic dims
+    batch_dim: str = "B"  # the symbolic batch dimension of the exported graphs
     version_compatible: bool = False  # full TensorRT: runs on later runtimes of the same major version
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
     compute_capability: str = "SM80"  # TensorRT-RTX: target GPU architecture (no GPU needed to build)
@@ -131,7 +132,7 @@ def profile_shapes(
     inputs: dict[str, list[int | str]],
     batch: tuple[int, int, int],
     dynamic_ranges: dict[str, tuple[int, int, int]] | None = None,
-    batch_dim: str = "batch",
+    batch_dim: str = "B",
 ) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
     """(min, opt, max) shapes per input: the symbolic ``batch_dim`` takes ``batch``, others their range.
 
@@ -230,7 +231,8 @@ def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
     profile = builder.create_optimization_profile()
     inputs = {network.get_input(i).name: list(network.get_input(i).shape) for i in range(network.num_inputs)}
     symbolic = onnx_inputs(onnx_path)
-    for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, config.dynamic_ranges).items():
+    for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, config.dynamic_ranges,
+                                              config.batch_dim).items():
         if name in inputs:
             profile.set_shape(name, lo, opt, hi)
     build.add_optimization_profile(profile)

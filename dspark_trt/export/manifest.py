@@ -128,7 +128,9 @@ def check_manifest(export_dir: str | Path, manifest: dict[str, Any] | None = Non
     for name, engine in manifest.get("engines", {}).items():
         if not (export_dir / engine["file"]).is_file():
             problems.append(f"engine {name}: {engine['file']} is missing")
-    for ptx in (manifest.get("kernel") or {}).get("files", {}).values():
-        if not (export_dir / ptx).is_file():
-            problems.append(f"kernel file {ptx} is missing")
+    kernel = manifest.get("kernel") or {}
+    for entry in kernel.get("kernels", []):
+        path = export_dir / kernel.get("dir", "") / entry["file"]
+        if not path.is_file():
+            problems.append(f"kernel file {path.relative_to(export_dir)} is missing")
     return problems

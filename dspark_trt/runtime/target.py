@@ -119,18 +119,16 @@ class HFTarget:
         import transformers
 
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        bars = transformers.utils.logging.is_progress_bar_enabled()
-        transformers.utils.logging.disable_progress_bar()  # keep the CLI's stderr to its own lines
+        from ..hf import no_progress_bars
+
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                model_dir, dtype=dtype, local_files_only=True, **extra)
+            with no_progress_bars():
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    model_dir, dtype=dtype, local_files_only=True, **extra)
         except (OSError, ValueError, KeyError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DSparkTrtError(f"cannot load the target model from {model_dir} ({first}); pass a directory "
                                  f"with a transformers causal-LM checkpoint") from None
-        finally:
-            if bars:
-                transformers.utils.logging.enable_progress_bar()
         return cls(model.to(device).eval().requires_grad_(False), **kwargs)
 
     # -- taps -----------------------------------------------------------------------------------------

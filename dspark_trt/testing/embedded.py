@@ -5,7 +5,8 @@ speculation offline: text in, text out, acceptance well above 1. Built once (≈
 then cached under ``$DSPARK_TRT_CACHE`` (default ``~/.cache/dspark-trt``) in a directory keyed by the
 package version and every build option, written atomically under a file lock.
 
-    tokenizer   bytes: ids 0…255 are the UTF-8 bytes, 256 is ``<|mask|>`` (the drafter's mask token), V = 257
+    tokenizer   bytes: ids 0…255 are the UTF-8 bytes, 256 is ``<|mask|>`` (the drafter's mask token)
+    vocabulary  V = 2560 model rows: the text never uses ids ≥ 257, they leave room for ``--topk 512``
     target      tiny Qwen3 (``write_tiny_checkpoint``), trained for a few hundred steps on ``EMBEDDED_TEXT``
     drafter     DeepSeek-format DSpark drafter, ``embed_tokens``/``lm_head`` copied from the trained target,
                 then distilled from it (``distill.distill_drafter``)
@@ -31,8 +32,9 @@ __all__ = ["EMBEDDED_TEXT", "build_embedded_pair", "embedded_pair", "write_byte_
 
 log = logging.getLogger("dspark")
 
-BUILD_VERSION = 1  # bump when the recipe below changes (invalidates caches)
+BUILD_VERSION = 2  # bump when the recipe below changes (invalidates caches)
 MASK_TOKEN = "<|mask|>"
+EMBEDDED_VOCAB = 2560  # model vocabulary; the byte tokenizer uses ids 0…256 only
 
 EMBEDDED_TEXT = """\
 Speculative decoding lets a small drafter guess several tokens ahead while a large target model checks
@@ -131,7 +133,7 @@ def build_embedded_pair(out_dir: str | Path, *, force: bool = False, **options) 
         raise TypeError(f"unknown embedded-pair options {sorted(unknown)}")
     out = Path(out_dir)
     with atomic_output_dir(out, force=force) as tmp:
-        pair = write_tiny_checkpoint(tmp / "random", seed=opts["seed"], vocab_size=257, mask_token_id=256,
+        pair = write_tiny_checkpoint(tmp / "random", seed=opts["seed"], vocab_size=EMBEDDED_VOCAB, mask_token_id=256,
                                      block_size=opts["block_size"], sample_from_anchor=opts["sample_from_anchor"])
         target_loss = train_tiny_target(pair.target, EMBEDDED_TEXT, steps=opts["target_steps"], seed=opts["seed"])
         write_byte_tokenizer(pair.target)
@@ -176,5 +178,8 @@ def embedded_pair(root: str | Path | None = None, **options) -> TinyCheckpoint:
         with FileLock(str(root / f".{out.name}.lock")):
             if not done.is_file():
                 log.info("building the embedded demo pair in %s (one time, ~10-20 s)", out)
-                build_embedded_pair(out, force=out.exists(), **opts)
+                from ..hf import no_progress_bars
+
+                with no_progress_bars():
+                    build_embedded_pair(out, force=out.exists(), **opts)
     return TinyCheckpoint(drafter=out / "drafter", target=out / "target")

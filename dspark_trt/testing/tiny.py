@@ -142,13 +142,10 @@ def _write_target(path: Path, c: DSparkConfig, family: str, seed: int, init_std:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    bars = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    try:
+    from ..hf import no_progress_bars
+
+    with no_progress_bars():
         model.save_pretrained(path, safe_serialization=True)
-    finally:
-        if bars:
-            transformers.utils.logging.enable_progress_bar()
     state = model.state_dict()
     return {"embed_tokens": state["model.embed_tokens.weight"], "lm_head": state["lm_head.weight"]}, json.loads(
         (path / "config.json").read_text()

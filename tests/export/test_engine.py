@@ -18,8 +18,8 @@ def small_onnx(tmp_path_factory):
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y0"]), helper.make_node("Relu", ["y0"], ["y"])],
         "small",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "ctx", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "ctx", 8])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "ctx", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "ctx", 8])],
         initializer=[w],
     )
     path = tmp_path_factory.mktemp("onnx") / "small.onnx"
@@ -28,17 +28,17 @@ def small_onnx(tmp_path_factory):
 
 
 def test_profile_shapes_fill_batch_and_named_ranges():
-    shapes = profile_shapes({"x": ["batch", "ctx", 16], "n": [7]}, (1, 4, 8), {"ctx": (1, 64, 128)})
+    shapes = profile_shapes({"x": ["B", "ctx", 16], "n": [7]}, (1, 4, 8), {"ctx": (1, 64, 128)})
     assert shapes == {"x": ((1, 1, 16), (4, 64, 16), (8, 128, 16)), "n": ((7,), (7,), (7,))}
 
 
 def test_profile_without_a_range_for_a_dynamic_dim_is_refused():
     with pytest.raises(DSparkTrtError, match="dynamic dimension 'ctx' without a range"):
-        profile_shapes({"x": ["batch", "ctx", 16]}, (1, 1, 2))
+        profile_shapes({"x": ["B", "ctx", 16]}, (1, 1, 2))
 
 
 def test_onnx_inputs_reads_symbolic_dims(small_onnx):
-    assert onnx_inputs(small_onnx) == {"x": ["batch", "ctx", 16]}
+    assert onnx_inputs(small_onnx) == {"x": ["B", "ctx", 16]}
 
 
 def test_batch_sizes_are_validated():

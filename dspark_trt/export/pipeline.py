@@ -1,0 +1,278 @@
+"""The ``dspark-export`` pipeline: checkpoint → ONNX (validated) → plugin PTX → engines → export directory.
+
+    result = export_model("drafter/", "out/", ExportOptions(topk=512), target_dir="target/")
+
+Every step is a lazy loader named after what it makes (``OnnxFromCheckpoint``, ``PtxForExport``,
+``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one),
+then runs the steps inside one atomic directory: the result appears complete or not at all, and an
+existing non-empty ``out`` is replaced only with ``force``.
+
+Export directory::
+
+    manifest.json                  what was built, from what, with which versions (export/manifest.py)
+    onnx/context.onnx              taps → per-layer context K/V
+    onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
+    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1)
+    onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
+    plugin/*.ptx, *.json           top-k: the walk kernel's PTX for sm_80 / sm_90 (embedded by TensorRT)
+    engines/<graph>.<flavor>.plan  when an engine flavor is available (else: ``dspark build-engine OUT``)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..atomic import atomic_output_dir, atomic_write_bytes, atomic_write_text, check_output_dir
+from ..config import DSparkConfig
+from ..errors import DSparkTrtError
+from .engine import FLAVORS, EngineBuildConfig, build_engine, onnx_inputs, profile_shapes, resolve_flavor
+from .manifest import MANIFEST_FILE, new_manifest, read_manifest
+
+__all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
+           "Phases"]
+
+log = logging.getLogger("dspark.export")
+
+GRAPHS = ("context", "draft")
+ENGINE_SUFFIX = {"tensorrt": "plan", "tensorrt-rtx": "rtx.plan"}
+RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``dspark-export`` builds. ``None`` fields take the library defaults named beside them."""
+
+    topk: int | str | None = None  # None: the checkpoint's draft_topk, else dense; "off": dense
+    dtype: str = "bf16"
+    engine: str = "auto"  # auto | tensorrt | tensorrt-rtx | none
+    max_batch_size: int = 8
+    opt_batch_size: int | None = None  # defaults to max_batch_size
+    max_context: int | None = None  # bound of the context length (export.onnx.DEFAULT_MAX_CONTEXT)
+    version_compatible: bool = False
+    hardware_compatibility: str = "none"
+    compute_capability: str = "SM80"  # TensorRT-RTX target (it builds without a GPU)
+    validate: bool = True
+    ptx_archs: tuple[int, ...] = (80, 90)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise DSparkTrtError(f"--max-batch-size {self.max_batch_size} must be >= 1")
+        opt = self.opt_batch_size or self.max_batch_size
+        if not 1 <= opt <= self.max_batch_size:
+            raise DSparkTrtError(f"--opt-batch-size {opt} must be in [1, --max-batch-size {self.max_batch_size}]")
+        if self.compute_capability not in RTX_COMPUTE_CAPABILITIES:
+            raise DSparkTrtError(f"compute capability {self.compute_capability!r} is not a TensorRT-RTX target: use "
+                                 f"one of {', '.join(RTX_COMPUTE_CAPABILITIES)}")
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    manifest: dict
+    engine_flavor: str | None
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+class Phases:
+    """Progress per phase: ``[i/n] name`` log lines with their duration (a bar on a TTY would hide TensorRT's)."""
+
+    def __init__(self, names: list[str]):
+        self.names, self.index = names, 0
+
+    def run(self, name: str, fn: Callable[[], object]):
+        self.index += 1
+        log.info("[%d/%d] %s ...", self.index, len(self.names), name)
+        start = time.perf_counter()
+        result = fn()
+        log.info("[%d/%d] %s done in %.1fs", self.index, len(self.names), name, time.perf_counter() - start)
+        return result
+
+
+class PtxForExport:
+    """Lazy: compile the DSparkTopKMarkov kernel's PTX for this export into ``out_dir`` → kernel description."""
+
+    def __init__(self, out_dir: Path, config: DSparkConfig, *, topk: int, dtype: str, archs: tuple[int, ...]):
+        self.out_dir, self.config, self.topk, self.dtype, self.archs = out_dir, config, topk, dtype, archs
+
+    def __call__(self) -> dict:
+        """Compiled in a child process: Triton's AOT path cannot run where its interpreter is on
+        (``TRITON_INTERPRET=1``, e.g. under the CPU test suite), and the exporting process stays lean."""
+        import os
+        import subprocess
+        import sys
+
+        from ..plugins.aot import DESCRIPTION_FILE, find_ptxas
+
+        weights = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[self.dtype]
+        c = self.config
+        cmd = [sys.executable, "-m", "dspark_trt.plugins.aot", "--out", str(self.out_dir),
+               "--n", str(c.num_draft_tokens), "--k", str(self.topk), "--rank", str(c.markov_rank),
+               "--logit-scale", repr(float(c.logit_scale)),
+               "--dtypes", f"fp32-{weights}",  # the graph's TopK runs on fp32 base logits
+               "--archs", ",".join(str(a) for a in self.archs)] + (["--validate"] if find_ptxas() else [])
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise DSparkTrtError(f"compiling the DSparkTopKMarkov kernel to PTX failed: {last}")
+        return json.loads((self.out_dir / DESCRIPTION_FILE).read_text())
+
+
+class EnginesForExport:
+    """Lazy: build the context and draft engines of an export directory → manifest ``engines`` entries."""
+
+    def __init__(self, export_dir: Path, manifest: dict, config: EngineBuildConfig, *, force: bool = False):
+        self.export_dir, self.manifest, self.config, self.force = export_dir, manifest, config, force
+
+    def __call__(self) -> dict:
+        flavor = self.config.flavor
+        trt_version = _module_version(FLAVORS[flavor].module)
+        engines_dir = self.export_dir / "engines"
+        engines_dir.mkdir(exist_ok=True)
+        entries = {}
+        for graph in GRAPHS:
+            onnx_file = self.manifest["graphs"][graph]["file"]
+            if graph == "draft" and flavor == "tensorrt" and self.manifest.get("topk") is not None:
+                onnx_file = self.manifest["plugin_graph"]  # the plugin picks up the walk; PTX inside the engine
+            name = f"{graph}.{ENGINE_SUFFIX[flavor]}"
+            path = engines_dir / name
+            if path.exists() and not self.force:
+                raise DSparkTrtError(f"{path} exists; pass --force to rebuild it")
+            log.info("building the %s %s engine from %s", flavor, graph, onnx_file)
+            plan = build_engine(self.export_dir / onnx_file, self.config)
+            atomic_write_bytes(path, plan)
+            shapes = profile_shapes(onnx_inputs(self.export_dir / onnx_file), self.config.batch_range,
+                                    self.config.dynamic_ranges, self.config.batch_dim)
+            entries[f"{graph}.{flavor}"] = {
+                "graph": graph,
+                "file": f"engines/{name}",
+                "onnx": onnx_file,
+                "flavor": flavor,
+                "version": trt_version,
+                "bytes": len(plan),
+                "profile": {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()},
+                "build": self.config.describe(),
+            }
+        return entries
+
+
+def _module_version(module: str) -> str | None:
+    import importlib
+
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:
+        return None
+
+
+def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk: int | None) -> EngineBuildConfig:
+    """The build config of an export: batch 1..max, context 1..max_context, plugin registered for TensorRT."""
+    register = None
+    if flavor == "tensorrt" and topk is not None:
+        from ..plugins.tensorrt_plugin import register_plugin as register
+    return EngineBuildConfig(
+        flavor,  # type: ignore[arg-type]
+        max_batch_size=options.max_batch_size,
+        opt_batch_size=options.opt_batch_size,
+        dynamic_ranges={"T": (1, min(1024, max_context), max_context)},
+        version_compatible=options.version_compatible,
+        hardware_compatibility=options.hardware_compatibility,  # type: ignore[arg-type]
+        compute_capability=options.compute_capability,
+        register_plugins=register,
+    )
+
+
+def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOptions = ExportOptions(), *,
+                 target_dir: str | Path | None = None, force: bool = False) -> ExportResult:
+    """Run the whole export (see the module docstring). Raises ``DSparkTrtError`` on bad input (nothing written),
+    ``ValidationMismatch`` when the ONNX graphs disagree with the reference."""
+    from .onnx import ExportSpec, OnnxFromCheckpoint, SaveOnnx
+    from .plugin_graph import plugin_graph
+
+    start = time.perf_counter()
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    # -- every argument checked before anything runs or is written ----------------------------------------
+    config = DSparkConfig.from_pretrained(model_dir)
+    spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
+                              target="tensorrt")
+    flavor = resolve_flavor(options.engine)
+    check_output_dir(out_dir, force=force)
+
+    names = ["export + validate ONNX"] + (["plugin graph + PTX"] if spec.topk else []) + \
+            ([f"{flavor} engines"] if flavor else []) + ["manifest"]
+    phases = Phases(names)
+    notes: list[str] = []
+    with atomic_output_dir(out_dir, force=force) as tmp:
+        exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
+                                      max_context=spec.max_context, target="tensorrt", validate=options.validate)
+        phases.run(names[0], SaveOnnx(exported, tmp / "onnx"))
+        kernel = plugin = None
+        extra: dict = {"max_context": spec.max_context}
+        if spec.topk:
+            def plugin_step():
+                plugin_graph(tmp / "onnx" / "draft.onnx", tmp / "onnx" / "draft.plugin.onnx")
+                return PtxForExport(tmp / "plugin", config, topk=spec.topk, dtype=spec.dtype,
+                                    archs=options.ptx_archs)()
+
+            kernel = phases.run("plugin graph + PTX", plugin_step)
+            kernel = {**kernel, "dir": "plugin"}
+            plugin = _plugin_record(spec.topk, config.logit_scale)
+            extra["plugin_graph"] = "onnx/draft.plugin.onnx"
+        manifest = new_manifest(config, model_dir=model_dir, topk=spec.topk, dtype=spec.dtype,
+                                graphs={g: tmp / "onnx" / f"{g}.onnx" for g in GRAPHS}, export_dir=tmp,
+                                plugin=plugin, kernel=kernel, extra=extra)
+        onnx_record = json.loads((tmp / "onnx" / "onnx_export.json").read_text())
+        manifest["validation"] = onnx_record.get("validation")
+        if flavor is not None:
+            build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk)
+            manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
+        else:
+            notes.append(_no_engine_note(out_dir))
+        phases.run("manifest", lambda: atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"))
+    return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
+
+
+def build_engines(export_dir: str | Path, *, engine: str = "auto", options: ExportOptions | None = None,
+                  force: bool = False) -> dict:
+    """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
+    export_dir = Path(export_dir)
+    manifest = read_manifest(export_dir)
+    flavor = resolve_flavor(engine)
+    if flavor is None:
+        raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
+                             "pip install tensorrt-rtx), then re-run dspark build-engine")
+    options = options or ExportOptions()
+    build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
+                          topk=manifest.get("topk"))
+    manifest["engines"] = {**manifest.get("engines", {}), **EnginesForExport(export_dir, manifest, build, force=force)()}
+    atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _plugin_record(topk: int, logit_scale: float) -> dict:
+    from ..plugins.contract import ATTRIBUTES, INPUTS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+    return {
+        "op": OP_NAME,
+        "domain": OP_DOMAIN,
+        "name": OP_NAME,
+        "namespace": PLUGIN_NAMESPACE,
+        "version": PLUGIN_VERSION,
+        "attributes": {"k": topk, "logit_scale": logit_scale, "aot": 1},
+        "attribute_docs": ATTRIBUTES,
+        "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in INPUTS],
+        "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in OUTPUTS],
+    }
+
+
+def _no_engine_note(out_dir: Path) -> str:
+    return (f"no engine was built: neither TensorRT nor TensorRT-RTX is importable here. On a GPU host with "
+            f"TensorRT >= 10.9 run `dspark build-engine {out_dir}` (it registers the DSparkTopKMarkov plugin and "
+            f"builds engines/context.plan and engines/draft.plan), or `pip install tensorrt-rtx` and "
+            f"`dspark build-engine {out_dir} --engine tensorrt-rtx` here")

@@ -1,0 +1,107 @@
+"""dspark-export end to end on the tiny checkpoint: ONNX valid and validated, PTX, a real TensorRT-RTX engine,
+and a manifest consistent with the files; then build-engine on an engine-less export."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.export.manifest import check_manifest, graph_io, read_manifest
+from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
+
+pytestmark = [pytest.mark.onnx, pytest.mark.triton]
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_pair, tmp_path_factory):
+    """The README's main job on the tiny pair: top-k 512, bf16, an engine if a flavor is importable."""
+    out = tmp_path_factory.mktemp("export") / "out"
+    return export_model(tiny_pair.drafter, out, ExportOptions(topk=512), target_dir=tiny_pair.target)
+
+
+def test_onnx_is_valid_and_validated(exported):
+    import onnx
+
+    from dspark_trt.plugins.onnx_op import register_schema
+
+    register_schema()
+    for graph in ("context", "draft", "draft.plugin"):
+        onnx.checker.check_model(str(exported.out_dir / "onnx" / f"{graph}.onnx"), full_check=True)
+    report = exported.manifest["validation"]
+    assert report and all(line.strip().startswith(("validation", "ok")) for line in report)
+    assert sum("ok" in line for line in report) >= 10
+
+
+def test_manifest_is_complete_and_consistent_with_the_files(exported):
+    m = read_manifest(exported.out_dir)
+    assert check_manifest(exported.out_dir, m) == []
+    for key in ("checkpoint", "topk", "dtype", "num_draft_tokens", "graphs", "plugin", "kernel", "engines", "packages",
+                "max_context", "target_layer_ids", "hf_hidden_state_indices"):
+        assert m.get(key) is not None, key
+    assert (m["topk"], m["dtype"], m["num_draft_tokens"]) == (512, "bf16", 7)
+    assert m["checkpoint"]["config_digest"] and m["packages"]["onnx"]
+    for name in ("context", "draft"):
+        assert m["graphs"][name]["inputs"] == graph_io(exported.out_dir / m["graphs"][name]["file"])["inputs"]
+    draft_outputs = [o["name"] for o in m["graphs"]["draft"]["outputs"]]
+    assert draft_outputs == ["draft_tokens", "cand_ids", "cand_logits", "confidence"]
+
+
+def test_plugin_record_matches_the_node_tensorrt_will_look_up(exported):
+    import onnx
+
+    from dspark_trt.export.plugin_graph import custom_nodes
+
+    m = exported.manifest
+    node = custom_nodes(onnx.load(str(exported.out_dir / m["plugin_graph"])))[0]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (node.op_type, node.domain) == (m["plugin"]["name"], m["plugin"]["namespace"])
+    assert attrs["plugin_namespace"].decode() == m["plugin"]["namespace"]
+    assert attrs["plugin_version"].decode() == m["plugin"]["version"] == "1"
+    assert attrs["k"] == 512 and attrs["aot"] == 1
+    assert not onnx.load(str(exported.out_dir / m["plugin_graph"])).functions  # the plugin must win
+
+
+def test_ptx_files_match_their_records(exported):
+    kernel = exported.manifest["kernel"]
+    archs = {k["arch"] for k in kernel["kernels"]}
+    assert archs == {"sm_80", "sm_90a"}
+    for entry in kernel["kernels"]:
+        ptx = (exported.out_dir / kernel["dir"] / entry["file"]).read_text()
+        assert hashlib.sha256(ptx.encode()).hexdigest() == entry["sha256"]
+        assert f".entry {kernel['kernel_name']}" in ptx
+        assert entry["launch"]["grid"][0] == "B" and entry["launch"]["block"][0] == 32 * entry["num_warps"]
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_engines_were_built(exported):
+    engines = exported.manifest["engines"]
+    assert set(engines) == {"context.tensorrt-rtx", "draft.tensorrt-rtx"}
+    for entry in engines.values():
+        path = exported.out_dir / entry["file"]
+        assert path.stat().st_size == entry["bytes"] > 10_000
+        assert entry["build"]["compute_capability"] == "SM80"
+        inputs = exported.manifest["graphs"][entry["graph"]]["inputs"]
+        assert list(entry["profile"]) == [i["name"] for i in inputs]
+        for i in inputs:  # batch 1..8 (the default max batch), context 1..max_context, static dims as exported
+            profile = entry["profile"][i["name"]]
+            for dim, (lo, hi) in enumerate(zip(profile["min"], profile["max"])):
+                want = {"B": (1, 8), "T": (1, exported.manifest["max_context"])}.get(i["shape"][dim])
+                assert (lo, hi) == (want or (i["shape"][dim], i["shape"][dim]))
+
+
+@pytest.mark.rtx
+def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
+    out = tmp_path / "out"
+    result = export_model(tiny_pair.drafter, out, ExportOptions(topk=16, dtype="fp32", engine="none", validate=False),
+                          target_dir=tiny_pair.target)
+    assert result.manifest["engines"] == {} and not (out / "engines").exists()
+    assert any("dspark build-engine" in note for note in result.notes)
+    manifest = build_engines(out, engine="tensorrt-rtx", options=ExportOptions(max_batch_size=2))
+    assert set(manifest["engines"]) == {"context.tensorrt-rtx", "draft.tensorrt-rtx"}
+    assert check_manifest(out) == []
+    assert json.loads((out / "manifest.json").read_text())["engines"] == manifest["engines"]
+    with pytest.raises(DSparkTrtError, match="exists; pass --force"):
+        build_engines(out, engine="tensorrt-rtx")
