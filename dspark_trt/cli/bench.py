@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+
+from .common import import_optional
 
 #: benchmark → module under dspark_trt.bench with add_arguments(parser) and run(args) -> int
 BENCHMARKS = {
@@ -19,11 +20,8 @@ BENCHMARKS = {
 def add_arguments(p: argparse.ArgumentParser) -> None:
     subs = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     for name, (module, help_text) in BENCHMARKS.items():
-        try:
-            mod = importlib.import_module(f"dspark_trt.bench.{module}")
-        except ModuleNotFoundError as e:
-            if e.name != f"dspark_trt.bench.{module}":
-                raise
+        mod = import_optional(f"dspark_trt.bench.{module}")
+        if mod is None:
             sub = subs.add_parser(name, help=f"{help_text} (not yet available)")
             sub.set_defaults(_bench_run=None)
             continue

@@ -6,10 +6,12 @@ Exit codes: 0 ok, 1 user error (one line, no traceback), 2 usage, 3 validation m
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import shlex
 import sys
 import time
+from types import ModuleType
 from typing import Callable
 
 from ..errors import DSparkTrtError
@@ -53,3 +55,13 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         cmd = shlex.join(argv if argv is not None else sys.argv)
         print(f"{'PASSED' if status == 0 else 'FAILED'} | {time.perf_counter() - start:.1f}s | {cmd}", file=sys.stderr)
     return status
+
+
+def import_optional(module: str) -> ModuleType | None:
+    """A subcommand's module (``add_arguments`` + ``run``), or None when this version does not ship it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        return None

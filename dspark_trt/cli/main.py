@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from .. import __version__
-from .common import EXIT_USAGE, add_verbosity, run_guarded, setup_logging
+from .common import EXIT_USAGE, add_verbosity, import_optional, run_guarded, setup_logging
 
 #: subcommand → (module under dspark_trt.cli, one-line help)
 SUBCOMMANDS = {
@@ -25,11 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dspark-trt {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            mod = importlib.import_module(f"dspark_trt.cli.{module}")
-        except ModuleNotFoundError as e:
-            if e.name != f"dspark_trt.cli.{module}":
-                raise
+        mod = import_optional(f"dspark_trt.cli.{module}")
+        if mod is None:
             sub = subparsers.add_parser(name, help=f"{help_text} (not yet available)")
             sub.set_defaults(_unavailable=name)
             continue

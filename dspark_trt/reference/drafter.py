@@ -16,12 +16,14 @@ everything downstream is layout-free.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 from ..config import DSparkConfig
 from .layers import DSparkDecoderLayer, RMSNorm
-from .markov import MarkovWalkResult, markov_walk
+from .markov import MarkovWalkResult, select_candidates, walk_candidates
 
 __all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead"]
 
@@ -135,18 +137,23 @@ class DSparkDrafter(nn.Module):
         topk: int | None = None,
         temperature: torch.Tensor | None = None,  # [B] fp32
         seed: torch.Tensor | None = None,  # [B] int64
+        walk: Callable[..., MarkovWalkResult] = walk_candidates,
     ) -> MarkovWalkResult:
-        """Draft N tokens per request: backbone, base logits, Markov walk (dense or top-k), confidence."""
+        """Draft N tokens per request: backbone, base logits, candidates (top-k or all), Markov walk, confidence.
+
+        ``walk`` (signature of ``reference.markov.walk_candidates``) lets an executor swap in a fused kernel.
+        """
         hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len)
         conf_base, conf_w = self.confidence_parts(hidden)
-        return markov_walk(
-            self.base_logits(hidden),
+        cand_vals, cand_ids = select_candidates(self.base_logits(hidden), topk)  # [B, N, k]
+        return walk(
+            cand_vals,
+            cand_ids,
             anchor,
             self.markov_head.markov_w1.weight,
             self.markov_head.markov_w2.weight,
             logit_scale=self.config.logit_scale,
             d2t=self.d2t_or_none,
-            topk=topk,
             temperature=temperature,
             seed=seed,
             positions=ctx_len.to(torch.int64) + 1,  # d_1 sits right after the anchor

@@ -1,7 +1,7 @@
 """The ``torch`` drafter backend: the reference ``DSparkDrafter`` itself, on any device.
 
-``draft`` composes the reference pieces — ``block_hidden`` → ``base_logits`` → ``select_candidates`` →
-``walk_fn`` — exactly as ``DSparkDrafter.draft`` does. ``walk_fn`` has ``walk_candidates``' signature; by
+``draft`` is ``DSparkDrafter.draft`` (``block_hidden`` → ``base_logits`` → ``select_candidates`` → walk) with
+the walk ``walk_fn``. ``walk_fn`` has ``walk_candidates``' signature; by
 default (``None``) it is chosen per round by ``plugins.dispatch``: the fused Triton DSparkTopKMarkov kernel
 when the drafter runs on CUDA with top-k, else the oracle ``reference.markov.walk_candidates``.
 """
@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ...reference.markov import MarkovWalkResult, select_candidates
+from ...reference.markov import MarkovWalkResult
 from .base import DrafterBackend
 
 __all__ = ["TorchDrafterBackend"]
@@ -57,25 +57,8 @@ class TorchDrafterBackend(DrafterBackend):
 
     @torch.inference_mode()
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
-        d = self.drafter
-        hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len)  # [B, N, d]
-        conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r]
-        cand_vals, cand_ids = select_candidates(d.base_logits(hidden), topk)  # [B, N, k]
-        walk = self.walk_fn or self._auto_walk(topk)
-        return walk(
-            cand_vals,
-            cand_ids,
-            anchor,
-            d.markov_head.markov_w1.weight,
-            d.markov_head.markov_w2.weight,
-            logit_scale=d.config.logit_scale,
-            d2t=d.d2t_or_none,
-            temperature=temperature,
-            seed=seed,
-            positions=ctx_len.to(torch.int64) + 1,  # d_1 sits right after the anchor
-            conf_base=conf_base,
-            conf_w_markov=conf_w,
-        )
+        return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
+                                  walk=self.walk_fn or self._auto_walk(topk))
 
     def _auto_walk(self, topk: int | None) -> Callable[..., MarkovWalkResult]:
         from ...plugins.dispatch import select_candidate_walk
