@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,8 +29,14 @@ def test_readme_main_command_pins_torch_through_the_constraints():
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
 
 
-def test_example_runs(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "examples/draft_one_round.py"), str(tmp_path / "ex")],
+def test_readme_main_command_is_the_export_of_the_embedded_pair():
+    assert "dspark-export --topk 512" in readme_commands()[0]
+
+
+@pytest.mark.parametrize("script, expect", [("draft_one_round.py", "top-k  tokens:"),
+                                            ("speculative_generate.py", "identical to the target alone: True")])
+def test_examples_run(tmp_path, script, expect):
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), str(tmp_path / "ex")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "top-k  tokens:" in proc.stdout
+    assert expect in proc.stdout
