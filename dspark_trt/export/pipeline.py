@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,18 +81,36 @@ class ExportResult:
 
 
 class Phases:
-    """Progress per phase: ``[i/n] name`` log lines with their duration (a bar on a TTY would hide TensorRT's)."""
+    """Progress per phase: a bar on a TTY (log lines routed around it), ``[i/n] name`` log lines otherwise;
+    TensorRT's own progress monitor reports inside the engine phase (export/engine.py)."""
 
     def __init__(self, names: list[str]):
         self.names, self.index = names, 0
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=len(names), file=sys.stderr, leave=False, unit="phase")
 
     def run(self, name: str, fn: Callable[[], object]):
         self.index += 1
-        log.info("[%d/%d] %s ...", self.index, len(self.names), name)
         start = time.perf_counter()
-        result = fn()
+        if self.bar is None:
+            log.info("[%d/%d] %s ...", self.index, len(self.names), name)
+            result = fn()
+        else:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            self.bar.set_description(name)
+            with logging_redirect_tqdm():
+                result = fn()
+            self.bar.update(1)
         log.info("[%d/%d] %s done in %.1fs", self.index, len(self.names), name, time.perf_counter() - start)
         return result
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class PtxForExport:
@@ -192,8 +211,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                  target_dir: str | Path | None = None, force: bool = False) -> ExportResult:
     """Run the whole export (see the module docstring). Raises ``DSparkTrtError`` on bad input (nothing written),
     ``ValidationMismatch`` when the ONNX graphs disagree with the reference."""
-    from .onnx import ExportSpec, OnnxFromCheckpoint, SaveOnnx
-    from .plugin_graph import plugin_graph
+    from .onnx import ExportSpec
 
     start = time.perf_counter()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -208,6 +226,18 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
             ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
+    try:
+        manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force)
+    finally:
+        phases.close()
+    return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
+
+
+def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force) -> dict:
+    from .onnx import OnnxFromCheckpoint, SaveOnnx
+    from .plugin_graph import plugin_graph
+
+    names = phases.names
     with atomic_output_dir(out_dir, force=force) as tmp:
         exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
                                       max_context=spec.max_context, target="tensorrt", validate=options.validate)
@@ -235,7 +265,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         else:
             notes.append(_no_engine_note(out_dir))
         phases.run("manifest", lambda: atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"))
-    return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
+    return manifest
 
 
 def build_engines(export_dir: str | Path, *, engine: str = "auto", options: ExportOptions | None = None,
