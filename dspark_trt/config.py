@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import DSparkTrtError
+from .jsonfile import read_json
 
 __all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture_ids"]
 
@@ -150,12 +151,8 @@ class DSparkConfig:
         """Read ``config.json`` (a file or the directory holding it) in either checkpoint format."""
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
-        if not file.is_file():
-            raise DSparkTrtError(f"no config.json at {path}: point at a DSpark checkpoint directory")
-        try:
-            raw = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise DSparkTrtError(f"cannot read {file} as JSON ({e}); fix or re-download the checkpoint") from None
+        raw = read_json(file, missing=f"no config.json at {path}: point at a DSpark checkpoint directory",
+                        fix="fix or re-download the checkpoint")
         return cls.from_dict(raw, where=str(file))
 
     @classmethod

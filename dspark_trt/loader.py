@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -10,6 +9,7 @@ import torch
 from .checkpoint import SHARED_WITH_TARGET, SafetensorsCheckpoint, check_checkpoint, expected_tensors
 from .config import DSparkConfig
 from .errors import DSparkTrtError
+from .jsonfile import read_json
 
 __all__ = ["load_drafter", "read_target_config", "resolve_dtype"]
 
@@ -27,13 +27,8 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 def read_target_config(target_dir: str | Path) -> dict:
     """The target's ``config.json`` as a dict (text-model part for multimodal configs)."""
-    file = Path(target_dir) / "config.json"
-    if not file.is_file():
-        raise DSparkTrtError(f"no config.json in target directory {target_dir}; pass the target model directory")
-    try:
-        raw = json.loads(file.read_text())
-    except ValueError as e:
-        raise DSparkTrtError(f"cannot parse {file} ({e})") from None
+    raw = read_json(Path(target_dir) / "config.json", fix="fix or re-download the target checkpoint",
+                    missing=f"no config.json in target directory {target_dir}; pass the target model directory")
     return raw.get("text_config", raw)
 
 

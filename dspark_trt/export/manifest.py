@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import json
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +97,11 @@ def new_manifest(
 
 
 def read_manifest(export_dir: str | Path) -> dict[str, Any]:
+    from ..jsonfile import read_json
+
     path = Path(export_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise DSparkTrtError(f"{export_dir} has no {MANIFEST_FILE}: point at a directory written by dspark-export")
-    try:
-        manifest = json.loads(path.read_text())
-    except ValueError as e:
-        raise DSparkTrtError(f"{path} is not valid JSON ({e}); re-run dspark-export") from None
+    manifest = read_json(path, missing=f"{export_dir} has no {MANIFEST_FILE}: point at a directory written by "
+                                      f"dspark-export", fix="re-run dspark-export")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DSparkTrtError(f"{path} has format_version {manifest.get('format_version')}, this dspark-trt reads "
                              f"{FORMAT_VERSION}; re-run dspark-export with this version")

@@ -149,7 +149,7 @@ class SpeculativeDecoder:
         """
         c = self.config
         prompts = self._prompts(inputs)
-        B, N = len(prompts), c.num_draft_tokens
+        B = len(prompts)
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         temp = self._per_request(temperature, B, "temperature", torch.float32)
@@ -214,7 +214,7 @@ class _Run:
         import time
 
         start = time.perf_counter()
-        dec, target, backend, c = self.dec, self.dec.target, self.dec.backend, self.dec.config
+        target, backend, c = self.dec.target, self.dec.backend, self.dec.config
         self._notify()
         with self.clock("prefill"):
             pre = target.prefill(self.prompts)
