@@ -1,4 +1,4 @@
-"""``collect_env()``: the versions a bug report needs (Python, torch, ONNX stack, Triton, TensorRT flavours, GPU).
+"""``collect_env()``: the versions a bug report needs (Python, torch, ONNX stack, Triton, Numba, TensorRT flavours, GPU).
 
 Versions come from package metadata where possible, so the report is cheap and works when a package is
 installed but broken (the PyPI ``tensorrt`` stub, for instance, installs but fails to import: we say so).
@@ -16,7 +16,7 @@ import sys
 __all__ = ["collect_env", "format_env", "tensorrt_status"]
 
 PACKAGES = ("torch", "transformers", "safetensors", "numpy", "onnx", "onnxscript", "onnxruntime",
-            "onnx-graphsurgeon", "polygraphy", "triton", "tensorrt", "tensorrt-rtx", "matplotlib")
+            "onnx-graphsurgeon", "polygraphy", "triton", "numba", "tensorrt", "tensorrt-rtx", "matplotlib")
 
 
 def _version(dist: str) -> str | None:

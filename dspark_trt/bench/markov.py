@@ -2,12 +2,20 @@
 
 For each batch B and top-k k it times (median over repeats) the dense walk (N projections over the whole
 vocabulary) and the top-k walk (TopK of the base logits once, then N gathered steps), both the reference
-PyTorch implementations; on CUDA also a native-dtype cuBLAS dense round (``cublas_dense_ms``) and the fused
-Triton kernel (``kernel_ms``: the walk given candidates, ``kernel_speedup`` = cublas_dense_ms / kernel_ms;
-``fused_ms``: torch.topk + the kernel). Ratios are measured in one run; nothing here passes or fails.
+PyTorch implementations, and the device's native kernels when they support the case:
 
-Columns: ``speedup`` = dense_ms / topk_ms; ``pass_ms`` = one read pass over the base logits [B, N, V]
-(``amax``); ``floor_ms`` = bytes a top-k round must move (the base logits once + the gathered W2 rows,
+- CPU (Numba, ``plugins/cpu_walk.py``): ``kernel_ms`` = the walk given candidates; ``fused_ms`` = a whole
+  top-k round (native selection + walk); ``fused_speedup`` = dense_ms / fused_ms (the reference dense round
+  is already native here: N MKL GEMMs).
+- CUDA: ``cublas_dense_ms`` = a dense round in the weights' dtype (cuBLAS); ``kernel_ms`` = the fused Triton
+  kernel given candidates, ``kernel_speedup`` = cublas_dense_ms / kernel_ms; ``fused_ms`` = torch.topk + the
+  kernel, ``fused_speedup`` = cublas_dense_ms / fused_ms.
+
+Ratios are measured in one run; nothing here passes or fails.
+
+Columns: ``speedup`` = dense_ms / topk_ms (reference vs reference); ``pass_ms`` = one read pass over the
+base logits [B, N, V] (``amax``); ``topk_vs_pass`` and ``fused_vs_pass`` = a round in passes;
+``floor_ms`` = bytes a top-k round must move (the base logits once + the gathered W2 rows,
 B·N·V·|T| + B·N·k·r·|W|) at the read bandwidth measured in this run. ``dense_floor_ms`` likewise for
 the dense round (N·V·r·|W| + B·N·V·|T|).
 
@@ -57,6 +65,11 @@ class MarkovBenchConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype or ("fp32" if self.device == "cpu" else "bf16")]
+
+
+def _ms(x: float) -> float:
+    """A time in ms to 4 significant digits."""
+    return float(f"{x:.4g}")
 
 
 def _timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], object], int, int], float]:
@@ -110,18 +123,7 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
     w2 = torch.randn(V, r, generator=g).to(device=device, dtype=dtype)  # [V_d, r]
     bw = read_bandwidth_gbs(device, timer)
     wsize, tsize = w2.element_size(), torch.empty((), dtype=dtype).element_size()
-    kernel = None
-    if device.type == "cuda":
-        from ..plugins.dispatch import fallback_reason
-
-        why = fallback_reason(device, topk=min(cfg.topks), rank=r, num_draft_tokens=N, logits_dtype=dtype,
-                              weights_dtype=dtype)
-        if why is None:
-            from ..plugins.kernel import MAX_TOPK, topk_markov_walk
-
-            kernel = topk_markov_walk
-        else:
-            log.warning("fused kernel not timed: %s", why)
+    native = _native_round(device, cfg, dtype, w1, w2, timer, bw)
     rows = []
     for B in cfg.batches:
         base = (torch.randn(B, N, V, generator=g) * 3).to(device=device, dtype=dtype)  # [B, N, V]
@@ -138,37 +140,72 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
                 "device": device.type,
                 "batch": B,
                 "topk": k,
-                "dense_ms": round(dense_ms, 4),
-                "topk_ms": round(topk_ms, 4),
+                "dense_ms": _ms(dense_ms),
+                "topk_ms": _ms(topk_ms),
                 "speedup": round(dense_ms / topk_ms, 2),
-                "floor_ms": round((B * N * V * tsize + B * N * k * r * wsize) / (bw * 1e6), 4),
-                "dense_floor_ms": round((N * V * r * wsize + B * N * V * tsize) / (bw * 1e6), 4),
-                "pass_ms": round(pass_ms, 4),
+                "floor_ms": _ms((B * N * V * tsize + B * N * k * r * wsize) / (bw * 1e6)),
+                "dense_floor_ms": _ms((N * V * r * wsize + B * N * V * tsize) / (bw * 1e6)),
+                "pass_ms": _ms(pass_ms),
                 "topk_vs_pass": round(topk_ms / pass_ms, 2),
             }
             if cublas_ms is not None:
-                row["cublas_dense_ms"] = round(cublas_ms, 4)
-            if kernel is not None and k <= MAX_TOPK:
-                vals, ids = torch.topk(base, k, dim=-1)  # [B, N, k] as the engine's TopK hands them over
-                rest = (anchor.to(torch.int32), w1, w2, torch.zeros(V, dtype=torch.int32, device=device),
-                        torch.zeros(B, device=device), torch.zeros(B, dtype=torch.int32, device=device),
-                        torch.zeros(B, dtype=torch.int32, device=device), torch.zeros(B, N, device=device),
-                        torch.zeros(r, device=device))
-
-                def fused():  # TopK + the walk: a whole top-k round
-                    v, i = torch.topk(base, k, dim=-1)
-                    return kernel(v, i.to(torch.int32), *rest, logit_scale=1.0)
-
-                kernel_ms = timer(lambda: kernel(vals, ids.to(torch.int32), *rest, logit_scale=1.0), cfg.repeats,
-                                  cfg.warmup)
-                fused_ms = timer(fused, cfg.repeats, cfg.warmup)
-                row.update(kernel_ms=round(kernel_ms, 4), kernel_speedup=round(cublas_ms / kernel_ms, 2),
-                           fused_ms=round(fused_ms, 4),
-                           kernel_floor_ms=round(B * N * k * r * wsize / (bw * 1e6), 4))
+                row["cublas_dense_ms"] = _ms(cublas_ms)
+            if native is not None:
+                row.update(native(base, anchor, k, cublas_ms if cublas_ms is not None else dense_ms, pass_ms))
             rows.append(row)
             log.info("B=%d k=%d: top-k %.3f ms (%.1fx dense)", B, k, topk_ms, row["speedup"])
-        del base
+        base = anchor = None  # free this batch's logits before the next batch's are drawn
     return rows
+
+
+def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dtype, w1: torch.Tensor,
+                  w2: torch.Tensor, timer, bw: float):
+    """``time(base, anchor, k, dense_ms, pass_ms) -> dict`` of the device's native top-k round's columns for
+    one (B, k) row, or None (logged) when no native kernel runs this case."""
+    from ..plugins.dispatch import fallback_reason
+
+    why = fallback_reason(device, topk=min(cfg.topks), rank=cfg.rank, num_draft_tokens=cfg.steps, logits_dtype=dtype,
+                          weights_dtype=dtype)
+    if why is not None:
+        log.warning("native kernel not timed: %s", why)
+        return None
+    if device.type == "cpu":
+        from ..plugins.cpu_walk import cpu_markov_walk, cpu_select_candidates, cpu_walk_candidates
+
+        def time_cpu(base, anchor, k, dense_ms, pass_ms):
+            vals, ids = cpu_select_candidates(base, k)
+            kernel_ms = timer(lambda: cpu_walk_candidates(vals, ids, anchor, w1, w2), cfg.repeats, cfg.warmup)
+            fused_ms = timer(lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k), cfg.repeats, cfg.warmup)
+            return dict(kernel_ms=_ms(kernel_ms), fused_ms=_ms(fused_ms),
+                        fused_speedup=round(dense_ms / fused_ms, 2), fused_vs_pass=round(fused_ms / pass_ms, 2))
+
+        return time_cpu
+    from ..plugins.kernel import MAX_TOPK, topk_markov_walk
+
+    def time_cuda(base, anchor, k, cublas_ms, pass_ms):
+        if k > MAX_TOPK:
+            return {}
+        B, N, V = base.shape
+        vals, ids = torch.topk(base, k, dim=-1)  # [B, N, k] as the engine's TopK hands them over
+        dev = base.device
+        rest = (anchor.to(torch.int32), w1, w2, torch.zeros(V, dtype=torch.int32, device=dev),
+                torch.zeros(B, device=dev), torch.zeros(B, dtype=torch.int32, device=dev),
+                torch.zeros(B, dtype=torch.int32, device=dev), torch.zeros(B, N, device=dev),
+                torch.zeros(w1.shape[1], device=dev))
+
+        def fused():  # TopK + the walk: a whole top-k round
+            v, i = torch.topk(base, k, dim=-1)
+            return topk_markov_walk(v, i.to(torch.int32), *rest, logit_scale=1.0)
+
+        kernel_ms = timer(lambda: topk_markov_walk(vals, ids.to(torch.int32), *rest, logit_scale=1.0), cfg.repeats,
+                          cfg.warmup)
+        fused_ms = timer(fused, cfg.repeats, cfg.warmup)
+        return dict(kernel_ms=_ms(kernel_ms), kernel_speedup=round(cublas_ms / kernel_ms, 2),
+                    fused_ms=_ms(fused_ms), fused_speedup=round(cublas_ms / fused_ms, 2),
+                    fused_vs_pass=round(fused_ms / pass_ms, 2),
+                    kernel_floor_ms=_ms(B * N * k * w1.shape[1] * w2.element_size() / (bw * 1e6)))
+
+    return time_cuda
 
 
 def _dense_round_native(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -182,8 +219,9 @@ def _dense_round_native(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tens
 
 def format_table(rows: list[dict]) -> str:
     cols = ["device", "batch", "topk", "dense_ms", "topk_ms", "speedup", "pass_ms", "topk_vs_pass", "floor_ms"]
-    if any("kernel_ms" in r for r in rows):
-        cols += ["cublas_dense_ms", "kernel_ms", "kernel_speedup", "fused_ms", "kernel_floor_ms"]
+    optional = ["cublas_dense_ms", "kernel_ms", "kernel_speedup", "fused_ms", "fused_speedup", "fused_vs_pass",
+                "kernel_floor_ms"]
+    cols += [c for c in optional if any(c in r for r in rows)]
     widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
     lines += ["  ".join(str(r.get(c, "")).rjust(w) for c, w in zip(cols, widths)) for r in rows]
@@ -203,10 +241,10 @@ def plot_rows(rows: list[dict], path: str) -> None:
     for B in sorted({r["batch"] for r in rows}):
         rs = [r for r in rows if r["batch"] == B]
         ax.plot([r["topk"] for r in rs], [r["speedup"] for r in rs], marker="o", label=f"reference top-k, B={B}")
-        if any("kernel_speedup" in r for r in rs):
-            ks = [r for r in rs if "kernel_speedup" in r]
-            ax.plot([r["topk"] for r in ks], [r["kernel_speedup"] for r in ks], marker="s", linestyle="--",
-                    label=f"fused kernel, B={B}")
+        if any("fused_speedup" in r for r in rs):
+            ks = [r for r in rs if "fused_speedup" in r]
+            ax.plot([r["topk"] for r in ks], [r["fused_speedup"] for r in ks], marker="s", linestyle="--",
+                    label=f"native round, B={B}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("top-k candidates per slot")
@@ -245,7 +283,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats, median reported (default 5)")
     p.add_argument("--clock", choices=["wall", "cpu"], default=None,
                    help="wall time (default) or, on CPU, this process's CPU time (steadier on a busy machine)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads of torch and the CPU kernels (default: all cores)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on CPU, bf16 on CUDA")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the rows as JSON to PATH (or stdout without PATH) instead of the table")
@@ -260,7 +299,9 @@ def run(args: argparse.Namespace) -> int:
              "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        from ..cli.common import set_cpu_threads
+
+        set_cpu_threads(args.threads)
     for path in (args.json, args.plot):
         if path not in (None, "-") and Path(path).exists() and not args.force:
             raise DSparkTrtError(f"{path} exists; pass --force to replace it (or choose another path)")

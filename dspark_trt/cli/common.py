@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import shlex
 import sys
@@ -23,6 +24,19 @@ log = logging.getLogger("dspark")
 
 class ValidationMismatch(DSparkTrtError):
     """An exported artifact disagrees with the reference: exit 3."""
+
+
+def set_cpu_threads(n: int) -> None:
+    """``--threads N``: torch's intra-op threads and, when Numba is installed, the CPU Markov kernels' threads."""
+    if n < 1:
+        raise DSparkTrtError(f"--threads must be >= 1, got {n}")
+    import torch
+
+    torch.set_num_threads(n)
+    if importlib.util.find_spec("numba") is not None:
+        import numba
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:

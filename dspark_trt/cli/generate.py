@@ -16,6 +16,7 @@ import argparse
 import json
 
 from ..errors import DSparkTrtError
+from .common import set_cpu_threads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="model dtype (default: fp32 on CPU, bf16 on CUDA)")
     m.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 is often fastest for tiny models)")
+                   help="CPU threads of torch and the CPU kernels (default: all cores; 1 is often fastest for tiny models)")
     i = p.add_argument_group("requests")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", metavar="TEXT", default=None,
@@ -89,11 +90,7 @@ def build_decoder(args: argparse.Namespace):
     from ..runtime import SpeculativeDecoder
 
     if args.threads is not None:
-        import torch
-
-        if args.threads < 1:
-            raise DSparkTrtError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        set_cpu_threads(args.threads)
     drafter, target = resolve_pair(args)
     options = {k: v for k, v in dict(backend=args.backend, device=args.device, dtype=args.dtype).items()
                if v is not None}

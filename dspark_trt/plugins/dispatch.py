@@ -1,9 +1,12 @@
-"""Which Markov walk the PyTorch runtime runs: the fused Triton kernel on CUDA when it supports the case,
-else the reference ``markov_walk``. Both have the signature and result of ``reference.markov.markov_walk``.
+"""Which Markov walk the PyTorch runtime runs: a native kernel for the device when it supports the case —
+the fused Triton kernel on CUDA (``kernel.py``), the Numba kernels on the CPU (``cpu_walk.py``) — else the
+reference. A ``MarkovImpl`` bundles the candidate selection and the walk (the signatures of
+``reference.markov.select_candidates`` and ``walk_candidates``); called, it runs a whole round with the
+signature and result of ``reference.markov.markov_walk``.
 
-    walk = select_markov_walk(device, topk=512, rank=256, num_draft_tokens=7,
+    impl = select_markov_impl(device, topk=512, rank=256, num_draft_tokens=7,
                               logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16)
-    result = walk(base_logits, anchor, w1, w2, topk=512, logit_scale=s, temperature=T, seed=seed, positions=pos)
+    result = impl(base_logits, anchor, w1, w2, topk=512, logit_scale=s, temperature=T, seed=seed, positions=pos)
 
 The choice and, for a fallback, its reason are logged once per distinct case.
 """
@@ -13,27 +16,48 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from ..reference.markov import MarkovWalkResult, markov_walk, select_candidates, walk_candidates
 from ..reference.sampling import HASH_PRIME
 
-__all__ = ["select_markov_walk", "select_candidate_walk", "fused_markov_walk", "fused_walk_candidates",
-           "fallback_reason"]
+__all__ = ["MarkovImpl", "REFERENCE", "select_markov_impl", "select_markov_walk", "select_candidate_walk",
+           "fused_markov_walk", "fused_walk_candidates", "fallback_reason"]
 
 log = logging.getLogger("dspark.plugins")
 
 
+class MarkovImpl(NamedTuple):
+    """One way to run the top-k Markov round: ``select`` then ``walk``."""
+
+    name: str
+    select: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]  # reference.markov.select_candidates
+    walk: Callable[..., MarkovWalkResult]  # reference.markov.walk_candidates
+
+    def __call__(self, base_logits, anchor, w1, w2, *, topk: int | None = None, **walk_options) -> MarkovWalkResult:
+        cand_vals, cand_ids = self.select(base_logits, topk)
+        return self.walk(cand_vals, cand_ids, anchor, w1, w2, **walk_options)
+
+
+REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candidates)
+
+
 def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
                     logits_dtype: torch.dtype, weights_dtype: torch.dtype) -> str | None:
-    """Why the reference walk must run instead of the fused kernel (one line), or None when the kernel can."""
+    """Why the reference walk must run instead of the device's native kernel (one line), or None when it can."""
     device = torch.device(device)
-    if device.type != "cuda":
-        return f"device {device} is not CUDA"
     if topk is None:
         return "dense Markov head (no top-k): one GEMM per step is already the fast path"
+    if device.type == "cpu":
+        if importlib.util.find_spec("numba") is None:
+            return "Numba is not installed (pip install 'dspark-trt[cpu]')"
+        from .cpu_walk import cpu_unsupported_reason
+
+        return cpu_unsupported_reason(topk=topk, weights_dtype=weights_dtype)
+    if device.type != "cuda":
+        return f"no native Markov kernel for {device.type} devices"
     if importlib.util.find_spec("triton") is None:
         return "OpenAI Triton is not installed (pip install 'dspark-trt[kernels]')"
     from .kernel import kernel_unsupported_reason
@@ -47,27 +71,50 @@ def _log_choice(choice: str, reason: str | None) -> None:
     if reason is None:
         log.info("Markov walk: %s", choice)
     else:
-        log.info("Markov walk: %s (fused kernel not used: %s)", choice, reason)
+        log.info("Markov walk: %s (native kernel not used: %s)", choice, reason)
 
 
-def select_markov_walk(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
+def _native_impl(device_type: str) -> MarkovImpl:
+    if device_type == "cpu":
+        from .cpu_walk import cpu_select_candidates, cpu_walk_candidates
+
+        return MarkovImpl("native CPU kernels (Numba)", cpu_select_candidates, cpu_walk_candidates)
+    return MarkovImpl("fused Triton kernel", select_candidates, fused_walk_candidates)
+
+
+def select_markov_impl(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
                        logits_dtype: torch.dtype = torch.float32, weights_dtype: torch.dtype = torch.float32,
-                       use_kernel: bool = True) -> Callable[..., MarkovWalkResult]:
-    """The walk function for this device and case: ``fused_markov_walk`` or ``reference.markov.markov_walk``."""
+                       use_kernel: bool = True) -> MarkovImpl:
+    """The selection and walk for this device and case: the device's native kernel, or ``REFERENCE``."""
+    device = torch.device(device)
     reason = "disabled by the caller" if not use_kernel else fallback_reason(
         device, topk=topk, rank=rank, num_draft_tokens=num_draft_tokens, logits_dtype=logits_dtype,
         weights_dtype=weights_dtype)
-    if reason is None:
-        _log_choice(f"fused Triton kernel (k={topk}, r={rank}, N={num_draft_tokens})", None)
+    if reason is not None:
+        _log_choice(REFERENCE.name, reason)
+        return REFERENCE
+    impl = _native_impl(device.type)
+    _log_choice(f"{impl.name} (k={topk}, r={rank}, N={num_draft_tokens})", None)
+    return impl
+
+
+def select_markov_walk(device: torch.device | str, **case) -> Callable[..., MarkovWalkResult]:
+    """A whole round (``reference.markov.markov_walk``'s signature): ``fused_markov_walk`` on CUDA,
+    ``cpu_walk.cpu_markov_walk`` on the CPU, or ``markov_walk`` (``select_markov_impl``'s arguments)."""
+    impl = select_markov_impl(device, **case)
+    if impl is REFERENCE:
+        return markov_walk
+    if impl.walk is fused_walk_candidates:
         return fused_markov_walk
-    _log_choice("reference PyTorch walk", reason)
-    return markov_walk
+    from .cpu_walk import cpu_markov_walk
+
+    return cpu_markov_walk
 
 
 def select_candidate_walk(device: torch.device | str, **case) -> Callable[..., MarkovWalkResult]:
-    """As ``select_markov_walk``, for a walk over given candidates (``reference.markov.walk_candidates``'
-    signature): ``fused_walk_candidates`` or ``walk_candidates``."""
-    return fused_walk_candidates if select_markov_walk(device, **case) is fused_markov_walk else walk_candidates
+    """The walk over given candidates (``reference.markov.walk_candidates``' signature) of
+    ``select_markov_impl``: ``fused_walk_candidates``, ``cpu_walk.cpu_walk_candidates`` or ``walk_candidates``."""
+    return select_markov_impl(device, **case).walk
 
 
 def _int32_key(x: torch.Tensor | None, like: torch.Tensor, B: int) -> torch.Tensor:

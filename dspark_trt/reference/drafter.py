@@ -138,14 +138,16 @@ class DSparkDrafter(nn.Module):
         temperature: torch.Tensor | None = None,  # [B] fp32
         seed: torch.Tensor | None = None,  # [B] int64
         walk: Callable[..., MarkovWalkResult] = walk_candidates,
+        select: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = select_candidates,
     ) -> MarkovWalkResult:
         """Draft N tokens per request: backbone, base logits, candidates (top-k or all), Markov walk, confidence.
 
-        ``walk`` (signature of ``reference.markov.walk_candidates``) lets an executor swap in a fused kernel.
+        ``select`` and ``walk`` (signatures of ``reference.markov.select_candidates`` and ``walk_candidates``)
+        let an executor swap in native kernels.
         """
         hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len)
         conf_base, conf_w = self.confidence_parts(hidden)
-        cand_vals, cand_ids = select_candidates(self.base_logits(hidden), topk)  # [B, N, k]
+        cand_vals, cand_ids = select(self.base_logits(hidden), topk)  # [B, N, k]
         return walk(
             cand_vals,
             cand_ids,

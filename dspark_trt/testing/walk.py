@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..reference.markov import MarkovWalkResult
 from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["WalkCase", "make_walk_inputs", "compare_walks", "WalkMismatch"]
+__all__ = ["WalkCase", "make_walk_inputs", "compare_walks", "WalkMismatch", "by_candidate_id"]
 
 
 @dataclass(frozen=True)
@@ -140,3 +141,11 @@ def compare_walks(got: tuple, want: tuple, inputs: tuple, *, atol: float, rtol: 
             ties += 1
             break  # later steps of this request follow a different predecessor
     return {"steps": steps, "near_ties": ties}
+
+
+def by_candidate_id(result: MarkovWalkResult) -> MarkovWalkResult:
+    """``result`` with each slot's candidates in ascending id order: executors may order them differently
+    (``torch.topk`` by value, the CPU kernels unordered) and the walk does not depend on the order."""
+    order = result.cand_ids.argsort(dim=-1)  # [B, N, k]
+    return MarkovWalkResult(tokens=result.tokens, cand_ids=result.cand_ids.gather(-1, order),
+                            cand_logits=result.cand_logits.gather(-1, order), confidence=result.confidence)

@@ -26,6 +26,15 @@ def test_json_rows_cover_every_batch_and_topk(capsys, clock):
     assert rows[1]["floor_ms"] > rows[0]["floor_ms"]
 
 
+def test_cpu_rows_time_the_native_round_when_numba_is_there(capsys):
+    pytest.importorskip("numba")
+    assert main([*SMALL, "--json"]) == 0
+    for r in json.loads(capsys.readouterr().out):
+        assert r["kernel_ms"] > 0 and r["fused_ms"] > 0
+        assert r["fused_speedup"] == pytest.approx(r["dense_ms"] / r["fused_ms"], rel=0.01, abs=0.01)
+        assert r["fused_vs_pass"] == pytest.approx(r["fused_ms"] / r["pass_ms"], rel=0.01, abs=0.01)
+
+
 def test_table_json_file_and_plot(tmp_path, capsys):
     out, png = tmp_path / "rows.json", tmp_path / "markov.png"
     assert main([*SMALL, "--json", str(out), "--plot", str(png)]) == 0
@@ -49,4 +58,4 @@ def test_cuda_rows_time_the_fused_kernel(capsys):
     assert main(["bench", "markov", "--device", "cuda", "--batch", "1,8", "--topk", "16,64", "--vocab", "4099",
                  "--repeats", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert all(r["kernel_ms"] > 0 and r["cublas_dense_ms"] > 0 for r in rows)
+    assert all(r["kernel_ms"] > 0 and r["cublas_dense_ms"] > 0 and r["fused_speedup"] > 0 for r in rows)

@@ -7,21 +7,63 @@ import logging
 import pytest
 import torch
 
-from dspark_trt.plugins.dispatch import fallback_reason, fused_markov_walk, select_markov_walk
+from dspark_trt.plugins.dispatch import (REFERENCE, fallback_reason, fused_markov_walk, select_markov_impl,
+                                         select_markov_walk)
 from dspark_trt.reference.markov import markov_walk
-from dspark_trt.testing.walk import compare_walks
+from dspark_trt.testing.walk import by_candidate_id, compare_walks
 
 CASE = dict(topk=16, rank=8, num_draft_tokens=7, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16)
 
 
-def test_cpu_falls_back_to_the_reference_and_says_why(caplog):
+def test_cpu_without_numba_falls_back_to_the_reference_and_says_why(caplog, monkeypatch):
     from dspark_trt.plugins import dispatch
 
+    real_find_spec = dispatch.importlib.util.find_spec
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda n: None if n == "numba" else real_find_spec(n))
     dispatch._log_choice.cache_clear()  # the choice is logged once per distinct case and process
     with caplog.at_level(logging.INFO, logger="dspark.plugins"):
         walk = select_markov_walk("cpu", **{**CASE, "topk": 17})
     assert walk is markov_walk
-    assert "reference PyTorch walk" in caplog.text and "is not CUDA" in caplog.text
+    assert "reference PyTorch walk" in caplog.text and "Numba is not installed" in caplog.text
+
+
+def test_cpu_kernels_are_chosen_on_cpu_when_supported():
+    pytest.importorskip("numba")
+    from dspark_trt.plugins.cpu_walk import cpu_markov_walk, cpu_select_candidates, cpu_walk_candidates
+
+    assert fallback_reason("cpu", **CASE) is None
+    assert select_markov_walk("cpu", **CASE) is cpu_markov_walk
+    impl = select_markov_impl("cpu", **CASE)
+    assert (impl.select, impl.walk) == (cpu_select_candidates, cpu_walk_candidates)
+    assert select_markov_walk("cpu", **CASE, use_kernel=False) is markov_walk
+    assert select_markov_impl("mps", **CASE) is REFERENCE
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(topk=None), "dense Markov head"),
+    (dict(weights_dtype=torch.float16), "float16"),
+])
+def test_cpu_fallback_reasons(change, why):
+    pytest.importorskip("numba")
+    reason = fallback_reason("cpu", **{**CASE, **change})
+    assert reason is not None and why in reason
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_markov_impl_runs_a_whole_round_like_markov_walk(sampled):
+    pytest.importorskip("numba")
+    g = torch.Generator().manual_seed(9)
+    B, N, V, r, k = 3, 7, 1031, 16, 64
+    base, anchor = torch.randn(B, N, V, generator=g) * 3, torch.randint(0, V, (B,), generator=g)
+    w1, w2 = torch.randn(V, r, generator=g) / r**0.5, torch.randn(V, r, generator=g)
+    kw = dict(topk=k, logit_scale=0.5, conf_base=torch.randn(B, N, generator=g), conf_w_markov=torch.randn(r, generator=g))
+    if sampled:
+        kw.update(temperature=torch.tensor([0.0, 0.8, 1.3]), seed=torch.tensor([3, 4, 5]), positions=torch.tensor([9, 0, 77]))
+    got = by_candidate_id(select_markov_impl("cpu", **CASE)(base, anchor, w1, w2, **kw))
+    want = by_candidate_id(REFERENCE(base, anchor, w1, w2, **kw))
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.cand_ids, want.cand_ids)
+    torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("change, why", [

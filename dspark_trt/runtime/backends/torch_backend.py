@@ -1,9 +1,9 @@
 """The ``torch`` drafter backend: the reference ``DSparkDrafter`` itself, on any device.
 
-``draft`` is ``DSparkDrafter.draft`` (``block_hidden`` → ``base_logits`` → ``select_candidates`` → walk) with
-the walk ``walk_fn``. ``walk_fn`` has ``walk_candidates``' signature; by
-default (``None``) it is chosen per round by ``plugins.dispatch``: the fused Triton DSparkTopKMarkov kernel
-when the drafter runs on CUDA with top-k, else the oracle ``reference.markov.walk_candidates``.
+``draft`` is ``DSparkDrafter.draft`` (``block_hidden`` → ``base_logits`` → candidate selection → walk). By
+default (``walk_fn=None``) the selection and walk are chosen per round by ``plugins.dispatch``: with top-k,
+the fused Triton DSparkTopKMarkov kernel on CUDA and the Numba kernels on the CPU, else the oracle
+``reference.markov``. A given ``walk_fn`` (``walk_candidates``' signature) walks the reference's candidates.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class TorchDrafterBackend(DrafterBackend):
     Args:
         drafter: a loaded ``reference.DSparkDrafter`` (``dspark_trt.load_drafter``).
         walk_fn (*optional*): replaces the Markov walk; same signature and result as
-            ``reference.markov.walk_candidates``. Default: the fused kernel on CUDA, else the reference.
+            ``reference.markov.walk_candidates``. Default: the device's native kernel, else the reference.
 
     Example:
         >>> with TorchDrafterBackend.from_pretrained("drafter/", target_dir="target/") as backend:
@@ -57,12 +57,17 @@ class TorchDrafterBackend(DrafterBackend):
 
     @torch.inference_mode()
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+        if self.walk_fn is not None:
+            return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
+                                      walk=self.walk_fn)
+        impl = self._auto_impl(topk)
         return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
-                                  walk=self.walk_fn or self._auto_walk(topk))
+                                  walk=impl.walk, select=impl.select)
 
-    def _auto_walk(self, topk: int | None) -> Callable[..., MarkovWalkResult]:
-        from ...plugins.dispatch import select_candidate_walk
+    def _auto_impl(self, topk: int | None):
+        """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype and ``topk``."""
+        from ...plugins.dispatch import select_markov_impl
 
         c = self.config
-        return select_candidate_walk(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
-                                     logits_dtype=torch.float32, weights_dtype=self.dtype)
+        return select_markov_impl(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
+                                  logits_dtype=torch.float32, weights_dtype=self.dtype)

@@ -1,0 +1,421 @@
+"""The top-k Markov round on the CPU, natively: candidate selection and the N-step walk as Numba kernels.
+
+Math — the reference's (``reference/markov.py`` is the oracle), per request b with base logits U [N, V_d]::
+
+    S_j     = TopK_k(U_j)                                   once per slot, before the walk (unordered)
+    e_j     = W1[d_j]                                       d_0 = anchor (a target id)
+    z_j     = U_j[S_j] + s · (W2[S_j] @ e_j)                [k] fp32, W2 rows gathered, fp32 accumulation
+    c_j     = σ(conf_base_j + conf_w · e_j)                 confidence (optional)
+    t_j     = argmax z_j                                    greedy (T < 1e-5)
+            = argmax z_j / T + G(seed, pos + j, S_j)        Gumbel-max; G from ``reference.sampling``
+    d_{j+1} = S_j[t_j] + d2t[S_j[t_j]]                      draft id → target id
+
+What the verifier receives is unchanged: ``cand_logits`` = z before temperature at ``cand_ids``.
+
+Selection (chunk maxima, then histogram selects). Split a row into nc = ⌊V_d / C⌋ contiguous chunks of C
+(``chunk_size``; the V_d − C·nc tail elements are always scanned) and let m_k be the k-th largest chunk
+maximum. The k maxima ≥ m_k are k elements ≥ m_k, so every top-k element is ≥ m_k and lies in a chunk whose
+maximum is ≥ m_k. ATen computes the maxima in one vectorised pass; per row, the kernel then finds a
+τ ≤ m_k with a histogram over the nc maxima (branch-free counting: quickselect's data-dependent branches
+mispredict on every new row), gathers the elements ≥ τ of the chunks ≥ τ (≈ k of them, from ≈ k·C
+prefetched elements), and keeps the k largest with a second histogram over those survivors. Ties at the
+k-th value are broken arbitrarily; rows holding a NaN or an infinity go to ``torch.topk`` (which ranks
+NaN highest). Per row: one read pass plus O(nc + k·C) work.
+
+Walk: one task per request and step when B ≥ threads; with fewer requests each step's k candidates are
+split across threads and the partial argmaxes reduced. While one W2 row's dot product runs, the rows of
+the next candidates are prefetched (``llvm.prefetch``). Weights fp32 or bf16 (rows widened to fp32 in
+L1); Numba has no float16 on the CPU, so fp16 weights stay with the reference.
+
+Cost per round: B·N·V_d·4 bytes read once by the selection + B·N·k·r·|W| bytes of gathered W2 rows
+(``dspark bench markov`` reports this floor beside the measured time).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..errors import DSparkTrtError
+from ..reference.markov import MarkovWalkResult
+from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
+
+__all__ = [
+    "SUPPORTED_WEIGHT_DTYPES",
+    "chunk_size",
+    "cpu_markov_walk",
+    "cpu_select_candidates",
+    "cpu_unsupported_reason",
+    "cpu_walk_candidates",
+]
+
+SUPPORTED_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+CHUNK_SIZES = (32, 16, 8, 4, 2, 1)  # largest first: fewer maxima to select over, more elements per chunk
+_BUCKETS = 1024  # histogram select
+_PREFETCH_CHUNKS = 8  # selection: scattered chunks in flight
+PREFETCH_AHEAD = 2  # candidates whose W2 rows are in flight while one is being dotted
+_CACHE_LINE_FLOATS = 16
+_DOT_FLAGS = {"reassoc", "nsz", "contract"}  # lets LLVM vectorise the fp32 dot; nothing else is relaxed
+
+
+def cpu_unsupported_reason(*, topk: int | None, weights_dtype: torch.dtype) -> str | None:
+    """Why the reference walk must run instead of these kernels (one line), or None when they can."""
+    if topk is None:
+        return "dense Markov head (no top-k): one GEMM per step is already the fast path"
+    if weights_dtype not in SUPPORTED_WEIGHT_DTYPES:
+        return f"weights dtype {weights_dtype} (the CPU kernels take float32 or bfloat16)"
+    return None
+
+
+def chunk_size(vocab: int, k: int) -> int:
+    """C for the chunk-maxima selection: the largest with at least k chunks (C = 1: the row itself)."""
+    return next(c for c in CHUNK_SIZES if vocab // c >= k)
+
+
+# ------------------------------------------------------------------------------------------- prefetching
+
+
+@intrinsic
+def _prefetch(typingctx, array, index):
+    """``llvm.prefetch`` (read, high locality) of ``array.data + index`` elements."""
+    sig = types.void(array, index)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch")
+        address = builder.bitcast(builder.gep(data, [args[1]]), i8p)
+        builder.call(fn, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _prefetch_span(flat, start, length):
+    """Prefetch the cache lines of ``flat[start : start + length]`` (fp32)."""
+    for off in range(0, length, _CACHE_LINE_FLOATS):
+        _prefetch(flat, start + off)
+
+
+# ---------------------------------------------------------------------------------------------- selection
+
+
+@njit(inline="always")
+def _bucket(x, lo, scale, nb):
+    """clip(⌊(x − lo)·scale⌋, 0, nb − 1): monotone non-decreasing in x."""
+    return np.int64(min(max((np.float64(x) - lo) * scale, 0.0), nb - 1.0))
+
+
+@njit(fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def _min_max(v):
+    """(min, max) of finite v, vectorised."""
+    lo, hi = v[0], v[0]
+    for i in range(1, v.shape[0]):
+        lo, hi = min(lo, v[i]), max(hi, v[i])
+    return np.float64(lo), np.float64(hi)
+
+
+@njit
+def _threshold_bucket(v, k):
+    """Histogram select over v (finite, len ≥ k) → (lo, scale, nb, b, above): with
+    ``_bucket(·, lo, scale, nb)`` the ``above`` < k values in buckets > b are among the k largest, and the
+    rest of the k largest are the largest of bucket b. Counting is branch-free (quickselect's data-dependent
+    branches mispredict on every new row)."""
+    n = v.shape[0]
+    nb = min(_BUCKETS, 2 * n)
+    lo, hi = _min_max(v)
+    scale = (nb - 1.0) / (hi - lo) if hi > lo else 0.0
+    hist = np.zeros(nb, np.int64)
+    for i in range(n):
+        hist[_bucket(v[i], lo, scale, nb)] += 1
+    above, b = 0, nb - 1
+    while above + hist[b] < k:
+        above += hist[b]
+        b -= 1
+    return lo, scale, nb, b, above
+
+
+@njit
+def _lower_edge(lo, scale, b):
+    """A value <= every x with ``_bucket(x) >= b`` (half a bucket of slack for rounding)."""
+    return -np.inf if b == 0 or scale == 0.0 else lo + (b - 0.5) / scale
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _select_rows(x, maxima, k, out_ids, bad_rows):  # pragma: no cover - compiled
+    """x [R, V] fp32, maxima [R, nc] fp32 (chunk j = x[:, j·C : j·C + C], C = V // nc; the V − C·nc tail
+    elements are always scanned) → out_ids [R, k] int64, unordered top-k; bad_rows [R] = 1 where a NaN or an
+    infinity leaves the row undone."""
+    R, V = x.shape
+    nc = maxima.shape[1]
+    C = V // nc
+    for row in prange(R):
+        xr, mr = x[row], maxima[row]
+        bad = False
+        for j in range(nc):
+            bad |= not abs(mr[j]) < np.inf
+        for i in range(C * nc, V):
+            bad |= not abs(xr[i]) < np.inf
+        if bad:
+            bad_rows[row] = 1
+            continue
+        # every top-k element is >= m_k, the k-th largest chunk maximum, and sits in a chunk whose max is >= m_k
+        lo, scale, nb, b, _ = _threshold_bucket(mr, k)
+        tau = _lower_edge(lo, scale, b)  # <= m_k
+        chunks = 0
+        for j in range(nc):
+            chunks += mr[j] >= tau
+        chosen = np.empty(chunks, np.int64)  # [chunks] ids of the chunks that may hold a top-k element
+        n = 0
+        for j in range(nc):
+            chosen[n] = j
+            n += mr[j] >= tau
+        vals = np.empty(chunks * C + V - C * nc, np.float32)  # survivors (>= k of them), room for all
+        where = np.empty(vals.shape[0], np.int64)
+        for t in range(min(chunks, _PREFETCH_CHUNKS)):
+            _prefetch_span(xr, chosen[t] * C, C)
+        n = 0
+        for t in range(chunks):
+            if t + _PREFETCH_CHUNKS < chunks:  # scattered chunks: keep several in flight
+                _prefetch_span(xr, chosen[t + _PREFETCH_CHUNKS] * C, C)
+            start = chosen[t] * C
+            for i in range(C):
+                v = xr[start + i]
+                if v >= tau:
+                    vals[n] = v
+                    where[n] = start + i
+                    n += 1
+        for i in range(C * nc, V):
+            if xr[i] >= tau:
+                vals[n] = xr[i]
+                where[n] = i
+                n += 1
+        vals, where = vals[:n], where[:n]
+        # the k largest survivors: every value in a bucket above b, then the largest of bucket b
+        lo, scale, nb, b, above = _threshold_bucket(vals, k)
+        out = 0
+        edge = 0
+        for s in range(n):
+            q = _bucket(vals[s], lo, scale, nb)
+            if q > b:
+                out_ids[row, out] = where[s]
+                out += 1
+            elif q == b:
+                edge += 1
+        tied = np.empty(edge, np.int64)  # survivors in bucket b, as positions in vals
+        e = 0
+        for s in range(n):
+            if _bucket(vals[s], lo, scale, nb) == b:
+                tied[e] = s
+                e += 1
+        order = np.argsort(-vals[tied])  # descending; bucket b is small unless values tie
+        for t in range(k - above):
+            out_ids[row, out + t] = where[tied[order[t]]]
+
+
+def cpu_select_candidates(base_logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference.markov.select_candidates`` for top-k on the CPU: (values fp32, ids int64) [B, N, k].
+
+    The same candidate set as ``torch.topk`` up to ties at the k-th value; the order is unspecified (the
+    walk does not depend on it)."""
+    if base_logits.device.type != "cpu":
+        raise DSparkTrtError(f"the CPU Markov kernels take CPU tensors, got {base_logits.device}")
+    Vd = base_logits.shape[-1]
+    if not 1 <= topk <= Vd:
+        raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
+    base = base_logits.to(torch.float32).contiguous()  # [B, N, V_d]
+    rows = base.view(-1, Vd)  # [R, V_d]
+    ids = torch.full((rows.shape[0], topk), -1, dtype=torch.int64)  # [R, k]; an unwritten -1 fails the gather
+    bad_rows = np.zeros(rows.shape[0], np.uint8)
+    if rows.shape[0]:
+        C = chunk_size(Vd, topk)
+        nc = Vd // C
+        maxima = rows[:, : C * nc].view(-1, nc, C).amax(dim=-1)  # [R, nc]: one vectorised pass (ATen)
+        _select_rows(rows.numpy(), maxima.numpy(), topk, ids.numpy(), bad_rows)
+    bad = torch.from_numpy(bad_rows).nonzero().squeeze(-1)
+    if bad.numel():  # NaN or infinite logits: torch.topk's ranking (NaN highest) decides those rows
+        ids[bad] = torch.topk(rows[bad], topk, dim=-1).indices
+    vals = rows.gather(1, ids)  # [R, k] fp32
+    shape = (*base.shape[:-1], topk)
+    return vals.view(shape), ids.view(shape)
+
+
+# ------------------------------------------------------------------------------------------------- walk
+
+
+@njit(inline="always")
+def _prefetch_row(flat, row, r):
+    _prefetch_span(flat, np.int64(row) * r, r)
+
+
+@njit(fastmath=_DOT_FLAGS)
+def _dot(a, b):
+    s = np.float32(0.0)
+    for i in range(b.shape[0]):
+        s += np.float32(a[i]) * b[i]
+    return s
+
+
+@njit
+def _widen(row, bf16, out_bits, out_f32):
+    """One weight row as fp32 in ``out_f32`` (``out_bits`` is its uint32 view): bf16 bits << 16, or a cast."""
+    if bf16:
+        for i in range(row.shape[0]):
+            out_bits[i] = np.uint32(row[i]) << 16
+    else:
+        for i in range(row.shape[0]):
+            out_f32[i] = np.float32(row[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _walk(vals, ids, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, conf_base, conf_w, splits,
+          tokens, logits, conf, status):  # pragma: no cover - compiled
+    """The N-step walk (module docstring). vals [B, N, k] f32, ids [B, N, k] i64, anchor [B] i64,
+    w1 [V, r] / w2 [V_d, r] f32 or bf16 bits (u16, flagged by w*_bf16), d2t [V_d] i64 (empty: identity), temp [B] f32, greedy [B] bool,
+    noise [B, N, k] f32 (unused for greedy requests), conf_base [B, N] f32 and conf_w [r] f32 (empty: none).
+    Writes tokens [B, N] i64, logits [B, N, k] f32, conf [B, N] f32; status [B] = 1 for a target id out of
+    range (the walk of that request stops)."""
+    B, N, k = vals.shape
+    V, r = w1.shape
+    flat = w2.reshape(-1)
+    prev = anchor.copy()  # [B] target ids d_j
+    per = (k + splits - 1) // splits
+    best_score = np.empty((B, splits), np.float32)
+    best_at = np.empty((B, splits), np.int64)
+    with_conf = conf_base.shape[0] > 0
+    for j in range(N):
+        for task in prange(B * splits):
+            b, part = task // splits, task % splits
+            if status[b]:
+                continue
+            e = np.empty(r, np.float32)  # [r] e_j = W1[d_j] in fp32
+            _widen(w1[prev[b]], w1_bf16, e.view(np.uint32), e)
+            if with_conf and part == 0:
+                conf[b, j] = 1.0 / (1.0 + np.exp(-(conf_base[b, j] + _dot(conf_w, e))))
+            row = np.empty(r, np.float32)  # [r] scratch for a widened bf16 W2 row
+            row_bits = row.view(np.uint32)
+            lo, hi = part * per, min(k, part * per + per)
+            for c in range(lo, min(hi, lo + PREFETCH_AHEAD)):
+                _prefetch_row(flat, ids[b, j, c], r)
+            top, at = np.float32(-np.inf), lo
+            for c in range(lo, hi):
+                if c + PREFETCH_AHEAD < hi:
+                    _prefetch_row(flat, ids[b, j, c + PREFETCH_AHEAD], r)
+                if w2_bf16:
+                    _widen(w2[ids[b, j, c]], True, row_bits, row)
+                    bias = _dot(row, e)
+                else:
+                    bias = _dot(w2[ids[b, j, c]], e)
+                z = vals[b, j, c] + np.float32(scale * bias)
+                logits[b, j, c] = z
+                score = z if greedy[b] else z / temp[b] + noise[b, j, c]
+                if score > top or c == lo:  # first maximum wins, as torch.argmax
+                    top, at = score, c
+            best_score[b, part], best_at[b, part] = top, at
+        for b in range(B):
+            if status[b]:
+                continue
+            at = best_at[b, 0]
+            for part in range(1, splits):
+                if best_at[b, part] < k and best_score[b, part] > best_score[b, 0]:
+                    best_score[b, 0], at = best_score[b, part], best_at[b, part]
+            draft = ids[b, j, at]
+            target = draft + d2t[draft] if d2t.shape[0] else draft
+            if target < 0 or target >= V:
+                status[b] = 1
+                continue
+            tokens[b, j] = target
+            prev[b] = target
+
+
+def _weights(w: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """A weight matrix as a NumPy array the kernel reads: fp32 as is, bf16 as its uint16 bit patterns."""
+    w = w.detach().contiguous()
+    if w.dtype == torch.bfloat16:
+        return w.view(torch.int16).numpy().view(np.uint16), True
+    return w.to(torch.float32).numpy(), False
+
+
+def _threads() -> int:
+    return numba.get_num_threads()
+
+
+def cpu_walk_candidates(
+    cand_vals: torch.Tensor,  # [B, N, k] base logits at the candidates
+    cand_ids: torch.Tensor | None,  # [B, N, k] int draft-vocab ids
+    anchor: torch.Tensor,  # [B] int target ids
+    w1: torch.Tensor,  # [V, r]
+    w2: torch.Tensor,  # [V_d, r]
+    *,
+    logit_scale: float = 1.0,
+    d2t: torch.Tensor | None = None,  # [V_d] int offsets
+    temperature: torch.Tensor | None = None,  # [B] fp32; < 1e-5 greedy
+    seed: torch.Tensor | None = None,  # [B] int >= 0
+    positions: torch.Tensor | None = None,  # [B] int: position of d_1
+    conf_base: torch.Tensor | None = None,  # [B, N] fp32
+    conf_w_markov: torch.Tensor | None = None,  # [r]
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # tokens, cand_logits, confidence
+) -> MarkovWalkResult:
+    """``reference.markov.walk_candidates`` (top-k) as one native kernel on the CPU; same result type.
+
+    ``out`` (optional): contiguous CPU buffers the kernel writes — tokens [B, N] int64, cand_logits [B, N, k]
+    fp32, confidence [B, N] fp32 — returned in the result."""
+    if cand_ids is None:
+        raise DSparkTrtError("the CPU Markov kernel walks top-k candidates; use reference walk_candidates for dense")
+    if temperature is not None and (seed is None or positions is None):
+        raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
+    B, N, k = cand_vals.shape
+    V, Vd = w1.shape[0], w2.shape[0]
+    ids = cand_ids.to(torch.int64).contiguous()  # [B, N, k]
+    ids_np, anchor_np = ids.numpy(), anchor.to(torch.int64).contiguous().numpy()
+    for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V)):  # the kernel reads memory unchecked
+        if a.size and (a.min() < 0 or a.max() >= hi):
+            raise DSparkTrtError(f"{name} must lie in [0, {hi}); got [{a.min()}, {a.max()}]")
+    w1_np, w1_bf16 = _weights(w1)
+    w2_np, w2_bf16 = _weights(w2)
+    if temperature is None:
+        greedy, temp, noise = np.ones(B, np.bool_), np.ones(B, np.float32), np.empty((0, 0, 0), np.float32)
+    else:
+        t = temperature.to(torch.float32).cpu()  # [B]
+        greedy_t = is_greedy(t)
+        greedy, temp = greedy_t.numpy(), torch.where(greedy_t, 1.0, t).numpy()
+        steps = positions.to(torch.int64).cpu().view(B, 1, 1) + torch.arange(N).view(1, N, 1)  # [B, N, 1]
+        noise = gumbel_noise(seed.to(torch.int64).cpu().view(B, 1, 1), steps, ids, DRAFT_SALT).numpy()  # [B, N, k]
+    with_conf = conf_base is not None
+    empty = np.empty(0, np.float32)
+    cb = conf_base.to(torch.float32).contiguous().numpy() if with_conf else empty.reshape(0, 0)  # [B, N]
+    cw = empty if not with_conf else (np.zeros(w1.shape[1], np.float32) if conf_w_markov is None
+                                      else conf_w_markov.to(torch.float32).contiguous().numpy())  # [r]
+    offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()  # [V_d]
+    if out is None:
+        out = (torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k), torch.empty(B, N))
+    for t, shape, dtype in zip(out, ((B, N), (B, N, k), (B, N)), (torch.int64, torch.float32, torch.float32)):
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
+            raise DSparkTrtError(f"out buffers must be contiguous CPU {dtype}{shape}; got {t.dtype}{tuple(t.shape)}")
+    tokens, logits, conf = (t.numpy() for t in out)
+    status = np.zeros(B, np.uint8)
+    if B and N and k:
+        splits = max(1, min(_threads() // B, k))  # few requests: split each step's candidates over threads
+        _walk(cand_vals.to(torch.float32).contiguous().numpy(), ids_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16,
+              offsets, np.float32(logit_scale), temp, greedy, noise, cb, cw, splits, tokens, logits, conf, status)
+    if status.any():
+        raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
+                             f"vocabulary [0, {V}); check the checkpoint's d2t table")
+    return MarkovWalkResult(tokens=out[0], cand_ids=ids, cand_logits=out[1], confidence=out[2] if with_conf else None)
+
+
+def cpu_markov_walk(base_logits: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
+                    topk: int | None = None, **walk_options) -> MarkovWalkResult:
+    """``reference.markov.markov_walk`` for top-k: native selection, then the native walk."""
+    if topk is None:
+        raise DSparkTrtError("the CPU Markov kernels walk top-k candidates; use reference markov_walk for dense")
+    cand_vals, cand_ids = cpu_select_candidates(base_logits, topk)
+    return cpu_walk_candidates(cand_vals, cand_ids, anchor, w1, w2, **walk_options)
