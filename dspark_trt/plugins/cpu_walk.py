@@ -12,15 +12,17 @@ Math — the reference's (``reference/markov.py`` is the oracle), per request b 
 
 What the verifier receives is unchanged: ``cand_logits`` = z before temperature at ``cand_ids``.
 
-Selection (chunk maxima, then histogram selects). Split a row into nc = ⌊V_d / C⌋ contiguous chunks of C
-(``chunk_size``; the V_d − C·nc tail elements are always scanned) and let m_k be the k-th largest chunk
-maximum. The k maxima ≥ m_k are k elements ≥ m_k, so every top-k element is ≥ m_k and lies in a chunk whose
-maximum is ≥ m_k. ATen computes the maxima in one vectorised pass; per row, the kernel then finds a
-τ ≤ m_k with a histogram over the nc maxima (branch-free counting: quickselect's data-dependent branches
-mispredict on every new row), gathers the elements ≥ τ of the chunks ≥ τ (≈ k of them, from ≈ k·C
-prefetched elements), and keeps the k largest with a second histogram over those survivors. Ties at the
-k-th value are broken arbitrarily; rows holding a NaN or an infinity go to ``torch.topk`` (which ranks
-NaN highest). Per row: one read pass plus O(nc + k·C) work.
+Selection (chunk maxima, then histogram selects). Split a row into nc = ⌊V_d / C⌋ chunks of C elements
+(``chunk_size`` picks C; the V_d − C·nc tail elements are always scanned) and let m_k be the k-th largest
+chunk maximum. The k maxima ≥ m_k are k elements ≥ m_k, so every top-k element is ≥ m_k and lies in a
+chunk whose maximum is ≥ m_k. ATen computes the maxima in one vectorised pass; per row, the kernel then
+finds a τ ≤ m_k with a histogram over the nc maxima (branch-free counting: quickselect's data-dependent
+branches mispredict on every new row), gathers the elements ≥ τ of the ≈ k chunks ≥ τ (≈ k·C reads), and
+keeps the k largest with a second histogram over those survivors. Chunks are strided (chunk j = {j, j + nc,
+j + 2·nc, …}: the maxima are an elementwise max of C slices, as fast as a plain read) while the base logits
+fit in cache (``STRIDED_CHUNKS_MAX_BYTES``), contiguous beyond (each chunk's survivors then cost 2 cache
+lines, not C). Ties at the k-th value are broken arbitrarily; rows holding a NaN or an infinity go to
+``torch.topk`` (which ranks NaN highest). Per row: one read pass plus O(nc + k·C) work.
 
 Walk: one task per request and step when B ≥ threads; with fewer requests each step's k candidates are
 split across threads and the partial argmaxes reduced. While one W2 row's dot product runs, the rows of
@@ -57,7 +59,7 @@ __all__ = [
 SUPPORTED_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 CHUNK_SIZES = (32, 16, 8, 4, 2, 1)  # largest first: fewer maxima to select over, more elements per chunk
 _BUCKETS = 1024  # histogram select
-_PREFETCH_CHUNKS = 8  # selection: scattered chunks in flight
+STRIDED_CHUNKS_MAX_BYTES = 16 << 20  # base logits up to this size: strided chunks (cache-resident rows)
 PREFETCH_AHEAD = 2  # candidates whose W2 rows are in flight while one is being dotted
 _CACHE_LINE_FLOATS = 16
 _DOT_FLAGS = {"reassoc", "nsz", "contract"}  # lets LLVM vectorise the fp32 dot; nothing else is relaxed
@@ -150,10 +152,11 @@ def _lower_edge(lo, scale, b):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _select_rows(x, maxima, k, out_ids, bad_rows):  # pragma: no cover - compiled
-    """x [R, V] fp32, maxima [R, nc] fp32 (chunk j = x[:, j·C : j·C + C], C = V // nc; the V − C·nc tail
-    elements are always scanned) → out_ids [R, k] int64, unordered top-k; bad_rows [R] = 1 where a NaN or an
-    infinity leaves the row undone."""
+def _select_rows(x, maxima, strided, k, out_ids, out_vals, bad_rows):  # pragma: no cover - compiled
+    """x [R, V] fp32, maxima [R, nc] fp32 (chunk j = x[:, j : C·nc : nc] when ``strided``, else
+    x[:, j·C : j·C + C]; C = V // nc; the V − C·nc tail elements are always scanned) → out_ids [R, k] int64
+    and out_vals [R, k] fp32, the unordered top-k; bad_rows [R] = 1 where a NaN or an infinity leaves the
+    row undone."""
     R, V = x.shape
     nc = maxima.shape[1]
     C = V // nc
@@ -173,25 +176,17 @@ def _select_rows(x, maxima, k, out_ids, bad_rows):  # pragma: no cover - compile
         chunks = 0
         for j in range(nc):
             chunks += mr[j] >= tau
-        chosen = np.empty(chunks, np.int64)  # [chunks] ids of the chunks that may hold a top-k element
-        n = 0
-        for j in range(nc):
-            chosen[n] = j
-            n += mr[j] >= tau
         vals = np.empty(chunks * C + V - C * nc, np.float32)  # survivors (>= k of them), room for all
         where = np.empty(vals.shape[0], np.int64)
-        for t in range(min(chunks, _PREFETCH_CHUNKS)):
-            _prefetch_span(xr, chosen[t] * C, C)
         n = 0
-        for t in range(chunks):
-            if t + _PREFETCH_CHUNKS < chunks:  # scattered chunks: keep several in flight
-                _prefetch_span(xr, chosen[t + _PREFETCH_CHUNKS] * C, C)
-            start = chosen[t] * C
-            for i in range(C):
-                v = xr[start + i]
-                if v >= tau:
-                    vals[n] = v
-                    where[n] = start + i
+        for j in range(nc):
+            if mr[j] < tau:
+                continue
+            start, stop, step = (j, C * nc, nc) if strided else (j * C, j * C + C, 1)
+            for i in range(start, stop, step):
+                if xr[i] >= tau:
+                    vals[n] = xr[i]
+                    where[n] = i
                     n += 1
         for i in range(C * nc, V):
             if xr[i] >= tau:
@@ -206,7 +201,7 @@ def _select_rows(x, maxima, k, out_ids, bad_rows):  # pragma: no cover - compile
         for s in range(n):
             q = _bucket(vals[s], lo, scale, nb)
             if q > b:
-                out_ids[row, out] = where[s]
+                out_ids[row, out], out_vals[row, out] = where[s], vals[s]
                 out += 1
             elif q == b:
                 edge += 1
@@ -218,34 +213,42 @@ def _select_rows(x, maxima, k, out_ids, bad_rows):  # pragma: no cover - compile
                 e += 1
         order = np.argsort(-vals[tied])  # descending; bucket b is small unless values tie
         for t in range(k - above):
-            out_ids[row, out + t] = where[tied[order[t]]]
+            out_ids[row, out + t], out_vals[row, out + t] = where[tied[order[t]]], vals[tied[order[t]]]
 
 
-def cpu_select_candidates(base_logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def cpu_select_candidates(base_logits: torch.Tensor, topk: int, *,
+                          out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``reference.markov.select_candidates`` for top-k on the CPU: (values fp32, ids int64) [B, N, k].
 
     The same candidate set as ``torch.topk`` up to ties at the k-th value; the order is unspecified (the
-    walk does not depend on it)."""
+    walk does not depend on it). ``out`` (optional): contiguous CPU buffers (values, ids) the kernel writes."""
     if base_logits.device.type != "cpu":
         raise DSparkTrtError(f"the CPU Markov kernels take CPU tensors, got {base_logits.device}")
     Vd = base_logits.shape[-1]
     if not 1 <= topk <= Vd:
         raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
-    base = base_logits.to(torch.float32).contiguous()  # [B, N, V_d]
-    rows = base.view(-1, Vd)  # [R, V_d]
-    ids = torch.full((rows.shape[0], topk), -1, dtype=torch.int64)  # [R, k]; an unwritten -1 fails the gather
-    bad_rows = np.zeros(rows.shape[0], np.uint8)
-    if rows.shape[0]:
+    base = base_logits if base_logits.dtype == torch.float32 else base_logits.float()
+    rows = base.reshape(-1, Vd)  # [R, V_d] (a view when contiguous)
+    R = rows.shape[0]
+    shape = (*base.shape[:-1], topk)
+    if out is None:
+        out = (torch.empty(shape), torch.empty(shape, dtype=torch.int64))
+    _check_out(out, (shape, shape), (torch.float32, torch.int64))
+    vals_t, ids_t = out[0].view(R, topk), out[1].view(R, topk)  # [R, k] each, every element written
+    vals, ids = vals_t.numpy(), ids_t.numpy()
+    bad_rows = np.zeros(R, np.uint8)
+    if R:
         C = chunk_size(Vd, topk)
         nc = Vd // C
-        maxima = rows[:, : C * nc].view(-1, nc, C).amax(dim=-1)  # [R, nc]: one vectorised pass (ATen)
-        _select_rows(rows.numpy(), maxima.numpy(), topk, ids.numpy(), bad_rows)
-    bad = torch.from_numpy(bad_rows).nonzero().squeeze(-1)
-    if bad.numel():  # NaN or infinite logits: torch.topk's ranking (NaN highest) decides those rows
-        ids[bad] = torch.topk(rows[bad], topk, dim=-1).indices
-    vals = rows.gather(1, ids)  # [R, k] fp32
-    shape = (*base.shape[:-1], topk)
-    return vals.view(shape), ids.view(shape)
+        strided = R * Vd * 4 <= STRIDED_CHUNKS_MAX_BYTES
+        # [R, nc] in one vectorised ATen pass: strided chunks are an elementwise max of C slices (as fast as
+        # a plain read) but their survivors sit C cache lines apart, cheap only while the rows stay cached
+        maxima = rows[:, : C * nc].view(R, C, nc).amax(dim=1) if strided else rows[:, : C * nc].view(R, nc, C).amax(-1)
+        _select_rows(rows.numpy(), maxima.numpy(), strided, topk, ids, vals, bad_rows)
+    if bad_rows.any():  # NaN or infinite logits: torch.topk's ranking (NaN highest) decides those rows
+        bad = torch.from_numpy(bad_rows.nonzero()[0])
+        vals_t[bad], ids_t[bad] = torch.topk(rows[bad], topk, dim=-1)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- walk
@@ -279,7 +282,8 @@ def _widen(row, bf16, out_bits, out_f32):
 def _walk(vals, ids, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, conf_base, conf_w, splits,
           tokens, logits, conf, status):  # pragma: no cover - compiled
     """The N-step walk (module docstring). vals [B, N, k] f32, ids [B, N, k] i64, anchor [B] i64,
-    w1 [V, r] / w2 [V_d, r] f32 or bf16 bits (u16, flagged by w*_bf16), d2t [V_d] i64 (empty: identity), temp [B] f32, greedy [B] bool,
+    w1 [V, r] / w2 [V_d, r] f32 or bf16 bits (u16, flagged by w*_bf16), d2t [V_d] i64 (empty: identity),
+    temp [B] f32, greedy [B] bool,
     noise [B, N, k] f32 (unused for greedy requests), conf_base [B, N] f32 and conf_w [r] f32 (empty: none).
     Writes tokens [B, N] i64, logits [B, N, k] f32, conf [B, N] f32; status [B] = 1 for a target id out of
     range (the walk of that request stops)."""
@@ -344,6 +348,13 @@ def _weights(w: torch.Tensor) -> tuple[np.ndarray, bool]:
     return w.to(torch.float32).numpy(), False
 
 
+def _check_out(out: tuple, shapes: tuple, dtypes: tuple) -> None:
+    for t, shape, dtype in zip(out, shapes, dtypes):
+        if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
+            raise DSparkTrtError(f"out buffers must be contiguous CPU {dtype}{tuple(shape)}; "
+                                 f"got {t.dtype}{tuple(t.shape)}")
+
+
 def _threads() -> int:
     return numba.get_num_threads()
 
@@ -397,9 +408,7 @@ def cpu_walk_candidates(
     offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()  # [V_d]
     if out is None:
         out = (torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k), torch.empty(B, N))
-    for t, shape, dtype in zip(out, ((B, N), (B, N, k), (B, N)), (torch.int64, torch.float32, torch.float32)):
-        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
-            raise DSparkTrtError(f"out buffers must be contiguous CPU {dtype}{shape}; got {t.dtype}{tuple(t.shape)}")
+    _check_out(out, ((B, N), (B, N, k), (B, N)), (torch.int64, torch.float32, torch.float32))
     tokens, logits, conf = (t.numpy() for t in out)
     status = np.zeros(B, np.uint8)
     if B and N and k:

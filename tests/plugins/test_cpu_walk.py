@@ -40,16 +40,25 @@ SELECTIONS = [
 ]
 
 
+@pytest.fixture(params=["strided", "contiguous"])
+def chunk_layout(request, monkeypatch):
+    """Both chunk layouts of the selection (strided for cache-sized logits, contiguous beyond)."""
+    if request.param == "contiguous":
+        monkeypatch.setattr(cpu_walk, "STRIDED_CHUNKS_MAX_BYTES", -1)
+    return request.param
+
+
 @pytest.mark.parametrize("shape, k", SELECTIONS, ids=[f"{'x'.join(map(str, s))}-k{k}" for s, k in SELECTIONS])
-def test_selection_is_the_top_k(shape, k):
+def test_selection_is_the_top_k(shape, k, chunk_layout):
     base = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + k)) * 3
-    vals, ids = cpu_select_candidates(base, k)
-    assert vals.shape == ids.shape == (*shape[:-1], k)
+    out = (torch.full((*shape[:-1], k), float("nan")), torch.full((*shape[:-1], k), -1))  # poisoned
+    vals, ids = cpu_select_candidates(base, k, out=out)
+    assert vals is out[0] and ids is out[1]
     assert_is_topk(base, vals, ids)
 
 
 @pytest.mark.parametrize("layout", ["few-values", "ascending", "one-hot-chunk", "all-equal", "signed-zeros"])
-def test_selection_with_ties_and_adversarial_layouts(layout):
+def test_selection_with_ties_and_adversarial_layouts(layout, chunk_layout):
     """Heavy ties, top-k clustered in a few chunks (many survivors per chunk), ±0."""
     g = torch.Generator().manual_seed(1)
     V, k = 4099, 100
@@ -69,7 +78,7 @@ def test_selection_with_ties_and_adversarial_layouts(layout):
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
-def test_rows_with_nan_or_inf_follow_torch_topk(poison):
+def test_rows_with_nan_or_inf_follow_torch_topk(poison, chunk_layout):
     base = torch.randn(2, 3, 1031, generator=torch.Generator().manual_seed(2))
     base[0, 1, 17] = poison
     base[1, 2, 1030] = poison  # in the tail after the last full chunk
@@ -88,6 +97,8 @@ def test_selection_takes_low_precision_logits_and_rejects_bad_k():
             cpu_select_candidates(base, k)
     empty_vals, empty_ids = cpu_select_candidates(torch.randn(0, 7, 257), 4)
     assert empty_vals.shape == empty_ids.shape == (0, 7, 4)
+    with pytest.raises(DSparkTrtError, match="out buffers"):
+        cpu_select_candidates(base, 16, out=(torch.empty(2, 7, 16), torch.empty(2, 7, 16)))  # ids must be int64
 
 
 def run_walk(inputs, scale, *, splits_from_threads=None, monkeypatch=None):
@@ -161,7 +172,8 @@ def test_native_round_matches_the_reference_round_at_qwen3_vocabulary():
     B, N, V, r, k = 3, 7, 151936, 64, 512
     base, anchor = torch.randn(B, N, V, generator=g) * 3, torch.randint(0, V, (B,), generator=g)
     w1, w2 = torch.randn(V, r, generator=g) / r**0.5, torch.randn(V, r, generator=g)
-    kw = dict(temperature=torch.tensor([0.0, 0.9, 1.1]), seed=torch.tensor([1, 2, 3]), positions=torch.tensor([5, 6, 7]))
+    kw = dict(temperature=torch.tensor([0.0, 0.9, 1.1]), seed=torch.tensor([1, 2, 3]),
+              positions=torch.tensor([5, 6, 7]))
     got = by_candidate_id(cpu_markov_walk(base, anchor, w1, w2, topk=k, **kw))
     want = by_candidate_id(markov_walk(base, anchor, w1, w2, topk=k, **kw))
     assert torch.equal(got.cand_ids, want.cand_ids) and torch.equal(got.tokens, want.tokens)
@@ -179,7 +191,8 @@ def test_bad_ids_and_d2t_are_refused_not_read():
     with pytest.raises(DSparkTrtError, match="d2t"):
         cpu_walk_candidates(vals, ids, anchor, w1, w2, d2t=d2t + 1000)
     with pytest.raises(DSparkTrtError, match="out buffers"):
-        cpu_walk_candidates(vals, ids, anchor, w1, w2, out=(torch.empty(2, 3), torch.empty(2, 3, 16), torch.empty(2, 3)))
+        wrong_tokens = torch.empty(2, 3)  # must be int64
+        cpu_walk_candidates(vals, ids, anchor, w1, w2, out=(wrong_tokens, torch.empty(2, 3, 16), torch.empty(2, 3)))
     with pytest.raises(DSparkTrtError, match="top-k candidates"):
         cpu_walk_candidates(vals, None, anchor, w1, w2)
     with pytest.raises(DSparkTrtError, match="seed and positions"):

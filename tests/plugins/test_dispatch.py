@@ -56,9 +56,11 @@ def test_a_markov_impl_runs_a_whole_round_like_markov_walk(sampled):
     B, N, V, r, k = 3, 7, 1031, 16, 64
     base, anchor = torch.randn(B, N, V, generator=g) * 3, torch.randint(0, V, (B,), generator=g)
     w1, w2 = torch.randn(V, r, generator=g) / r**0.5, torch.randn(V, r, generator=g)
-    kw = dict(topk=k, logit_scale=0.5, conf_base=torch.randn(B, N, generator=g), conf_w_markov=torch.randn(r, generator=g))
+    kw = dict(topk=k, logit_scale=0.5, conf_base=torch.randn(B, N, generator=g),
+              conf_w_markov=torch.randn(r, generator=g))
     if sampled:
-        kw.update(temperature=torch.tensor([0.0, 0.8, 1.3]), seed=torch.tensor([3, 4, 5]), positions=torch.tensor([9, 0, 77]))
+        kw.update(temperature=torch.tensor([0.0, 0.8, 1.3]), seed=torch.tensor([3, 4, 5]),
+                  positions=torch.tensor([9, 0, 77]))
     got = by_candidate_id(select_markov_impl("cpu", **CASE)(base, anchor, w1, w2, **kw))
     want = by_candidate_id(REFERENCE(base, anchor, w1, w2, **kw))
     assert torch.equal(got.tokens, want.tokens) and torch.equal(got.cand_ids, want.cand_ids)
