@@ -14,8 +14,12 @@ arguments, launch parameters. ``write_ptx_artifacts`` writes the PTX files and r
 
 Calling convention (TensorRT AOT): ``(11 input pointers, 2 int32 extras, 3 output pointers)``, grid
 ``(B, 1, 1)``, block ``(num_warps · 32, 1, 1)``. Triton ≥ 3.3 appends scratch pointer parameters
-(``global_scratch``, and ``profile_scratch`` from 3.5) that this kernel never reads (both sizes are 0,
-checked at build time); ``trailing_params`` records how many, and a launcher must pass null pointers there.
+(``global_scratch``, and ``profile_scratch`` from 3.5) that TensorRT's AOT launch does not pass (NVIDIA's
+QDP AOT sample pins Triton 3.2, the last release without them). This kernel never reads them (both sizes
+are 0, checked at build time), so ``strip_unused_trailing_params`` removes them from the PTX entry — after
+checking that the body never names them — and the PTX declares exactly TensorRT's parameters
+(``stripped_params`` records how many went; ``trailing_params``, what a launcher must still pass as null,
+is then 0). The CUDA toolkit's ptxas assembles the stripped PTX (``--validate``).
 
 Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 ...]``: prints the dict and
 writes it to ``DIR/dspark_topk_markov_walk.json`` (what ``gpu_check --ptx-dir DIR`` reads).
@@ -54,6 +58,7 @@ __all__ = [
     "compile_walk_kernel",
     "ptx_isa_version",
     "ptx_param_count",
+    "strip_unused_trailing_params",
     "validate_ptx",
     "find_ptxas",
     "write_ptx_artifacts",
@@ -165,6 +170,31 @@ def ptx_isa_version(ptx: str) -> str:
     return f"{m.group(1)}.{m.group(2)}"
 
 
+def strip_unused_trailing_params(ptx: str, name: str, keep: int) -> tuple[str, int]:
+    """``ptx`` with the parameters of ``.entry name`` after the first ``keep`` removed, and how many went.
+
+    Refuses (DSparkTrtError) when the kernel body names one of them: only parameters the code never reads
+    can go without changing what it computes."""
+    m = next((m for m in _ENTRY_RE.finditer(ptx) if m.group(1) == name), None)
+    if m is None:
+        raise DSparkTrtError(f"PTX has no .entry {name}")
+    params = [p.strip() for p in m.group(2).split(",") if p.strip()]
+    if len(params) < keep:
+        raise DSparkTrtError(f".entry {name} declares {len(params)} parameters, fewer than the {keep} of the "
+                             "calling convention")
+    body = ptx[m.end():]
+    for param in params[keep:]:
+        pname = param.split()[-1]
+        if re.search(rf"\b{re.escape(pname)}\b", body):
+            raise DSparkTrtError(f"the kernel reads its trailing parameter {pname}; it cannot be dropped from the "
+                                 "PTX (this Triton version is not supported by the AOT plugin)")
+    if len(params) == keep:
+        return ptx, 0
+    head = ptx[: m.start(2)]
+    new_params = "\n" + ",\n".join(f"\t{p}" for p in params[:keep]) + "\n"
+    return head + new_params + ptx[m.end(2):], len(params) - keep
+
+
 def ptx_param_count(ptx: str, name: str) -> int:
     """How many parameters the ``.entry name`` declares."""
     for entry, params in _ENTRY_RE.findall(ptx):
@@ -177,11 +207,12 @@ def ptx_param_count(ptx: str, name: str) -> int:
 class CompiledWalkKernel:
     spec: WalkKernelSpec
     name: str
-    ptx: str
+    ptx: str  # Triton's unused trailing parameters stripped: exactly TensorRT's AOT parameters
     num_warps: int
     shared_mem: int
     ptx_isa: str  # "9.0"
     triton_version: str
+    stripped_params: int = 0  # how many unused trailing parameters Triton declared (scratch pointers)
 
     @property
     def trailing_params(self) -> int:
@@ -249,8 +280,10 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
     isa = ptx_isa_version(ptx)
     if spec.ptx_isa is not None and _isa_number(isa) > spec.ptx_isa:
         raise DSparkTrtError(f"PTX ISA {isa} exceeds the requested cap {spec.ptx_isa // 10}.{spec.ptx_isa % 10}")
+    ptx, stripped = strip_unused_trailing_params(ptx, meta.name, len(kernel_signature(spec)))
     return CompiledWalkKernel(spec=spec, name=meta.name, ptx=ptx, num_warps=meta.num_warps,
-                              shared_mem=meta.shared, ptx_isa=isa, triton_version=triton.__version__)
+                              shared_mem=meta.shared, ptx_isa=isa, triton_version=triton.__version__,
+                              stripped_params=stripped)
 
 
 def _triton_default_isa(arch: int) -> int | None:
@@ -345,6 +378,7 @@ def write_ptx_artifacts(
                 "launch": ck.launch,
                 "params": ptx_param_count(ck.ptx, ck.name),
                 "trailing_params": ck.trailing_params,
+                "stripped_params": ck.stripped_params,
                 "sha256": hashlib.sha256(ck.ptx.encode()).hexdigest(),
             }
             if validate_with:
@@ -357,8 +391,8 @@ def write_ptx_artifacts(
         "plugin_version": PLUGIN_VERSION,
         "kernel_name": kernel_name(),
         "triton_version": triton_version,
-        "calling_convention": "input pointers, int32 extra arguments, output pointers, then a null pointer for "
-                              "each trailing parameter",
+        "calling_convention": "input pointers, int32 extra arguments, output pointers (TensorRT AOT), then a "
+                              "null pointer for each trailing parameter",
         "constexprs": kernel_constexprs(first),
         "signature": [{"name": n, "type": t} for n, t in kernel_signature(first)],
         "extra_args": [{"name": n, "dtype": "int32", "input": src, "dim": dim} for n, src, dim in EXTRA_ARGS],

@@ -6,8 +6,8 @@ output pointers…)``. This module does the same with ``ctypes`` and ``libcuda``
 to install), so a GPU host can prove that the artifact the engine embeds computes the op: the driver
 JIT-compiles the PTX (rejecting an ISA it does not know) and the outputs can be compared with the oracle.
 
-Triton's PTX ends with scratch-pointer parameters the kernel never reads (``aot.CompiledWalkKernel
-.trailing_params``); they are passed as null pointers.
+``aot`` strips the scratch-pointer parameters Triton ≥ 3.3 appends (the kernel never reads them), so
+``trailing_params`` is 0 for our PTX; a PTX that still declares some gets null pointers there.
 """
 
 from __future__ import annotations

@@ -62,13 +62,16 @@ def test_ptx_files_are_what_the_engine_needs(small_build):
         assert re.search(rf"^\.target {k['arch']}\b", ptx, re.MULTILINE)
         isa = aot.ptx_isa_version(ptx)
         assert isa == k["ptx_isa"] and aot._isa_number(isa) <= aot.DEFAULT_PTX_ISA  # a CUDA 13.0 driver JITs it
-        # inputs, 2 int32 extras, outputs; then Triton's scratch pointers, which a launcher passes as null
-        assert k["params"] == len(INPUTS) + 2 + len(OUTPUTS) + k["trailing_params"]
-        assert re.findall(r"\.param \.u32 ", ptx) and len(re.findall(r"\.param \.u32 ", ptx)) == 2
+        # exactly TensorRT's AOT parameters: inputs, 2 int32 extras, outputs (Triton's unused scratch pointers,
+        # which TensorRT would not pass, are stripped: 2 of them since Triton 3.5)
+        assert k["params"] == len(INPUTS) + 2 + len(OUTPUTS) and k["trailing_params"] == 0
+        assert k["stripped_params"] == (2 if triton_minor() >= 5 else 1 if triton_minor() >= 3 else 0)
+        assert len(re.findall(r"\.param \.u32 ", ptx)) == 2
+        assert len(re.findall(r"\.param \.u64 \.ptr", ptx)) == len(INPUTS) + len(OUTPUTS)
         assert k["launch"] == {"grid": ["B", 1, 1], "block": [k["num_warps"] * 32, 1, 1],
                                "shared_mem": k["launch"]["shared_mem"]}
-        if "validated" in k:  # assembled by the CUDA toolkit's ptxas, as the driver's JIT would
-            assert k["validated"]["spill_store_bytes"] == 0
+        if aot.find_ptxas():  # the stripped PTX assembled by the CUDA toolkit's ptxas, as the driver's JIT would
+            assert k["validated"]["spill_store_bytes"] == 0 and k["validated"]["registers"] > 0
 
 
 @pytest.mark.slow
@@ -76,6 +79,52 @@ def test_qwen3_8b_shapes_build_for_cuda_13_drivers(tmp_path):
     info = build(tmp_path, "--n", "7", "--k", "3840", "--rank", "1024", "--archs", "90")
     (k,) = info["kernels"]
     assert k["ptx_isa"] == "9.0" and k["arch"] == "sm_90a"
+
+
+def triton_minor() -> int:
+    import importlib.metadata
+
+    major, minor = importlib.metadata.version("triton").split(".")[:2]
+    return int(minor) if major == "3" else 99
+
+
+PTX = """.version 9.0
+.target sm_90a
+.visible .entry k(
+\t.param .u64 .ptr .global .align 1 k_param_0,
+\t.param .u32 k_param_1,
+\t.param .u64 .ptr .global .align 1 k_param_2,
+\t.param .u64 .ptr .global .align 1 k_param_3
+)
+.reqntid 128
+{
+\t.reg .b64 %rd<3>;
+\t.reg .b32 %r<2>;
+\tld.param.u64 %rd1, [k_param_0];
+\tld.param.u32 %r1, [k_param_1];
+\tld.param.u64 %rd2, [k_param_2];
+\tret;
+}
+"""
+
+
+def test_unused_trailing_params_are_stripped_and_read_ones_are_not():
+    stripped, n = aot.strip_unused_trailing_params(PTX, "k", 3)
+    assert n == 1 and aot.ptx_param_count(stripped, "k") == 3 and "k_param_3" not in stripped
+    assert stripped.count("k_param_2") == 2 and ".reqntid 128" in stripped  # the body is untouched
+    assert aot.strip_unused_trailing_params(stripped, "k", 3) == (stripped, 0)
+    with pytest.raises(DSparkTrtError, match="reads its trailing parameter k_param_2"):
+        aot.strip_unused_trailing_params(PTX, "k", 2)
+    with pytest.raises(DSparkTrtError, match="fewer than the 5"):
+        aot.strip_unused_trailing_params(PTX, "k", 5)
+    with pytest.raises(DSparkTrtError, match="no .entry other"):
+        aot.strip_unused_trailing_params(PTX, "other", 3)
+
+
+@pytest.mark.skipif(aot.find_ptxas() is None, reason="no CUDA toolkit ptxas")
+def test_stripped_synthetic_ptx_assembles():
+    stripped, _ = aot.strip_unused_trailing_params(PTX, "k", 3)
+    assert aot.validate_ptx(stripped, "sm_90a", aot.find_ptxas())["spill_store_bytes"] == 0
 
 
 def test_compiling_under_the_interpreter_is_refused():
