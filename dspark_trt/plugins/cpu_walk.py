@@ -281,12 +281,13 @@ def _widen(row, bf16, out_bits, out_f32):
 @njit(parallel=True, cache=True, nogil=True)
 def _walk(vals, ids, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, conf_base, conf_w, splits,
           tokens, logits, conf, status):  # pragma: no cover - compiled
-    """The N-step walk (module docstring). vals [B, N, k] f32, ids [B, N, k] i64, anchor [B] i64,
-    w1 [V, r] / w2 [V_d, r] f32 or bf16 bits (u16, flagged by w*_bf16), d2t [V_d] i64 (empty: identity),
-    temp [B] f32, greedy [B] bool,
-    noise [B, N, k] f32 (unused for greedy requests), conf_base [B, N] f32 and conf_w [r] f32 (empty: none).
-    Writes tokens [B, N] i64, logits [B, N, k] f32, conf [B, N] f32; status [B] = 1 for a target id out of
-    range (the walk of that request stops)."""
+    """The N-step walk (module docstring).
+
+    Reads vals [B, N, k] f32, ids [B, N, k] i64, anchor [B] i64, w1 [V, r] and w2 [V_d, r] (f32, or bf16 bits
+    as u16 where w*_bf16), d2t [V_d] i64 (empty: identity), temp [B] f32, greedy [B] bool, noise [B, N, k]
+    f32 (read for sampled requests only), conf_base [B, N] f32 and conf_w [r] f32 (empty: no confidence);
+    ``splits`` tasks per request and step. Writes tokens [B, N] i64, logits [B, N, k] f32, conf [B, N] f32;
+    status [B] = 1 where a target id left [0, V) (that request's walk stops)."""
     B, N, k = vals.shape
     V, r = w1.shape
     flat = w2.reshape(-1)
