@@ -227,7 +227,8 @@ def cpu_select_candidates(base_logits: torch.Tensor, topk: int, *,
     Vd = base_logits.shape[-1]
     if not 1 <= topk <= Vd:
         raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={Vd}]; use a smaller --topk or 'off'")
-    base = base_logits if base_logits.dtype == torch.float32 else base_logits.float()
+    base = base_logits.detach()
+    base = base if base.dtype == torch.float32 else base.float()
     rows = base.reshape(-1, Vd)  # [R, V_d] (a view when contiguous)
     R = rows.shape[0]
     shape = (*base.shape[:-1], topk)
@@ -386,8 +387,8 @@ def cpu_walk_candidates(
         raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
     B, N, k = cand_vals.shape
     V, Vd = w1.shape[0], w2.shape[0]
-    ids = cand_ids.to(torch.int64).contiguous()  # [B, N, k]
-    ids_np, anchor_np = ids.numpy(), anchor.to(torch.int64).contiguous().numpy()
+    ids = cand_ids.detach().to(torch.int64).contiguous()  # [B, N, k]
+    ids_np, anchor_np = ids.numpy(), anchor.detach().to(torch.int64).contiguous().numpy()
     for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V)):  # the kernel reads memory unchecked
         if a.size and (a.min() < 0 or a.max() >= hi):
             raise DSparkTrtError(f"{name} must lie in [0, {hi}); got [{a.min()}, {a.max()}]")
@@ -396,16 +397,16 @@ def cpu_walk_candidates(
     if temperature is None:
         greedy, temp, noise = np.ones(B, np.bool_), np.ones(B, np.float32), np.empty((0, 0, 0), np.float32)
     else:
-        t = temperature.to(torch.float32).cpu()  # [B]
+        t = temperature.detach().to(torch.float32).cpu()  # [B]
         greedy_t = is_greedy(t)
         greedy, temp = greedy_t.numpy(), torch.where(greedy_t, 1.0, t).numpy()
         steps = positions.to(torch.int64).cpu().view(B, 1, 1) + torch.arange(N).view(1, N, 1)  # [B, N, 1]
         noise = gumbel_noise(seed.to(torch.int64).cpu().view(B, 1, 1), steps, ids, DRAFT_SALT).numpy()  # [B, N, k]
     with_conf = conf_base is not None
     empty = np.empty(0, np.float32)
-    cb = conf_base.to(torch.float32).contiguous().numpy() if with_conf else empty.reshape(0, 0)  # [B, N]
+    cb = conf_base.detach().to(torch.float32).contiguous().numpy() if with_conf else empty.reshape(0, 0)  # [B, N]
     cw = empty if not with_conf else (np.zeros(w1.shape[1], np.float32) if conf_w_markov is None
-                                      else conf_w_markov.to(torch.float32).contiguous().numpy())  # [r]
+                                      else conf_w_markov.detach().to(torch.float32).contiguous().numpy())  # [r]
     offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()  # [V_d]
     if out is None:
         out = (torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k), torch.empty(B, N))
@@ -414,8 +415,8 @@ def cpu_walk_candidates(
     status = np.zeros(B, np.uint8)
     if B and N and k:
         splits = max(1, min(_threads() // B, k))  # few requests: split each step's candidates over threads
-        _walk(cand_vals.to(torch.float32).contiguous().numpy(), ids_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16,
-              offsets, np.float32(logit_scale), temp, greedy, noise, cb, cw, splits, tokens, logits, conf, status)
+        vals = cand_vals.detach().to(torch.float32).contiguous().numpy()  # [B, N, k]
+        _walk(vals, ids_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets, np.float32(logit_scale), temp, greedy, noise, cb, cw, splits, tokens, logits, conf, status)
     if status.any():
         raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
                              f"vocabulary [0, {V}); check the checkpoint's d2t table")

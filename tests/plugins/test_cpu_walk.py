@@ -181,6 +181,22 @@ def test_native_round_matches_the_reference_round_at_qwen3_vocabulary():
     assert got.confidence is None
 
 
+def test_tensors_that_require_grad_are_read_like_any_other():
+    """A module's parameters (requires_grad) can be handed over directly, outside inference mode."""
+    g = torch.Generator().manual_seed(8)
+    B, N, V, r, k = 2, 3, 257, 8, 16
+    base = (torch.randn(B, N, V, generator=g) * 3).requires_grad_()
+    w1 = torch.nn.Parameter(torch.randn(V, r, generator=g) / r**0.5)
+    w2 = torch.nn.Parameter(torch.randn(V, r, generator=g))
+    anchor = torch.randint(0, V, (B,), generator=g)
+    kw = dict(conf_base=torch.randn(B, N, generator=g, requires_grad=True), conf_w_markov=torch.randn(r, generator=g))
+    got = by_candidate_id(cpu_markov_walk(base, anchor, w1, w2, topk=k, **kw))
+    with torch.no_grad():
+        want = by_candidate_id(markov_walk(base, anchor, w1, w2, topk=k, **kw))
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.cand_ids, want.cand_ids)
+    torch.testing.assert_close(got.cand_logits, want.cand_logits, **TOL)
+
+
 def test_bad_ids_and_d2t_are_refused_not_read():
     case = WalkCase(batch=2, steps=3, vocab=257, draft_vocab=101, rank=8, topk=16, seed=4)
     vals, ids, anchor, w1, w2, d2t, *_ = make_walk_inputs(case)
