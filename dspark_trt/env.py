@@ -1,4 +1,4 @@
-"""``collect_env()``: the versions a bug report needs (Python, torch, ONNX stack, Triton, Numba, TensorRT flavours, GPU).
+"""``collect_env()``: the versions a bug report needs (Python, torch, ONNX stack, Triton, Numba, TensorRT, GPU).
 
 Versions come from package metadata where possible, so the report is cheap and works when a package is
 installed but broken (the PyPI ``tensorrt`` stub, for instance, installs but fails to import: we say so).

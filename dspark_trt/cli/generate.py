@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="model dtype (default: fp32 on CPU, bf16 on CUDA)")
     m.add_argument("--threads", type=int, default=None,
-                   help="CPU threads of torch and the CPU kernels (default: all cores; 1 is often fastest for tiny models)")
+                   help="CPU threads of torch and the CPU kernels (default: all cores; 1 is often fastest for "
+                        "tiny models)")
     i = p.add_argument_group("requests")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", metavar="TEXT", default=None,

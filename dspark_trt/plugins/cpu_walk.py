@@ -416,7 +416,8 @@ def cpu_walk_candidates(
     if B and N and k:
         splits = max(1, min(_threads() // B, k))  # few requests: split each step's candidates over threads
         vals = cand_vals.detach().to(torch.float32).contiguous().numpy()  # [B, N, k]
-        _walk(vals, ids_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets, np.float32(logit_scale), temp, greedy, noise, cb, cw, splits, tokens, logits, conf, status)
+        _walk(vals, ids_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets, np.float32(logit_scale), temp,
+              greedy, noise, cb, cw, splits, tokens, logits, conf, status)
     if status.any():
         raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
                              f"vocabulary [0, {V}); check the checkpoint's d2t table")

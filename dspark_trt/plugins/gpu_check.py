@@ -11,7 +11,8 @@
 2. **AOT PTX through the driver API**: PTX compiled here (this Triton, ISA capped at 9.0) and, with
    ``--ptx-dir``, the files built on the CPU machine — loaded with ``cuModuleLoadDataEx`` (the driver's JIT)
    and launched with ``cuLaunchKernel`` in TensorRT's AOT order (inputs, int32 extras, outputs: Triton's
-   scratch pointers are stripped from the PTX), grid (B, 1, 1), block = warps × 32, the recorded shared memory; compared likewise.
+   scratch pointers are stripped from the PTX), grid (B, 1, 1), block = warps × 32, the recorded shared
+   memory; compared likewise.
 3. **``dspark bench markov --device cuda``** (skipped with ``--skip-bench``).
 
 Exit status 0 when every check passes, 3 when one disagrees with the reference, 1 on a setup error.

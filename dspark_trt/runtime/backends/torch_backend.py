@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ...plugins.dispatch import REFERENCE, MarkovImpl, select_markov_impl
 from ...reference.markov import MarkovWalkResult
 from .base import DrafterBackend
 
@@ -57,16 +58,12 @@ class TorchDrafterBackend(DrafterBackend):
 
     @torch.inference_mode()
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
-        if self.walk_fn is not None:
-            return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
-                                      walk=self.walk_fn)
-        impl = self._auto_impl(topk)
+        impl = self._auto_impl(topk) if self.walk_fn is None else REFERENCE._replace(walk=self.walk_fn)
         return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
                                   walk=impl.walk, select=impl.select)
 
-    def _auto_impl(self, topk: int | None):
+    def _auto_impl(self, topk: int | None) -> MarkovImpl:
         """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype and ``topk``."""
-        from ...plugins.dispatch import select_markov_impl
 
         c = self.config
         return select_markov_impl(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
