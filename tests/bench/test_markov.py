@@ -59,3 +59,26 @@ def test_cuda_rows_time_the_fused_kernel(capsys):
                  "--repeats", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert all(r["kernel_ms"] > 0 and r["cublas_dense_ms"] > 0 and r["fused_speedup"] > 0 for r in rows)
+
+
+@pytest.mark.triton
+def test_cuda_columns_in_triton_interpreter():
+    """The CUDA rows' code path (torch.topk + the fused kernel, its columns) run on CPU tensors in Triton's
+    interpreter, so it is exercised without a GPU; the timings mean nothing here."""
+    import torch
+
+    from dspark_trt.bench.markov import MarkovBenchConfig, _native_round, _timer
+    from dspark_trt.plugins.kernel import interpreting
+
+    if not interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py without CUDA)")
+    g = torch.Generator().manual_seed(0)
+    V, r, N, B, k = 257, 8, 3, 2, 16
+    cfg = MarkovBenchConfig(device="cuda", batches=(B,), topks=(k,), vocab=V, rank=r, steps=N, repeats=1, warmup=0)
+    w1, w2 = torch.randn(V, r, generator=g), torch.randn(V, r, generator=g)
+    time_round = _native_round(torch.device("cuda"), cfg, torch.float32, w1, w2, _timer(torch.device("cpu")), 10.0)
+    row = time_round(torch.randn(B, N, V, generator=g), torch.randint(0, V, (B,), generator=g), k, 2.0, 0.5)
+    assert set(row) == {"kernel_ms", "kernel_speedup", "fused_ms", "fused_speedup", "fused_vs_pass",
+                        "kernel_floor_ms"}
+    assert row["kernel_ms"] > 0 and row["fused_speedup"] == pytest.approx(2.0 / row["fused_ms"], rel=0.01, abs=0.01)
+    assert time_round(torch.randn(B, N, V), torch.zeros(B, dtype=torch.long), 4096, 2.0, 0.5) == {}  # > MAX_TOPK
