@@ -23,7 +23,7 @@ import torch
 from ..reference.markov import MarkovWalkResult, markov_walk, select_candidates, walk_candidates
 from ..reference.sampling import HASH_PRIME
 
-__all__ = ["MarkovImpl", "REFERENCE", "select_markov_impl", "select_markov_walk", "select_candidate_walk",
+__all__ = ["MarkovImpl", "REFERENCE", "select_markov_impl", "select_markov_walk",
            "fused_markov_walk", "fused_walk_candidates", "fallback_reason"]
 
 log = logging.getLogger("dspark.plugins")
@@ -109,12 +109,6 @@ def select_markov_walk(device: torch.device | str, **case) -> Callable[..., Mark
     from .cpu_walk import cpu_markov_walk
 
     return cpu_markov_walk
-
-
-def select_candidate_walk(device: torch.device | str, **case) -> Callable[..., MarkovWalkResult]:
-    """The walk over given candidates (``reference.markov.walk_candidates``' signature) of
-    ``select_markov_impl``: ``fused_walk_candidates``, ``cpu_walk.cpu_walk_candidates`` or ``walk_candidates``."""
-    return select_markov_impl(device, **case).walk
 
 
 def _int32_key(x: torch.Tensor | None, like: torch.Tensor, B: int) -> torch.Tensor:
