@@ -4,17 +4,24 @@
 default (``walk_fn=None``) the selection and walk are chosen per round by ``plugins.dispatch``: with top-k,
 the fused Triton DSparkTopKMarkov kernel on CUDA and the Numba kernels on the CPU, else the oracle
 ``reference.markov``. A given ``walk_fn`` (``walk_candidates``' signature) walks the reference's candidates.
+
+CUDA graphs (``graphs="auto"``, the default, on CUDA): the whole round — backbone, top-k, fused Triton walk —
+is captured once per (batch bucket, context bucket, top-k) by ``runtime.cuda_graphs.GraphRunner`` and
+replayed; a batch is padded to its bucket and the results are unpadded. ``graphs="eager"`` runs that same
+padded path without capturing (how the CPU tests check the padding), ``"off"`` the plain round.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
 from ...plugins.dispatch import REFERENCE, MarkovImpl, select_markov_impl
+from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
+from ..cuda_graphs import BucketPolicy, GraphRunner, InputSpec
 from .base import DrafterBackend
 
 __all__ = ["TorchDrafterBackend"]
@@ -27,6 +34,12 @@ class TorchDrafterBackend(DrafterBackend):
         drafter: a loaded ``reference.DSparkDrafter`` (``dspark_trt.load_drafter``).
         walk_fn (*optional*): replaces the Markov walk; same signature and result as
             ``reference.markov.walk_candidates``. Default: the device's native kernel, else the reference.
+        graphs (*optional*, defaults to ``"auto"``): ``"graph"`` captures the round in CUDA graphs per bucket,
+            ``"eager"`` runs the same padded bucket path without graphs, ``"off"`` the plain round;
+            ``"auto"`` = ``"graph"`` on CUDA, else ``"off"``.
+        max_batch (*optional*, defaults to 8): largest batch bucket (1, 2, 4, … max_batch).
+        max_context (*optional*, defaults to 8192): largest context bucket (128, 256, … max_context).
+            A round beyond either runs unpadded and eagerly.
 
     Example:
         >>> with TorchDrafterBackend.from_pretrained("drafter/", target_dir="target/") as backend:
@@ -35,13 +48,22 @@ class TorchDrafterBackend(DrafterBackend):
 
     name = "torch"
 
-    def __init__(self, drafter, *, walk_fn: Callable[..., MarkovWalkResult] | None = None):
+    def __init__(self, drafter, *, walk_fn: Callable[..., MarkovWalkResult] | None = None,
+                 graphs: Literal["auto", "graph", "eager", "off"] = "auto", max_batch: int = 8,
+                 max_context: int = 8192):
         self.drafter = drafter
         self.config = drafter.config
         self.device = drafter.embed_tokens.weight.device
         self.dtype = drafter.embed_tokens.weight.dtype
         self.walk_fn = walk_fn  # None: plugins.dispatch chooses per (device, case)
         self.d2t = drafter.d2t_or_none  # [V_d] or None
+        if graphs not in ("auto", "graph", "eager", "off"):
+            raise DSparkTrtError(f"graphs={graphs!r}: use auto, graph, eager or off")
+        if graphs == "auto":
+            graphs = "graph" if self.device.type == "cuda" else "off"
+        self.graphs = graphs
+        self.policy = BucketPolicy(max_batch=max_batch, max_context=max_context)
+        self._runner: GraphRunner | None = None
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None, dtype=None,
@@ -58,9 +80,47 @@ class TorchDrafterBackend(DrafterBackend):
 
     @torch.inference_mode()
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+        B, T = anchor.shape[0], ctx_k.shape[2]
+        if self.graphs != "off" and B <= self.policy.max_batch and T <= self.policy.max_context:
+            zeros = torch.zeros(B, device=self.device)
+            inputs = {"anchor": anchor, "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_len": ctx_len,
+                      "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
+                      "seed": zeros.to(torch.int64) if seed is None else seed}
+            return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk,))
+        return self._round(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed)
+
+    def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
         impl = self._auto_impl(topk) if self.walk_fn is None else REFERENCE._replace(walk=self.walk_fn)
         return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
                                   walk=impl.walk, select=impl.select)
+
+    # -- CUDA graphs -------------------------------------------------------------------------------------
+    def input_specs(self) -> tuple[InputSpec, ...]:
+        """The round's static inputs: padded requests get anchor 0, context 0 (nothing to attend to but their
+        own block), greedy temperature and seed 0; padded context slots are zeros beyond ``ctx_len``."""
+        c = self.config
+        kv = (c.num_hidden_layers, 0, 0, c.num_key_value_heads, c.head_dim)
+        return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 2),
+                InputSpec("ctx_v", kv, self.dtype, 1, 2), InputSpec("ctx_len", (0,), torch.int64),
+                InputSpec("temperature", (0,), torch.float32), InputSpec("seed", (0,), torch.int64))
+
+    def _graph_runner(self) -> GraphRunner:
+        if self._runner is None:
+            def round_fn(x: dict[str, torch.Tensor], key) -> MarkovWalkResult:
+                return self._round(x["anchor"], x["ctx_k"], x["ctx_v"], x["ctx_len"], topk=key.variant[0],
+                                   temperature=x["temperature"], seed=x["seed"])
+
+            self._runner = GraphRunner(round_fn, self.input_specs(), role="draft", device=self.device,
+                                       mode="graph" if self.graphs == "graph" else "eager")
+        return self._runner
+
+    def activate(self) -> None:
+        if self.graphs == "graph":
+            self._graph_runner().activate()
+
+    def deactivate(self) -> None:
+        if self._runner is not None:
+            self._runner.deactivate()
 
     def _auto_impl(self, topk: int | None) -> MarkovImpl:
         """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype and ``topk``."""

@@ -1,0 +1,368 @@
+"""CUDA graphs for a decoding round, whatever runs inside it (PyTorch + Triton, or TensorRT's ``enqueueV3``).
+
+A round is captured once per **bucket** — (batch bucket 1, 2, 4, 8, … up to the max batch; context-length
+bucket) — and replayed for every batch that rounds up to it::
+
+    plan   = BucketPolicy(max_batch=8, max_context=4096).plan(batch=3, context=700)   # → bucket (4, 1024)
+    runner = GraphRunner(round_fn, specs, role="draft", device="cuda")    # round_fn(static_inputs, key)
+    outputs = runner(plan, inputs)            # pad into the bucket's static buffers, replay, unpad (clone)
+
+The pieces, pure ones first (the CPU tests cover them):
+
+* ``batch_buckets`` / ``context_buckets`` / ``BucketPolicy.plan`` choose the bucket (``PadPlan``);
+* ``InputSpec`` says which dimension of an input is the batch and which the context, and what the padding
+  holds (values that keep padded rows finite and masked: ``ctx_len`` 0, ``attention_mask`` 0, …);
+* ``PadPlan.load`` writes a batch into a bucket's static buffers (padding filled), ``PadPlan.unpad`` slices
+  the results back (``unpad_tree`` over a dataclass/tuple/dict of tensors);
+* ``GraphKey`` is the frozen cache key (vLLM's ``BatchDescriptor``: role, bucket, variant).
+
+``GraphRunner`` is the thin CUDA part (vLLM's ``CUDAGraphWrapper``, Polygraphy-style ``activate`` /
+``deactivate``): per key it allocates the static input buffers, warms the round up on a **non-default
+stream** (Triton compiles, cuBLAS and TensorRT allocate on first use — never inside a capture), captures
+it with ``torch.cuda.graph(g, pool=…, stream=…)`` into the role's own **memory pool** (draft and target
+graphs never share one), and replays it. Seeds and positions are ordinary inputs copied into the static
+buffers, so every replay draws the noise of *this* round. When a capture fails the runner ends it, clears
+CUDA's sticky last error (``cudaGetLastError``), warns once and runs that key eagerly from then on.
+``mode="eager"`` runs the very same padded path without graphs — on the CPU that is how the tests prove
+that padding changes no result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+import torch
+
+from ..errors import DSparkTrtError
+
+__all__ = [
+    "batch_buckets",
+    "context_buckets",
+    "choose_bucket",
+    "BucketPolicy",
+    "PadPlan",
+    "InputSpec",
+    "GraphKey",
+    "GraphEntry",
+    "GraphRunner",
+    "unpad_tree",
+    "clear_cuda_error",
+    "loaded_library_path",
+]
+
+log = logging.getLogger("dspark.graphs")
+
+Mode = Literal["graph", "eager"]
+
+
+# ------------------------------------------------------------------------------------------- buckets (pure)
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, … up to ``max_batch`` (included even when it is not a power of two)."""
+    if max_batch < 1:
+        raise DSparkTrtError(f"max batch {max_batch} must be >= 1")
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes + [max_batch])
+
+
+def context_buckets(max_context: int, *, smallest: int = 128) -> tuple[int, ...]:
+    """Context-length buckets: ``smallest``, 2·smallest, … up to ``max_context`` (included)."""
+    if max_context < 1:
+        raise DSparkTrtError(f"max context {max_context} must be >= 1")
+    sizes, t = [], max(1, min(smallest, max_context))
+    while t < max_context:
+        sizes.append(t)
+        t *= 2
+    return tuple(sizes + [max_context])
+
+
+def choose_bucket(n: int, buckets: tuple[int, ...], what: str = "batch") -> int:
+    """The smallest bucket >= n; one-line error naming the fix when n exceeds the largest."""
+    if n < 0:
+        raise DSparkTrtError(f"{what} size {n} must be >= 0")
+    for b in buckets:
+        if b >= n:
+            return b
+    raise DSparkTrtError(f"{what} size {n} exceeds the largest captured {what} bucket {buckets[-1]}; raise the "
+                         f"maximum (max_{what}=...) or split the batch")
+
+
+@dataclass(frozen=True)
+class PadPlan:
+    """A batch of ``batch`` requests with ``context`` context slots, run in bucket (``bucket``, ``context_bucket``)."""
+
+    batch: int
+    bucket: int
+    context: int = 0
+    context_bucket: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.batch <= self.bucket or not 0 <= self.context <= self.context_bucket:
+            raise DSparkTrtError(f"padding plan {self} does not fit its bucket")
+
+    @property
+    def padded(self) -> bool:
+        return self.batch != self.bucket or self.context != self.context_bucket
+
+    def shape(self, spec: "InputSpec") -> tuple[int, ...]:
+        """The bucket's static shape of one input."""
+        shape = list(spec.shape)
+        if spec.batch_dim is not None:
+            shape[spec.batch_dim] = self.bucket
+        if spec.context_dim is not None:
+            shape[spec.context_dim] = self.context_bucket + spec.context_extra
+        return tuple(shape)
+
+    def load(self, spec: "InputSpec", static: torch.Tensor, value: torch.Tensor) -> None:
+        """Copy ``value`` (the unpadded batch) into ``static`` (the bucket's buffer) and fill the padding."""
+        want = list(self.shape(spec))
+        if spec.batch_dim is not None:
+            want[spec.batch_dim] = self.batch
+        if spec.context_dim is not None:
+            want[spec.context_dim] = self.context + spec.context_extra
+        if tuple(value.shape) != tuple(want):
+            raise DSparkTrtError(f"input {spec.name} has shape {tuple(value.shape)}, expected {tuple(want)} for "
+                                 f"{self.batch} requests and {self.context} context slots")
+        real = static
+        if spec.batch_dim is not None:
+            real = real.narrow(spec.batch_dim, 0, self.batch)
+        if spec.context_dim is not None and spec.context_extra == 0:
+            real_ctx = real.narrow(spec.context_dim, 0, self.context)
+            real_ctx.copy_(value)
+            if self.context_bucket > self.context:
+                real.narrow(spec.context_dim, self.context, self.context_bucket - self.context).fill_(spec.context_fill)
+        elif spec.context_dim is not None:  # [past | new]: the new slots stay last, the padding goes in between
+            e = spec.context_extra
+            real.narrow(spec.context_dim, 0, self.context).copy_(value.narrow(spec.context_dim, 0, self.context))
+            if self.context_bucket > self.context:
+                real.narrow(spec.context_dim, self.context, self.context_bucket - self.context).fill_(spec.context_fill)
+            real.narrow(spec.context_dim, self.context_bucket, e).copy_(value.narrow(spec.context_dim, self.context, e))
+        else:
+            real.copy_(value)
+        if spec.batch_dim is not None and self.bucket > self.batch:
+            static.narrow(spec.batch_dim, self.batch, self.bucket - self.batch).fill_(spec.batch_fill)
+
+    def unpad(self, t: torch.Tensor, batch_dim: int = 0) -> torch.Tensor:
+        """The real requests' rows of an output (a copy: the static buffer is overwritten by the next replay)."""
+        return t.narrow(batch_dim, 0, self.batch).clone()
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of a captured round: its shape with the batch/context dimensions free, and its padding."""
+
+    name: str
+    shape: tuple[int, ...]  # the batch/context entries are placeholders (overwritten by the bucket)
+    dtype: torch.dtype
+    batch_dim: int | None = 0
+    context_dim: int | None = None
+    batch_fill: float | int = 0  # padded requests
+    context_fill: float | int = 0  # padded context slots of real requests
+    context_extra: int = 0  # fixed slots after the context along context_dim (attention_mask's new tokens)
+
+
+@dataclass(frozen=True)
+class BucketPolicy:
+    """Which buckets exist: batch 1, 2, 4, … ``max_batch``; context ``smallest_context`` … ``max_context``
+    (``max_context=0``: the round has no context dimension)."""
+
+    max_batch: int
+    max_context: int = 0
+    smallest_context: int = 128
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        return batch_buckets(self.max_batch)
+
+    @property
+    def context_buckets(self) -> tuple[int, ...]:
+        return context_buckets(self.max_context, smallest=self.smallest_context) if self.max_context else (0,)
+
+    def plan(self, batch: int, context: int = 0) -> PadPlan:
+        if not self.max_context and context:
+            raise DSparkTrtError("this round has no context dimension")
+        return PadPlan(batch, choose_bucket(batch, self.batch_buckets),
+                       context, choose_bucket(context, self.context_buckets, "context") if self.max_context else 0)
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """The cache key of one captured graph (vLLM ``BatchDescriptor``)."""
+
+    role: str  # "draft" | "target" | …: each role has its own memory pool
+    batch: int  # batch bucket
+    context: int = 0  # context-length bucket
+    variant: tuple = ()  # anything else the round was specialised for (top-k, …)
+
+
+def unpad_tree(tree: Any, plan: PadPlan) -> Any:
+    """``plan.unpad`` over every tensor of a dataclass / tuple / list / dict (None and scalars kept)."""
+    if isinstance(tree, torch.Tensor):
+        return plan.unpad(tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return dataclasses.replace(tree, **{f.name: unpad_tree(getattr(tree, f.name), plan)
+                                            for f in dataclasses.fields(tree)})
+    if isinstance(tree, tuple):
+        return type(tree)(*(unpad_tree(x, plan) for x in tree)) if hasattr(tree, "_fields") else tuple(
+            unpad_tree(x, plan) for x in tree)
+    if isinstance(tree, list):
+        return [unpad_tree(x, plan) for x in tree]
+    if isinstance(tree, dict):
+        return {k: unpad_tree(v, plan) for k, v in tree.items()}
+    return tree
+
+
+# ----------------------------------------------------------------------------------- sticky CUDA errors
+def loaded_library_path(maps: str, name: str) -> str | None:
+    """The path of shared library ``lib<name>.so*`` in a ``/proc/<pid>/maps`` text, or None (pure)."""
+    pattern = re.compile(rf"(/\S*lib{re.escape(name)}\.so[.\d]*)\s*$")
+    for line in maps.splitlines():
+        m = pattern.search(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def clear_cuda_error() -> int | None:
+    """``cudaGetLastError()`` in the CUDA runtime this process loaded (torch's): clears the last error a failed
+    capture leaves behind, returns its code (None when no runtime library could be found)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            path = loaded_library_path(f.read(), "cudart")
+    except OSError:
+        path = None
+    if path is None:
+        return None
+    return int(ctypes.CDLL(path).cudaGetLastError())
+
+
+# ------------------------------------------------------------------------------------------- the runner
+@dataclass
+class GraphEntry:
+    """One bucket: its static inputs, and (after a successful capture) the graph and its static outputs."""
+
+    key: GraphKey
+    inputs: dict[str, torch.Tensor]
+    graph: Any = None  # torch.cuda.CUDAGraph, or None when running eagerly
+    outputs: Any = None
+    input_ptrs: tuple[int, ...] = ()  # data_ptr()s at capture, re-checked at replay in debug mode
+    eager_reason: str | None = None
+
+
+@dataclass
+class GraphRunner:
+    """Capture-or-replay of ``fn(static_inputs, key) -> outputs`` per ``GraphKey`` (see the module docstring).
+
+    ``fn`` must read only its static inputs (and weights), allocate nothing that outlives the call except
+    its outputs, and never synchronise with the host (no ``.item()``, no data-dependent shapes).
+    """
+
+    fn: Callable[[dict[str, torch.Tensor], GraphKey], Any]
+    specs: tuple[InputSpec, ...]
+    role: str
+    device: torch.device | str
+    mode: Mode = "graph"
+    warmup: int = 2
+    debug: bool = False
+    entries: dict[GraphKey, GraphEntry] = field(default_factory=dict)
+    _pool: Any = None
+    _stream: Any = None
+    _warned: bool = False
+
+    def __post_init__(self) -> None:
+        self.device = torch.device(self.device)
+        if self.mode not in ("graph", "eager"):
+            raise DSparkTrtError(f"graph mode {self.mode!r} must be 'graph' or 'eager'")
+        if self.mode == "graph" and self.device.type != "cuda":
+            self.mode = "eager"  # CUDA graphs need CUDA; the padded path is the same
+
+    # -- lifetime (Polygraphy-style) -----------------------------------------------------------------
+    def activate(self) -> "GraphRunner":
+        if self.mode == "graph" and self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)  # never the default stream
+            self._pool = torch.cuda.graph_pool_handle()  # this role's own pool
+        return self
+
+    def deactivate(self) -> None:
+        self.entries.clear()
+        self._stream = self._pool = None
+
+    def __enter__(self) -> "GraphRunner":
+        return self.activate()
+
+    def __exit__(self, *exc) -> None:
+        self.deactivate()
+
+    # -- the call ------------------------------------------------------------------------------------
+    def key(self, plan: PadPlan, variant: tuple = ()) -> GraphKey:
+        return GraphKey(self.role, plan.bucket, plan.context_bucket, variant)
+
+    def __call__(self, plan: PadPlan, inputs: Mapping[str, torch.Tensor], variant: tuple = ()) -> Any:
+        """Pad ``inputs`` into the bucket's static buffers, replay (or capture, or run eagerly), unpad."""
+        entry = self.entries.get(self.key(plan, variant))
+        if entry is None:
+            entry = self.entries[self.key(plan, variant)] = self._new_entry(plan, variant)
+        if self.mode == "eager" or entry.eager_reason is not None:
+            self._load(entry, plan, inputs)
+            return unpad_tree(self.fn(entry.inputs, entry.key), plan)
+        self.activate()
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)  # the inputs were produced on the caller's stream
+        with torch.cuda.stream(self._stream):
+            self._load(entry, plan, inputs)
+            if entry.graph is None:
+                self._capture(entry)
+            if entry.graph is not None:
+                if self.debug:
+                    ptrs = tuple(t.data_ptr() for t in entry.inputs.values())
+                    assert ptrs == entry.input_ptrs, "static input buffers moved since capture"
+                entry.graph.replay()
+                out = entry.outputs
+            else:
+                out = self.fn(entry.inputs, entry.key)
+            result = unpad_tree(out, plan)
+        current.wait_stream(self._stream)
+        return result
+
+    def _new_entry(self, plan: PadPlan, variant: tuple) -> GraphEntry:
+        inputs = {s.name: torch.zeros(plan.shape(s), dtype=s.dtype, device=self.device) for s in self.specs}
+        return GraphEntry(self.key(plan, variant), inputs)
+
+    def _load(self, entry: GraphEntry, plan: PadPlan, inputs: Mapping[str, torch.Tensor]) -> None:
+        missing = [s.name for s in self.specs if s.name not in inputs]
+        if missing:
+            raise DSparkTrtError(f"graph round {self.role}: missing inputs {missing}")
+        for s in self.specs:
+            plan.load(s, entry.inputs[s.name], inputs[s.name].to(self.device, s.dtype))
+
+    def _capture(self, entry: GraphEntry) -> None:
+        """Warm up on the runner's stream, then capture into the role's pool; on failure fall back (warn once)."""
+        try:
+            for _ in range(self.warmup):
+                self.fn(entry.inputs, entry.key)
+            self._stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
+                outputs = self.fn(entry.inputs, entry.key)
+        except Exception as e:  # capture invalidated, an op that syncs, an allocation TensorRT refused, ...
+            clear_cuda_error()
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            entry.eager_reason = reason
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"CUDA graph capture of the {self.role} round failed ({reason}); running it eagerly",
+                              RuntimeWarning, stacklevel=3)
+            log.debug("capture of %s failed: %s", entry.key, reason)
+            return
+        entry.graph, entry.outputs = graph, outputs
+        entry.input_ptrs = tuple(t.data_ptr() for t in entry.inputs.values())
+        log.debug("captured %s", entry.key)

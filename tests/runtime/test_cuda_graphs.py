@@ -1,0 +1,235 @@
+"""CUDA graphs per bucket: bucket choice, padding/unpadding, the fallback — pure parts on the CPU; replay on a GPU.
+
+The padded path is the same code with or without capture (``mode="eager"``), so on the CPU a padded run
+through the torch backend must give the unpadded round's results; the ``gpu`` tests check that replay gives
+eager's tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from dspark_trt import load_drafter
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.reference.markov import MarkovWalkResult
+from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+from dspark_trt.runtime.cuda_graphs import (BucketPolicy, GraphKey, GraphRunner, InputSpec, PadPlan, batch_buckets,
+                                            choose_bucket, context_buckets, loaded_library_path, unpad_tree)
+from dspark_trt.testing.walk import by_candidate_id
+
+
+# ------------------------------------------------------------------------------------------------ buckets
+def test_batch_buckets_are_powers_of_two_up_to_the_max():
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    with pytest.raises(DSparkTrtError):
+        batch_buckets(0)
+
+
+def test_context_buckets_start_small_and_end_at_the_max():
+    assert context_buckets(1000, smallest=128) == (128, 256, 512, 1000)
+    assert context_buckets(64, smallest=128) == (64,)
+    assert context_buckets(4096)[-1] == 4096
+
+
+@pytest.mark.parametrize("n,want", [(0, 1), (1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8)])
+def test_choose_bucket_takes_the_smallest_that_fits(n, want):
+    assert choose_bucket(n, batch_buckets(8)) == want
+
+
+def test_a_batch_beyond_the_largest_bucket_is_a_one_line_error():
+    with pytest.raises(DSparkTrtError, match="exceeds the largest captured batch bucket 8") as e:
+        choose_bucket(9, batch_buckets(8))
+    assert "\n" not in str(e.value)
+
+
+def test_policy_plans_batch_and_context_together():
+    plan = BucketPolicy(max_batch=8, max_context=1024).plan(3, 300)
+    assert (plan.batch, plan.bucket, plan.context, plan.context_bucket) == (3, 4, 300, 512)
+    assert plan.padded and not BucketPolicy(8, 1024).plan(4, 128).padded
+    assert BucketPolicy(max_batch=4).plan(3) == PadPlan(3, 4)
+
+
+# ------------------------------------------------------------------------------------------------ padding
+def test_load_pads_batch_and_context_with_their_fills():
+    spec = InputSpec("kv", (2, 0, 0, 3), torch.float32, batch_dim=1, context_dim=2, batch_fill=-1, context_fill=-2)
+    plan = PadPlan(batch=2, bucket=4, context=3, context_bucket=5)
+    static = torch.full(plan.shape(spec), float("nan"))
+    assert static.shape == (2, 4, 5, 3)
+    value = torch.randn(2, 2, 3, 3)
+    plan.load(spec, static, value)
+    assert torch.equal(static[:, :2, :3], value)
+    assert (static[:, :2, 3:] == -2).all() and (static[:, 2:] == -1).all()
+
+
+def test_load_keeps_the_new_slots_last_after_the_context_padding():
+    # attention_mask [B, P + Q]: past slots padded in the middle, the Q new tokens stay at the end
+    spec = InputSpec("attention_mask", (0, 0), torch.int64, batch_dim=0, context_dim=1, batch_fill=1,
+                     context_fill=0, context_extra=2)
+    plan = PadPlan(batch=1, bucket=2, context=3, context_bucket=4)
+    static = torch.full(plan.shape(spec), 7, dtype=torch.int64)
+    plan.load(spec, static, torch.tensor([[1, 0, 1, 1, 1]]))
+    assert static.tolist() == [[1, 0, 1, 0, 1, 1], [1, 1, 1, 1, 1, 1]]
+
+
+def test_load_rejects_a_shape_that_is_not_the_plans():
+    spec = InputSpec("anchor", (0,), torch.int64)
+    with pytest.raises(DSparkTrtError, match="anchor has shape"):
+        PadPlan(3, 4).load(spec, torch.zeros(4, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
+
+
+def test_unpad_returns_copies_of_the_real_rows():
+    plan = PadPlan(2, 4)
+    static = torch.arange(8).view(4, 2)
+    tree = MarkovWalkResult(tokens=static, cand_ids=static, cand_logits=static.float(), confidence=None)
+    out = unpad_tree(tree, plan)
+    assert out.tokens.tolist() == [[0, 1], [2, 3]] and out.confidence is None
+    static.zero_()  # the next replay overwrites the static buffer: the result must not change
+    assert out.tokens.tolist() == [[0, 1], [2, 3]]
+    assert unpad_tree({"a": (static, 3)}, plan)["a"][1] == 3
+
+
+def test_graph_key_is_frozen_and_hashable():
+    k = GraphKey("draft", 4, 256, (512,))
+    assert {k: 1}[GraphKey("draft", 4, 256, (512,))] == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        k.batch = 8  # type: ignore[misc]
+
+
+def test_loaded_library_path_reads_proc_maps():
+    maps = ("7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n"
+            "7f02-7f03 r-xp 00000000 08:01 13 /venv/nvidia/cu13/lib/libcudart.so.13\n")
+    assert loaded_library_path(maps, "cudart") == "/venv/nvidia/cu13/lib/libcudart.so.13"
+    assert loaded_library_path(maps, "cublas") is None
+
+
+# ------------------------------------------------------------------------------------------------ runner
+def test_runner_on_cpu_runs_the_padded_path_eagerly_once_per_key():
+    calls = []
+
+    def fn(x, key):
+        calls.append((key, tuple(x["v"].shape)))
+        return x["v"] * 2
+
+    runner = GraphRunner(fn, (InputSpec("v", (0, 3), torch.float32),), role="draft", device="cpu", mode="graph")
+    assert runner.mode == "eager"  # no CUDA: the same padded path, no capture
+    v = torch.randn(3, 3)
+    out = runner(PadPlan(3, 4), {"v": v})
+    assert torch.equal(out, v * 2) and calls == [(GraphKey("draft", 4), (4, 3))]
+    runner(PadPlan(2, 4), {"v": v[:2]})
+    assert list(runner.entries) == [GraphKey("draft", 4)]  # one static buffer set per bucket
+
+
+def test_runner_needs_every_input():
+    runner = GraphRunner(lambda x, k: x, (InputSpec("v", (0,), torch.float32),), role="t", device="cpu")
+    with pytest.raises(DSparkTrtError, match="missing inputs"):
+        runner(PadPlan(1, 1), {})
+
+
+# ----------------------------------------------------------------------------- torch backend, padded path
+@pytest.fixture(scope="module")
+def drafter(random_pair):
+    return load_drafter(random_pair.drafter, target_dir=random_pair.target)
+
+
+def _round_inputs(drafter, B, T, seed=0, device="cpu"):
+    c = drafter.config
+    g = torch.Generator().manual_seed(seed)
+    taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=g)
+    k, v = drafter.context_kv(taps, torch.arange(T).expand(B, T))
+    ctx_len = torch.randint(1, T + 1, (B,), generator=g)
+    ctx_len[0] = T
+    anchor = torch.randint(0, c.vocab_size, (B,), generator=g)
+    temperature = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.3][:B])
+    seeds = torch.randint(0, 2**40, (B,), generator=g)
+    return [t.to(device) for t in (anchor, k, v, ctx_len, temperature, seeds)]
+
+
+@pytest.mark.parametrize("B,T,topk", [(3, 9, 16), (1, 5, None), (5, 130, 2500)])
+def test_a_padded_round_gives_the_unpadded_results(drafter, B, T, topk):
+    anchor, k, v, ctx_len, temperature, seeds = _round_inputs(drafter, B, T)
+    plain = TorchDrafterBackend(drafter, graphs="off", walk_fn=None)
+    padded = TorchDrafterBackend(drafter, graphs="eager", max_batch=8, max_context=512)
+    # the reference walk on both sides: the CPU kernels' candidate order is not part of the contract
+    from dspark_trt.reference.markov import walk_candidates
+    plain.walk_fn = padded.walk_fn = walk_candidates
+    kw = dict(topk=topk, temperature=temperature, seed=seeds)
+    want = by_candidate_id(plain.draft(anchor, k, v, ctx_len, **kw))  # order among near-equal values may differ
+    got = by_candidate_id(padded.draft(anchor, k, v, ctx_len, **kw))
+    (key,) = padded._runner.entries
+    assert key.batch == (4 if B == 3 else 8 if B == 5 else 1) and key.context == (128 if T < 128 else 256)
+    assert got.tokens.shape == want.tokens.shape == (B, drafter.config.num_draft_tokens)
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.cand_ids, want.cand_ids)
+    torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
+
+
+def test_padded_greedy_round_without_temperature_matches(drafter):
+    anchor, k, v, ctx_len, _, _ = _round_inputs(drafter, 2, 7, seed=4)
+    plain = TorchDrafterBackend(drafter, graphs="off")
+    padded = TorchDrafterBackend(drafter, graphs="eager")
+    from dspark_trt.reference.markov import walk_candidates
+    plain.walk_fn = padded.walk_fn = walk_candidates
+    want = plain.draft(anchor, k, v, ctx_len, topk=16, temperature=None, seed=None)
+    got = padded.draft(anchor, k, v, ctx_len, topk=16, temperature=None, seed=None)
+    assert torch.equal(got.tokens, want.tokens)
+
+
+def test_beyond_the_buckets_the_round_runs_unpadded(drafter):
+    anchor, k, v, ctx_len, temperature, seeds = _round_inputs(drafter, 3, 9)
+    backend = TorchDrafterBackend(drafter, graphs="eager", max_batch=2)
+    backend.draft(anchor, k, v, ctx_len, topk=16, temperature=temperature, seed=seeds)
+    assert backend._runner is None
+
+
+def test_bad_graph_mode_is_refused(drafter):
+    with pytest.raises(DSparkTrtError, match="graphs='always'"):
+        TorchDrafterBackend(drafter, graphs="always")  # type: ignore[arg-type]
+
+
+def test_auto_is_off_on_cpu(drafter):
+    assert TorchDrafterBackend(drafter).graphs == "off"
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.triton
+@pytest.mark.parametrize("B", [1, 3, 4, 8])
+def test_graph_replay_equals_eager_token_for_token(random_pair, B):
+    drafter = load_drafter(random_pair.drafter, target_dir=random_pair.target, device="cuda", dtype="bf16")
+    graphed = TorchDrafterBackend(drafter, graphs="graph")
+    eager = TorchDrafterBackend(drafter, graphs="eager")
+    for seed in range(3):  # replays with new inputs and new noise keys
+        anchor, k, v, ctx_len, temperature, seeds = _round_inputs(drafter, B, 40 + seed, seed=seed, device="cuda")
+        kw = dict(topk=16, temperature=temperature, seed=seeds)
+        want = eager.draft(anchor, k, v, ctx_len, **kw)
+        got = graphed.draft(anchor, k, v, ctx_len, **kw)
+        assert torch.equal(got.tokens, want.tokens)
+    entry = next(iter(graphed._runner.entries.values()))
+    assert entry.graph is not None and entry.eager_reason is None
+
+
+@pytest.mark.gpu
+def test_a_failing_capture_falls_back_to_eager_with_one_warning():
+    def fn(x, key):
+        y = x["v"] + 1
+        if torch.cuda.is_current_stream_capturing():
+            y.sum().item()  # a host sync: capture fails
+        return y
+
+    runner = GraphRunner(fn, (InputSpec("v", (0,), torch.float32),), role="draft", device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            out = runner(PadPlan(2, 2), {"v": torch.ones(2, device="cuda")})
+            assert out.tolist() == [2.0, 2.0]
+        runner(PadPlan(1, 1), {"v": torch.ones(1, device="cuda")})
+    assert sum("running it eagerly" in str(w.message) for w in caught) == 1
+    torch.cuda.synchronize()  # no sticky error left behind
