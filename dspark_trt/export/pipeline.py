@@ -164,8 +164,10 @@ class EnginesForExport:
             if path.exists() and not self.force:
                 raise DSparkTrtError(f"{path} exists; pass --force to rebuild it")
             log.info("building the %s %s engine from %s", flavor, graph, onnx_file)
+            before = _embedded_count(flavor)
             plan = build_engine(self.export_dir / onnx_file, self.config)
             atomic_write_bytes(path, plan)
+            embedded = _embedded_since(flavor, before)
             shapes = profile_shapes(onnx_inputs(self.export_dir / onnx_file), self.config.batch_range,
                                     self.config.dynamic_ranges, self.config.batch_dim)
             entries[f"{graph}.{flavor}"] = {
@@ -177,8 +179,29 @@ class EnginesForExport:
                 "bytes": len(plan),
                 "profile": {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()},
                 "build": self.config.describe(),
+                **({"plugin_kernels": embedded} if embedded else {}),  # the PTX inside: file, sha256, ISA, arch
             }
         return entries
+
+
+def _embedded_count(flavor: str) -> int:
+    if flavor != "tensorrt":
+        return 0
+    from ..plugins.tensorrt_plugin import embedded_kernels
+
+    return len(embedded_kernels())
+
+
+def _embedded_since(flavor: str, before: int) -> list[dict]:
+    if flavor != "tensorrt":
+        return []
+    from ..plugins.tensorrt_plugin import embedded_kernels
+
+    unique: list[dict] = []
+    for record in embedded_kernels()[before:]:
+        if record not in unique:
+            unique.append(record)
+    return unique
 
 
 def _module_version(module: str) -> str | None:
@@ -190,11 +213,17 @@ def _module_version(module: str) -> str | None:
         return None
 
 
-def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk: int | None) -> EngineBuildConfig:
-    """The build config of an export: batch 1..max, context 1..max_context, plugin registered for TensorRT."""
+def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk: int | None,
+                  kernel: dict | None = None, kernel_dir: Path | None = None) -> EngineBuildConfig:
+    """The build config of an export: batch 1..max, context 1..max_context; for TensorRT with top-k the plugin
+    registered and pointed at the export's PTX (``kernel``: the manifest's kernel section, files in ``kernel_dir``)."""
     register = None
     if flavor == "tensorrt" and topk is not None:
-        from ..plugins.tensorrt_plugin import register_plugin as register
+        def register() -> None:
+            from ..plugins.tensorrt_plugin import register_plugin, use_export_ptx
+
+            register_plugin()  # refuses TensorRT < 10.9 before anything is registered
+            use_export_ptx(kernel, kernel_dir, hardware_compatibility=options.hardware_compatibility)
     return EngineBuildConfig(
         flavor,  # type: ignore[arg-type]
         max_batch_size=options.max_batch_size,
@@ -260,7 +289,8 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
         onnx_record = json.loads((tmp / "onnx" / "onnx_export.json").read_text())
         manifest["validation"] = onnx_record.get("validation")
         if flavor is not None:
-            build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk)
+            build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk, kernel=kernel,
+                                  kernel_dir=tmp / "plugin")
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
         else:
             notes.append(_no_engine_note(out_dir))
@@ -278,8 +308,10 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
         raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
                              "pip install tensorrt-rtx), then re-run dspark build-engine")
     options = options or ExportOptions()
+    kernel = manifest.get("kernel")
     build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
-                          topk=manifest.get("topk"))
+                          topk=manifest.get("topk"), kernel=kernel,
+                          kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None)
     manifest["engines"] = {**manifest.get("engines", {}), **EnginesForExport(export_dir, manifest, build, force=force)()}
     atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -12,14 +12,25 @@ Everything the export manifest and the TensorRT plugin need is a pure function o
 two numbers of the compiled kernel (``num_warps``, ``shared``): kernel name, signature, int32 extra
 arguments, launch parameters. ``write_ptx_artifacts`` writes the PTX files and returns a JSON-able dict.
 
+The ISA is the lowest of three caps (``choose_ptx_isa``): the one asked for (``--ptx-isa``), what Triton's
+ptxas emits, and — on a host with a GPU driver — what that driver JIT-compiles (``driver_max_ptx_isa`` of
+``ptx_launch.driver_version()``); the chosen ISA is recorded with each kernel. The PTX targets ``sm_80``
+(plain: any Ampere-or-newer driver JITs it) or ``sm_90a`` (Hopper's arch-specific features: it loads **only**
+on compute capability 9.0 exactly — ``ptx_runs_on``), so a hardware-compatible (``ampere_plus``) engine
+must embed the sm_80 file (``plugin_arch``). The kernel's static shared memory must stay ≤ 48 KiB
+(``MAX_STATIC_SHARED_MEM``): the AOT launch passes ``shared_mem`` but cannot raise a kernel's opt-in limit.
+
 Calling convention (TensorRT AOT): ``(11 input pointers, 2 int32 extras, 3 output pointers)``, grid
 ``(B, 1, 1)``, block ``(num_warps · 32, 1, 1)``. Triton ≥ 3.3 appends scratch pointer parameters
-(``global_scratch``, and ``profile_scratch`` from 3.5) that TensorRT's AOT launch does not pass (NVIDIA's
-QDP AOT sample pins Triton 3.2, the last release without them). This kernel never reads them (both sizes
-are 0, checked at build time), so ``strip_unused_trailing_params`` removes them from the PTX entry — after
-checking that the body never names them — and the PTX declares exactly TensorRT's parameters
-(``stripped_params`` records how many went; ``trailing_params``, what a launcher must still pass as null,
-is then 0). The CUDA toolkit's ptxas assembles the stripped PTX (``--validate``).
+(``global_scratch``, and ``profile_scratch`` from 3.5) that are not part of that convention. NVIDIA's QDP
+sample pinned Triton 3.2 (no scratch parameters) until TensorRT 10.14 and pins Triton 3.5 since 10.16, so
+its own PTX now declares two parameters TensorRT's launch never fills; it works because its kernels never
+read them. We do not rely on what TensorRT happens to put in those slots: this kernel never reads them
+either (both scratch sizes are 0, checked at build time), so ``strip_unused_trailing_params`` removes them
+from the PTX entry — after checking that the body never names them — and the PTX declares exactly the
+documented parameters, for every TensorRT and Triton version (``stripped_params`` records how many went;
+``trailing_params``, what a launcher must still pass as null, is then 0). The CUDA toolkit's ptxas
+assembles the stripped PTX (``--validate``).
 
 Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 ...]``: prints the dict and
 writes it to ``DIR/dspark_topk_markov_walk.json`` (what ``gpu_check --ptx-dir DIR`` reads).
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -62,6 +74,13 @@ __all__ = [
     "validate_ptx",
     "find_ptxas",
     "write_ptx_artifacts",
+    "MAX_STATIC_SHARED_MEM",
+    "driver_max_ptx_isa",
+    "choose_ptx_isa",
+    "plugin_arch",
+    "ptx_runs_on",
+    "cached_walk_kernel",
+    "select_export_kernel",
 ]
 
 #: contract dtype name → Triton pointer element type
@@ -70,6 +89,7 @@ DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _FIXED = {"int32": "i32", "float32": "fp32"}
 DEFAULT_ARCHS = (80, 90)
 DEFAULT_PTX_ISA = 90  # ISA 9.0: what a CUDA 13.0 driver (580) JIT-compiles
+MAX_STATIC_SHARED_MEM = 48 * 1024  # bytes a launch may use without cudaFuncAttributeMaxDynamicSharedMemorySize
 DESCRIPTION_FILE = "dspark_topk_markov_walk.json"  # what the CLI writes beside the .ptx files
 
 #: the int32 extra arguments, in order: (kernel argument, input whose shape gives the value, dimension)
@@ -213,6 +233,7 @@ class CompiledWalkKernel:
     ptx_isa: str  # "9.0"
     triton_version: str
     stripped_params: int = 0  # how many unused trailing parameters Triton declared (scratch pointers)
+    driver_isa_cap: int | None = None  # the compiling host's driver cap (×10), None without a driver
 
     @property
     def trailing_params(self) -> int:
@@ -256,10 +277,10 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
     signature.update({name: "constexpr" for name in constexprs})
     options = {"num_warps": num_warps(spec), "enable_fp_fusion": False}
     target = GPUTarget("cuda", spec.arch, 32)
-    isa = spec.ptx_isa
-    default = _triton_default_isa(spec.arch)
-    if isa is not None and default is not None:
-        isa = min(isa, default)  # Triton's ptxas must accept it too
+    from .ptx_launch import driver_ptx_isa_cap
+
+    driver_cap = driver_ptx_isa_cap()  # None on a host without a GPU driver
+    isa = choose_ptx_isa(spec.ptx_isa, _triton_default_isa(spec.arch), driver_cap)
     with _fresh_triton_cache():
         try:
             with contextlib.redirect_stdout(sys.stderr):  # Triton prints the failing PTX to stdout
@@ -274,16 +295,119 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
         if getattr(meta, scratch, 0):
             raise DSparkTrtError(f"the compiled kernel needs {scratch}={getattr(meta, scratch)} bytes, which "
                                  f"TensorRT's AOT launch cannot provide; this Triton version is not supported")
+    check_shared_mem(meta.shared)
     ptx = compiled.asm["ptx"]
     if isinstance(ptx, bytes):
         ptx = ptx.decode()
     isa = ptx_isa_version(ptx)
-    if spec.ptx_isa is not None and _isa_number(isa) > spec.ptx_isa:
-        raise DSparkTrtError(f"PTX ISA {isa} exceeds the requested cap {spec.ptx_isa // 10}.{spec.ptx_isa % 10}")
+    for cap, what in ((spec.ptx_isa, "the requested cap"), (driver_cap, "this host's driver cap")):
+        if cap is not None and _isa_number(isa) > cap:
+            raise DSparkTrtError(f"PTX ISA {isa} exceeds {what} {cap // 10}.{cap % 10}")
     ptx, stripped = strip_unused_trailing_params(ptx, meta.name, len(kernel_signature(spec)))
     return CompiledWalkKernel(spec=spec, name=meta.name, ptx=ptx, num_warps=meta.num_warps,
                               shared_mem=meta.shared, ptx_isa=isa, triton_version=triton.__version__,
-                              stripped_params=stripped)
+                              stripped_params=stripped, driver_isa_cap=driver_cap)
+
+
+@functools.lru_cache(maxsize=32)
+def cached_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
+    """``compile_walk_kernel`` once per process and spec (TensorRT calls the AOT hook once per tactic/format)."""
+    return compile_walk_kernel(spec)
+
+
+def check_shared_mem(shared_mem: int) -> None:
+    """Refuse a kernel that needs more than 48 KiB of shared memory: TensorRT's AOT launch passes the byte
+    count but does not raise the kernel's dynamic shared memory limit (cudaFuncSetAttribute)."""
+    if int(shared_mem) > MAX_STATIC_SHARED_MEM:
+        raise DSparkTrtError(f"the walk kernel needs {int(shared_mem)} bytes of shared memory, more than the "
+                             f"{MAX_STATIC_SHARED_MEM} an AOT plugin launch may use; lower the tile size "
+                             f"(kernel.TILE_ELEMENTS) or the top-k")
+
+
+def driver_max_ptx_isa(cuda_version: str) -> int:
+    """The highest PTX ISA (×10) a driver of this CUDA version JIT-compiles: 12.0–12.5 → 8.0–8.5, 12.6 → 8.5,
+    12.8 → 8.7, 12.9 → 8.8, 13.x → 9.x (the CUDA release notes' table, as Triton encodes it)."""
+    try:
+        major, minor = (int(x) for x in cuda_version.split(".")[:2])
+    except ValueError:
+        raise DSparkTrtError(f"CUDA version {cuda_version!r} is not MAJOR.MINOR") from None
+    if major >= 13:
+        return 90 + (major - 13) * 10 + minor
+    if major == 12:
+        return 80 + minor if minor < 6 else 80 + minor - 1
+    if major == 11:
+        return 70 + minor
+    raise DSparkTrtError(f"CUDA {cuda_version} drivers are too old for the walk kernel (sm_80 needs CUDA >= 11)")
+
+
+def choose_ptx_isa(requested: int | None, triton_default: int | None, driver_cap: int | None = None) -> int | None:
+    """The ISA to emit: the lowest of the requested cap, Triton's ptxas default and the driver's cap (None
+    entries are unknown and ignored; None when all are unknown = Triton's default)."""
+    caps = [c for c in (requested, triton_default, driver_cap) if c is not None]
+    return min(caps) if caps else None
+
+
+def plugin_arch(hardware_compatibility: str, device_capability: int | None) -> int:
+    """Compute capability of the PTX an engine embeds: a hardware-compatible engine (``ampere_plus``) runs on
+    any Ampere-or-newer GPU, so it must embed plain sm_80 PTX (never sm_90a, which loads on 9.0 only); other
+    engines embed the building GPU's (TensorRT builds on the target GPU), or sm_80 when it is unknown."""
+    if hardware_compatibility == "ampere_plus" or device_capability is None:
+        return 80
+    if hardware_compatibility not in ("none", "same_compute_capability"):
+        raise DSparkTrtError(f"hardware compatibility {hardware_compatibility!r}: use none, ampere_plus or "
+                             "same_compute_capability")
+    return 90 if device_capability == 90 else 80  # sm_90a for Hopper; sm_80 PTX JITs on everything else
+
+
+def ptx_runs_on(arch: str, capability: int) -> bool:
+    """Whether PTX for ``arch`` ("sm_80", "sm_90a") loads on a GPU of ``capability`` (e.g. 90): arch-specific
+    ("a") PTX on that exact capability only, plain PTX on that capability and newer."""
+    m = re.fullmatch(r"sm_(\d+)(a?)", arch)
+    if m is None:
+        raise DSparkTrtError(f"PTX target {arch!r} is not sm_NN or sm_NNa")
+    cc = int(m.group(1))
+    return capability == cc if m.group(2) else capability >= cc
+
+
+def select_export_kernel(kernel: dict, kernel_dir: str | Path, spec: WalkKernelSpec, *,
+                         hardware_compatibility: str = "none", driver_cap: int | None = None) -> dict:
+    """The export's own PTX for ``spec`` (what ``dspark-export`` built and checked under ``plugin/``), as
+    ``{"name", "ptx", "launch", "entry"}``; one-line errors when there is none, its checksum differs, a
+    hardware-compatible engine would get sm_90a PTX, or the build host's driver cannot JIT its ISA."""
+    c = kernel.get("constexprs", {})
+    built = (c.get("N"), c.get("K"), c.get("R"))
+    same_scale = _f32(float(c.get("LOGIT_SCALE", "nan"))) == _f32(spec.logit_scale)  # the attribute is FLOAT (fp32)
+    if built != (spec.num_draft_tokens, spec.topk, spec.rank) or not same_scale:
+        raise DSparkTrtError(f"the export's PTX was built for N, k, r = {built} and logit_scale "
+                             f"{c.get('LOGIT_SCALE')}, the graph needs {(spec.num_draft_tokens, spec.topk, spec.rank)} "
+                             f"and {spec.logit_scale}; re-run dspark-export")
+    matches = [e for e in kernel.get("kernels", []) if e["compute_capability"] == spec.arch
+               and e["logits_dtype"] == spec.logits_dtype and e["weights_dtype"] == spec.weights_dtype]
+    if not matches:
+        have = ", ".join(f"{e['arch']} {e['logits_dtype']}-{e['weights_dtype']}" for e in kernel.get("kernels", []))
+        raise DSparkTrtError(f"the export has no PTX for {spec.sm} {spec.logits_dtype}-{spec.weights_dtype} (it has "
+                             f"{have or 'none'}); re-run dspark-export with --ptx-archs including {spec.arch}")
+    entry = matches[0]
+    if hardware_compatibility == "ampere_plus" and entry["arch"] != "sm_80":
+        raise DSparkTrtError(f"a hardware-compatible (ampere_plus) engine must embed sm_80 PTX, not {entry['arch']}")
+    path = Path(kernel_dir) / entry["file"]
+    if not path.is_file():
+        raise DSparkTrtError(f"{path} is missing; re-run dspark-export")
+    ptx = path.read_text()
+    if hashlib.sha256(ptx.encode()).hexdigest() != entry["sha256"]:
+        raise DSparkTrtError(f"{path} differs from the PTX the export checked (sha256); re-run dspark-export")
+    if driver_cap is not None and _isa_number(entry["ptx_isa"]) > driver_cap:
+        raise DSparkTrtError(f"{entry['file']} is PTX ISA {entry['ptx_isa']} but this host's driver JIT-compiles "
+                             f"at most {driver_cap // 10}.{driver_cap % 10}; re-export with --ptx-isa "
+                             f"{driver_cap // 10}.{driver_cap % 10} (or update the driver)")
+    check_shared_mem(entry["launch"]["shared_mem"])
+    return {"name": kernel["kernel_name"], "ptx": ptx, "launch": entry["launch"], "entry": entry}
+
+
+def _f32(x: float) -> float:
+    import struct
+
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _triton_default_isa(arch: int) -> int | None:
@@ -372,6 +496,7 @@ def write_ptx_artifacts(
                 "arch": spec.sm,
                 "compute_capability": arch,
                 "ptx_isa": ck.ptx_isa,
+                "ptx_isa_caps": {"requested": ptx_isa, "driver": ck.driver_isa_cap},
                 "logits_dtype": logits_dtype,
                 "weights_dtype": weights_dtype,
                 "num_warps": ck.num_warps,

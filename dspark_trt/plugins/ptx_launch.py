@@ -17,7 +17,7 @@ import functools
 
 from ..errors import DSparkTrtError
 
-__all__ = ["aot_kernel_params", "PtxModule", "libcuda"]
+__all__ = ["aot_kernel_params", "PtxModule", "libcuda", "driver_version", "driver_ptx_isa_cap"]
 
 _CU_JIT_ERROR_LOG_BUFFER = 5
 _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
@@ -61,9 +61,20 @@ def _check(result: int, what: str, log: bytes = b"") -> None:
 
 
 def driver_version() -> str:
+    """The CUDA version of the installed driver, e.g. "13.0" (no context or GPU needed, only libcuda)."""
     v = ctypes.c_int()
     _check(libcuda().cuDriverGetVersion(ctypes.byref(v)), "cuDriverGetVersion")
     return f"{v.value // 1000}.{v.value % 1000 // 10}"
+
+
+def driver_ptx_isa_cap() -> int | None:
+    """The highest PTX ISA (×10) this host's driver JIT-compiles, or None without a loadable driver."""
+    from .aot import driver_max_ptx_isa
+
+    try:
+        return driver_max_ptx_isa(driver_version())
+    except DSparkTrtError:
+        return None
 
 
 class PtxModule:

@@ -202,10 +202,18 @@ class GraphKey:
     variant: tuple = ()  # anything else the round was specialised for (top-k, …)
 
 
-def unpad_tree(tree: Any, plan: PadPlan) -> Any:
-    """``plan.unpad`` over every tensor of a dataclass / tuple / list / dict (None and scalars kept)."""
+def unpad_tree(tree: Any, plan: PadPlan, batch_dims: Mapping[str, int] | None = None) -> Any:
+    """``plan.unpad`` over every tensor of a dataclass / tuple / list / dict (None and scalars kept); the batch
+    is dimension 0 unless ``batch_dims`` names another for a dict key or dataclass field."""
     if isinstance(tree, torch.Tensor):
         return plan.unpad(tree)
+    if batch_dims:
+        named = (tree.items() if isinstance(tree, dict) else
+                 ((f.name, getattr(tree, f.name)) for f in dataclasses.fields(tree))
+                 if dataclasses.is_dataclass(tree) and not isinstance(tree, type) else None)
+        if named is not None:
+            values = {k: plan.unpad(v, batch_dims.get(k, 0)) if isinstance(v, torch.Tensor) else v for k, v in named}
+            return values if isinstance(tree, dict) else dataclasses.replace(tree, **values)
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         return dataclasses.replace(tree, **{f.name: unpad_tree(getattr(tree, f.name), plan)
                                             for f in dataclasses.fields(tree)})
@@ -271,6 +279,7 @@ class GraphRunner:
     role: str
     device: torch.device | str
     mode: Mode = "graph"
+    output_batch_dims: Mapping[str, int] | None = None  # outputs whose batch is not dimension 0
     warmup: int = 2
     debug: bool = False
     entries: dict[GraphKey, GraphEntry] = field(default_factory=dict)
@@ -313,7 +322,7 @@ class GraphRunner:
             entry = self.entries[self.key(plan, variant)] = self._new_entry(plan, variant)
         if self.mode == "eager" or entry.eager_reason is not None:
             self._load(entry, plan, inputs)
-            return unpad_tree(self.fn(entry.inputs, entry.key), plan)
+            return unpad_tree(self.fn(entry.inputs, entry.key), plan, self.output_batch_dims)
         self.activate()
         current = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(current)  # the inputs were produced on the caller's stream
@@ -329,7 +338,7 @@ class GraphRunner:
                 out = entry.outputs
             else:
                 out = self.fn(entry.inputs, entry.key)
-            result = unpad_tree(out, plan)
+            result = unpad_tree(out, plan, self.output_batch_dims)
         current.wait_stream(self._stream)
         return result
 

@@ -70,6 +70,8 @@ def test_ptx_files_are_what_the_engine_needs(small_build):
         assert len(re.findall(r"\.param \.u64 \.ptr", ptx)) == len(INPUTS) + len(OUTPUTS)
         assert k["launch"] == {"grid": ["B", 1, 1], "block": [k["num_warps"] * 32, 1, 1],
                                "shared_mem": k["launch"]["shared_mem"]}
+        assert 0 <= k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM  # the AOT launch cannot opt in to more
+        assert k["ptx_isa_caps"]["requested"] == aot.DEFAULT_PTX_ISA  # the chosen ISA and its caps are recorded
         if aot.find_ptxas():  # the stripped PTX assembled by the CUDA toolkit's ptxas, as the driver's JIT would
             assert k["validated"]["spill_store_bytes"] == 0 and k["validated"]["registers"] > 0
 
@@ -79,6 +81,46 @@ def test_qwen3_8b_shapes_build_for_cuda_13_drivers(tmp_path):
     info = build(tmp_path, "--n", "7", "--k", "3840", "--rank", "1024", "--archs", "90")
     (k,) = info["kernels"]
     assert k["ptx_isa"] == "9.0" and k["arch"] == "sm_90a"
+    assert k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM  # the largest tiles still fit the AOT launch
+
+
+# --------------------------------------------------------------------- the export's PTX is what the engine embeds
+def test_select_export_kernel_returns_the_checked_file(small_build):
+    out, info = small_build
+    spec = aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "float16", arch=90)
+    k = aot.select_export_kernel(info, out, spec)
+    assert k["name"] == info["kernel_name"] and k["entry"]["arch"] == "sm_90a"
+    assert k["ptx"] == (out / k["entry"]["file"]).read_text() and k["launch"] == k["entry"]["launch"]
+    sm80 = aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "float16", arch=80)
+    assert aot.select_export_kernel(info, out, sm80, hardware_compatibility="ampere_plus")["entry"]["arch"] == "sm_80"
+
+
+def test_select_export_kernel_refuses_what_does_not_match(small_build, tmp_path):
+    out, info = small_build
+    spec = aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "float16", arch=90)
+    with pytest.raises(DSparkTrtError, match="must embed sm_80 PTX, not sm_90a"):
+        aot.select_export_kernel(info, out, spec, hardware_compatibility="ampere_plus")
+    with pytest.raises(DSparkTrtError, match="driver JIT-compiles at most 8.5; re-export with --ptx-isa 8.5"):
+        aot.select_export_kernel(info, out, spec, driver_cap=85)
+    with pytest.raises(DSparkTrtError, match="built for N, k, r"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 32, 8, 0.5, "float32", "float16", arch=90))
+    with pytest.raises(DSparkTrtError, match="no PTX for sm_90a float16-float16"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 8, 0.5, "float16", "float16", arch=90))
+    # a PTX file changed after the export checked it
+    for f in out.glob("*.ptx"):
+        (tmp_path / f.name).write_text(f.read_text().replace(".reqntid", "// .reqntid", 1) + "\n")
+    with pytest.raises(DSparkTrtError, match="differs from the PTX the export checked"):
+        aot.select_export_kernel(info, tmp_path, spec)
+
+
+def test_logit_scale_compares_as_the_fp32_attribute(small_build):
+    out, info = small_build
+    import struct
+
+    as_fp32 = struct.unpack("f", struct.pack("f", 0.5))[0]
+    aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 8, as_fp32, "float32", "float16", arch=80))
+    with pytest.raises(DSparkTrtError, match="logit_scale"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 8, 0.25, "float32", "float16", arch=80))
 
 
 def triton_minor() -> int:
@@ -147,6 +189,48 @@ def test_kernel_arguments_follow_the_aot_calling_convention():
     assert types["cand_values"] == "*fp16" and types["markov_w1"] == types["markov_w2"] == "*bf16"
     assert types["cand_ids"] == types["draft_tokens"] == "*i32" and types["cand_logits"] == "*fp32"
     assert types["vocab"] == types["draft_vocab"] == "i32"
+
+
+@pytest.mark.parametrize("cuda,isa", [("11.8", 78), ("12.0", 80), ("12.4", 84), ("12.6", 85), ("12.8", 87),
+                                      ("12.9", 88), ("13.0", 90), ("13.2", 92), ("14.0", 100)])
+def test_driver_isa_cap_follows_the_cuda_release_table(cuda, isa):
+    assert aot.driver_max_ptx_isa(cuda) == isa
+
+
+def test_driver_isa_cap_refuses_garbage_and_old_drivers():
+    with pytest.raises(DSparkTrtError, match="MAJOR.MINOR"):
+        aot.driver_max_ptx_isa("thirteen")
+    with pytest.raises(DSparkTrtError, match="too old"):
+        aot.driver_max_ptx_isa("10.2")
+
+
+def test_isa_choice_is_the_lowest_known_cap():
+    assert aot.choose_ptx_isa(90, 94, None) == 90  # CPU export host: requested cap vs Triton's ptxas
+    assert aot.choose_ptx_isa(90, 94, 87) == 87  # a CUDA 12.8 driver on the build host
+    assert aot.choose_ptx_isa(None, 87, None) == 87
+    assert aot.choose_ptx_isa(None, None, None) is None
+
+
+@pytest.mark.parametrize("hw,cap,want", [("ampere_plus", 90, 80), ("ampere_plus", None, 80), ("none", 90, 90),
+                                         ("same_compute_capability", 90, 90), ("none", 80, 80), ("none", 89, 80),
+                                         ("none", 100, 80), ("none", None, 80)])
+def test_plugin_arch(hw, cap, want):
+    assert aot.plugin_arch(hw, cap) == want
+
+
+def test_sm90a_ptx_runs_only_on_capability_9_0():
+    assert aot.ptx_runs_on("sm_90a", 90)
+    assert not aot.ptx_runs_on("sm_90a", 100) and not aot.ptx_runs_on("sm_90a", 89)
+    assert aot.ptx_runs_on("sm_80", 80) and aot.ptx_runs_on("sm_80", 90) and aot.ptx_runs_on("sm_80", 120)
+    assert not aot.ptx_runs_on("sm_80", 75)
+    with pytest.raises(DSparkTrtError):
+        aot.ptx_runs_on("compute_90", 90)
+
+
+def test_shared_memory_above_48_kib_is_refused():
+    aot.check_shared_mem(48 * 1024)
+    with pytest.raises(DSparkTrtError, match="more than the 49152"):
+        aot.check_shared_mem(48 * 1024 + 1)
 
 
 def test_launch_params_and_extra_args():

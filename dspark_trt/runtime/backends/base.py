@@ -38,6 +38,7 @@ __all__ = ["DrafterBackend", "BACKENDS", "backend_class"]
 BACKENDS: dict[str, str] = {
     "torch": "dspark_trt.runtime.backends.torch_backend:TorchDrafterBackend",
     "onnxruntime": "dspark_trt.runtime.backends.ort_backend:OnnxRuntimeDrafterBackend",
+    "tensorrt": "dspark_trt.runtime.backends.tensorrt_backend:TensorRTDrafterBackend",
 }
 
 

@@ -1,0 +1,121 @@
+"""The ``tensorrt`` drafter backend: an export's TensorRT engines (``engines/context.plan``, ``engines/draft.plan``).
+
+The draft round runs in CUDA graphs, one per (batch bucket, context-length bucket): the batch and the
+context are padded into static buffers (``runtime.tensorrt_engine.TensorRTGraph``), the top-k Markov walk
+is the AOT plugin inside the engine (no plugin registration, no Python at enqueue). The context graph runs
+with exact shapes (its outputs are as long as its input). Tensor names come from the manifest's I/O; the
+engines' TensorRT version is checked against the installed one before deserializing.
+
+Without full TensorRT or a GPU, constructing the backend is a one-line refusal (CLI exit 1).
+
+    with TensorRTDrafterBackend.from_export("out/") as backend:
+        k, v = backend.context_kv(taps, positions)
+        result = backend.draft(anchor, k, v, ctx_len, topk=512, temperature=t, seed=s)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...config import DSparkConfig
+from ...errors import DSparkTrtError
+from ...reference.markov import MarkovWalkResult
+from ..tensorrt_engine import engine_entry, require_tensorrt
+from .base import DrafterBackend
+
+__all__ = ["TensorRTDrafterBackend", "config_from_manifest"]
+
+
+def config_from_manifest(manifest: dict) -> DSparkConfig:
+    """The drafter's ``DSparkConfig`` as the manifest recorded it."""
+    raw = manifest["checkpoint"]["config"]
+    return DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+class TensorRTDrafterBackend(DrafterBackend):
+    """Drafter backend over an export directory with TensorRT engines.
+
+    Args:
+        export_dir: a ``dspark-export`` directory whose manifest lists ``context.tensorrt`` / ``draft.tensorrt``.
+        max_batch (*optional*): largest batch bucket (default: the engines' profile maximum).
+        graphs (*optional*, defaults to ``"graph"``): ``"eager"`` runs the padded path without capture.
+        device (*optional*): the CUDA device (default ``cuda``).
+    """
+
+    name = "tensorrt"
+
+    def __init__(self, export_dir: str | Path, *, max_batch: int | None = None, graphs: str = "graph",
+                 device: str | torch.device | None = None):
+        require_tensorrt("the tensorrt drafter backend")
+        from ...export.manifest import read_manifest
+        from ..tensorrt_engine import TensorRTEngine, TensorRTGraph, io_tensors
+
+        self.export_dir = Path(export_dir)
+        manifest = read_manifest(self.export_dir)
+        self.config = config_from_manifest(manifest)
+        self.topk: int | None = manifest.get("topk")
+        self.max_context = int(manifest.get("max_context", 8192))
+        self.device = torch.device(device or "cuda")
+        entries = {g: engine_entry(manifest, g) for g in ("context", "draft")}
+        profile_max = int(entries["draft"]["build"]["batch"]["max"])
+        max_batch = min(max_batch or profile_max, profile_max)
+        self._graphs = {}
+        for graph, entry in entries.items():
+            engine = TensorRTEngine(self.export_dir / entry["file"], entry)
+            io = io_tensors(manifest["graphs"][graph])
+            if graph == "context":
+                self._graphs[graph] = TensorRTGraph(engine, io, max_batch=max_batch, role="draft", graphs=graphs,
+                                                    device=self.device, bucketed=False)
+            else:
+                self._graphs[graph] = TensorRTGraph(engine, io, context_dim=_context_symbol(io), max_batch=max_batch,
+                                                    max_context=self.max_context, role="draft", graphs=graphs,
+                                                    device=self.device)
+
+    @classmethod
+    def from_export(cls, export_dir: str | Path, **options) -> "TensorRTDrafterBackend":
+        return cls(export_dir, **options)
+
+    @classmethod
+    def from_pretrained(cls, drafter_dir, **kwargs) -> "TensorRTDrafterBackend":
+        require_tensorrt("the tensorrt drafter backend")
+        raise DSparkTrtError("the tensorrt backend runs an export's engines, not a checkpoint: run dspark-export "
+                             f"{drafter_dir} OUT on the GPU host, then load OUT (SpeculativeDecoder.from_export or "
+                             "dspark generate --export OUT --backend tensorrt)")
+
+    def activate(self) -> None:
+        for g in self._graphs.values():
+            g.activate()
+
+    def deactivate(self) -> None:
+        for g in self._graphs.values():
+            g.deactivate()
+
+    def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from ...export.graphs import run_context
+
+        return run_context(self._graphs["context"], taps.to(self.device), positions.to(self.device))
+
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+        from ...export.graphs import run_draft
+
+        if topk != self.topk:
+            have = self.topk or "off"
+            raise DSparkTrtError(f"these engines draft with top-k {have} but top-k {topk or 'off'} was requested; "
+                                 f"run with --topk {have} or export again with --topk {topk or 'off'}")
+        if ctx_k.shape[2] > self.max_context:
+            raise DSparkTrtError(f"context length {ctx_k.shape[2]} exceeds the engines' bound of {self.max_context} "
+                                 f"tokens; export again with a larger --max-context")
+        dev = self.device
+        return run_draft(self._graphs["draft"], anchor.to(dev), ctx_k.to(dev), ctx_v.to(dev), ctx_len.to(dev),
+                         None if temperature is None else temperature.to(dev), None if seed is None else seed.to(dev),
+                         draft_vocab=self.config.draft_vocab_size)
+
+
+def _context_symbol(io) -> str | None:
+    """The symbolic context-length dimension of the draft graph: axis 2 of ``ctx_k`` [L, B, T, H_kv, D]."""
+    ctx_k = next((t for t in io if t.name == "ctx_k"), None)
+    if ctx_k is None or len(ctx_k.shape) != 5 or isinstance(ctx_k.shape[2], int):
+        return None
+    return ctx_k.shape[2]

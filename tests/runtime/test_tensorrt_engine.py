@@ -1,0 +1,166 @@
+"""TensorRT engines in the runtime: the pure parts (version checks, buffer plans from the manifest I/O, the
+padding specs) on the CPU; the engines themselves on a GPU host with TensorRT (marked, skipped here).
+
+The padding specs derived from a real exported draft graph's I/O are run through the graph runner with
+onnxruntime executing the graph (on the CPU, eagerly): a padded round gives the unpadded results.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.runtime.cuda_graphs import BucketPolicy, GraphRunner
+from dspark_trt.runtime.tensorrt_engine import (check_engine_version, engine_entry, input_specs, io_tensors,
+                                                output_batch_dims, plan_io, require_tensorrt, tensorrt_available)
+
+DRAFT_IO = {
+    "inputs": [{"name": "anchor", "dtype": "int32", "shape": ["B"]},
+               {"name": "ctx_k", "dtype": "bfloat16", "shape": [2, "B", "T", 2, 16]},
+               {"name": "ctx_v", "dtype": "bfloat16", "shape": [2, "B", "T", 2, 16]},
+               {"name": "ctx_len", "dtype": "int32", "shape": ["B"]},
+               {"name": "temperature", "dtype": "float32", "shape": ["B"]},
+               {"name": "seed", "dtype": "int32", "shape": ["B"]}],
+    "outputs": [{"name": "draft_tokens", "dtype": "int32", "shape": ["B", 7]},
+                {"name": "cand_ids", "dtype": "int32", "shape": ["B", 7, 512]},
+                {"name": "cand_logits", "dtype": "float32", "shape": ["B", 7, 512]}],
+}
+#: CONTRACT.md's target graph
+TARGET_IO = {
+    "inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["B", "Q"]},
+               {"name": "position_ids", "dtype": "int64", "shape": ["B", "Q"]},
+               {"name": "attention_mask", "dtype": "int64", "shape": ["B", "PQ"]},
+               {"name": "past_key", "dtype": "bfloat16", "shape": [4, "B", 8, "P", 128]},
+               {"name": "past_value", "dtype": "bfloat16", "shape": [4, "B", 8, "P", 128]}],
+    "outputs": [{"name": "logits", "dtype": "float32", "shape": ["B", "Q", 151936]},
+                {"name": "taps", "dtype": "bfloat16", "shape": ["B", "Q", 12288]},
+                {"name": "new_key", "dtype": "bfloat16", "shape": [4, "B", 8, "Q", 128]},
+                {"name": "new_value", "dtype": "bfloat16", "shape": [4, "B", 8, "Q", 128]}],
+}
+
+
+# ----------------------------------------------------------------------------------------- version checks
+def entry(version="10.13.0.35", vc=False, flavor="tensorrt"):
+    return {"file": "engines/draft.plan", "flavor": flavor, "version": version,
+            "build": {"version_compatible": vc, "batch": {"min": 1, "opt": 8, "max": 8}}}
+
+
+def test_a_plan_runs_only_on_its_exact_version():
+    assert check_engine_version(entry("10.13.0.35"), "10.13.0.35") is False
+    with pytest.raises(DSparkTrtError, match="built with TensorRT 10.13.0.35 and TensorRT 10.13.2.6 is installed") as e:
+        check_engine_version(entry("10.13.0.35"), "10.13.2.6")
+    assert "dspark build-engine OUT --force" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_version_compatible_plan_needs_host_code_and_the_same_major():
+    assert check_engine_version(entry("10.9.0.34", vc=True), "10.13.0.35") is True  # later minor: fine
+    with pytest.raises(DSparkTrtError, match="version-compatible with TensorRT 10.x"):
+        check_engine_version(entry("10.9.0.34", vc=True), "11.1.0.2")
+    with pytest.raises(DSparkTrtError, match="version-compatible"):
+        check_engine_version(entry("10.13.0.35", vc=True), "10.9.0.34")  # older runtime
+
+
+def test_rtx_engines_and_missing_versions_are_refused():
+    with pytest.raises(DSparkTrtError, match="tensorrt-rtx engine"):
+        check_engine_version(entry(flavor="tensorrt-rtx"), "10.13.0.35")
+    with pytest.raises(DSparkTrtError, match="records no TensorRT version"):
+        check_engine_version(entry(version=None), "10.13.0.35")
+
+
+def test_engine_entry_finds_drafter_and_target_engines():
+    manifest = {"engines": {"draft.tensorrt": entry(), "context.tensorrt": entry()},
+                "target": {"engines": [{"flavor": "tensorrt-rtx", "file": "x"}, {"flavor": "tensorrt", "file": "t"}]}}
+    assert engine_entry(manifest, "draft")["file"] == "engines/draft.plan"
+    assert engine_entry(manifest, "target")["file"] == "t"
+    with pytest.raises(DSparkTrtError, match="no TensorRT draft engine; build it on the GPU host"):
+        engine_entry({"engines": {}}, "draft")
+
+
+# ------------------------------------------------------------------------------------------- buffer plans
+def test_buffer_plan_of_the_draft_graph():
+    plan = plan_io(io_tensors(DRAFT_IO), {"B": 4, "T": 256})
+    assert plan["ctx_k"] == ((2, 4, 256, 2, 16), torch.bfloat16)
+    assert plan["anchor"] == ((4,), torch.int32)
+    assert plan["cand_logits"] == ((4, 7, 512), torch.float32)
+
+
+def test_buffer_plan_of_the_contract_target_graph():
+    tensors = io_tensors(TARGET_IO)
+    plan = plan_io(tensors, {"B": 2, "Q": 8, "P": 1024}, extra={"attention_mask": 1032})
+    assert plan["attention_mask"] == ((2, 1032), torch.int64)
+    assert plan["past_key"] == ((4, 2, 8, 1024, 128), torch.bfloat16)
+    assert plan["new_value"] == ((4, 2, 8, 8, 128), torch.bfloat16)
+    assert output_batch_dims(tensors) == {"logits": 0, "taps": 0, "new_key": 1, "new_value": 1}
+    with pytest.raises(DSparkTrtError, match=r"attention_mask has dimension 'PQ' \(axis 1\)"):
+        plan_io(tensors, {"B": 2, "Q": 8, "P": 1024})
+
+
+def test_io_with_an_unbindable_dtype_is_refused():
+    bad = {"inputs": [{"name": "x", "dtype": "complex64", "shape": ["B"]}], "outputs": DRAFT_IO["outputs"]}
+    with pytest.raises(DSparkTrtError, match="cannot bind"):
+        io_tensors(bad)
+    with pytest.raises(DSparkTrtError, match="no inputs or no outputs"):
+        io_tensors({"inputs": DRAFT_IO["inputs"], "outputs": []})
+
+
+def test_padding_specs_from_the_manifest_io():
+    specs = {s.name: s for s in input_specs(io_tensors(TARGET_IO), "B", "P", {"attention_mask": (1, 0)})}
+    assert (specs["past_key"].batch_dim, specs["past_key"].context_dim) == (1, 3)
+    assert (specs["input_ids"].batch_dim, specs["input_ids"].context_dim) == (0, None)
+    assert specs["attention_mask"].batch_fill == 1 and specs["attention_mask"].context_fill == 0
+
+
+@pytest.mark.onnx
+def test_a_padded_draft_graph_round_gives_the_unpadded_results(onnx_export, tiny_pair):
+    """The draft graph's own I/O → padding specs → graph runner (eager), onnxruntime executing the graph."""
+    from dspark_trt.export.manifest import graph_io
+    from dspark_trt.export.ort_session import OrtGraph
+
+    path = onnx_export(tiny_pair, "fp32", 16)
+    graph = OrtGraph(path / "draft.onnx")
+    tensors = io_tensors(graph_io(path / "draft.onnx"))
+    runner = GraphRunner(lambda x, key: graph.run(x), input_specs(tensors, "B", "T"), role="draft", device="cpu",
+                         output_batch_dims=output_batch_dims(tensors))
+    g = torch.Generator().manual_seed(0)
+    ck = torch.randn(2, 3, 11, 2, 16, generator=g)  # [L, B, T, H_kv, D]
+    feeds = {"anchor": torch.tensor([5, 7, 9], dtype=torch.int32), "ctx_k": ck, "ctx_v": torch.randn_like(ck),
+             "ctx_len": torch.tensor([11, 4, 1], dtype=torch.int32), "temperature": torch.tensor([0.0, 1.0, 0.6]),
+             "seed": torch.tensor([1, 2, 3], dtype=torch.int32)}
+    plan = BucketPolicy(max_batch=8, max_context=64, smallest_context=16).plan(3, 11)
+    assert (plan.bucket, plan.context_bucket) == (4, 16)
+    want = graph.run(feeds)
+    got = runner(plan, feeds)
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+    assert torch.equal(got["draft_tokens"], want["draft_tokens"])
+    assert torch.equal(got["cand_ids"].sort(-1).values, want["cand_ids"].sort(-1).values)
+    torch.testing.assert_close(got["cand_logits"].sort(-1).values, want["cand_logits"].sort(-1).values,
+                               rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ the refusal
+def test_without_tensorrt_the_backend_refuses_in_one_line(tmp_path):
+    if tensorrt_available() is None:
+        pytest.skip("TensorRT and a GPU are present")
+    from dspark_trt.runtime.backends.base import backend_class
+
+    cls = backend_class("tensorrt")
+    with pytest.raises(DSparkTrtError, match="needs full TensorRT and a GPU") as e:
+        cls(tmp_path)
+    assert "\n" not in str(e.value)
+    with pytest.raises(DSparkTrtError, match="needs full TensorRT and a GPU"):
+        cls.from_pretrained(tmp_path)
+    with pytest.raises(DSparkTrtError, match="--backend onnxruntime or torch"):
+        require_tensorrt()
+
+
+def test_generate_with_the_tensorrt_backend_exits_1_without_tensorrt(capsys):
+    if tensorrt_available() is None:
+        pytest.skip("TensorRT and a GPU are present")
+    from dspark_trt.cli.main import main
+
+    assert main(["generate", "--backend", "tensorrt", "--max-new-tokens", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs full TensorRT and a GPU" in err[0]
