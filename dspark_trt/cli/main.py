@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),
     "bench": ("bench", "benchmarks: the Markov round, end to end"),
     "env": ("env", "versions of everything a bug report needs"),
+    "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),
 }
 
 

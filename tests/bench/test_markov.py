@@ -79,6 +79,7 @@ def test_cuda_columns_in_triton_interpreter():
     time_round = _native_round(torch.device("cuda"), cfg, torch.float32, w1, w2, _timer(torch.device("cpu")), 10.0)
     row = time_round(torch.randn(B, N, V, generator=g), torch.randint(0, V, (B,), generator=g), k, 2.0, 0.5)
     assert set(row) == {"kernel_ms", "kernel_speedup", "fused_ms", "fused_speedup", "fused_vs_pass",
-                        "kernel_floor_ms"}
+                        "kernel_floor_ms", "kernel_vs_floor"}
+    assert row["kernel_vs_floor"] == pytest.approx(row["kernel_ms"] / row["kernel_floor_ms"], rel=0.01)
     assert row["kernel_ms"] > 0 and row["fused_speedup"] == pytest.approx(2.0 / row["fused_ms"], rel=0.01, abs=0.01)
     assert time_round(torch.randn(B, N, V), torch.zeros(B, dtype=torch.long), 4096, 2.0, 0.5) == {}  # > MAX_TOPK

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import ctypes
 
-import pytest
-import torch
-
-from dspark_trt.plugins.gpu_check import main as gpu_check
 from dspark_trt.plugins.ptx_launch import aot_kernel_params
 
 
@@ -17,17 +13,3 @@ def test_parameters_follow_tensorrts_aot_order():
     assert [p.value for p in params[11:13]] == [151936, 32000]
     assert [p.value for p in params[13:16]] == [0x2000, 0x3000, 0x4000]
     assert [p.value for p in params[16:]] == [0, 0]  # Triton's scratch pointers: null
-
-
-def test_gpu_check_says_it_needs_a_gpu(capsys):
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    assert gpu_check(["--quick", "--skip-bench"]) == 1
-    assert "no CUDA device" in capsys.readouterr().err
-
-
-@pytest.mark.gpu
-@pytest.mark.triton
-@pytest.mark.slow
-def test_gpu_check_quick_passes():
-    assert gpu_check(["--quick", "--skip-bench"]) == 0

@@ -1,0 +1,343 @@
+"""``dspark gpu-check --out DIR``: everything that needs a GPU, in one command (≈ 4–8 min on one H200).
+
+    # optional, on the CPU machine: the PTX a TensorRT engine would embed (ISA 9.0 for CUDA 13.0 drivers)
+    python -m dspark_trt.plugins.aot --out ptx --n 7 --k 512 --rank 256 --dtypes fp32-bf16,bf16-bf16 --validate
+    # on the GPU host, from the repository root, with its own torch/Triton (installs nothing)
+    PYTHONPATH=. python -m dspark_trt.cli.main gpu-check --out gpu-check [--ptx-dir ptx] [--quick]
+
+1. **JIT kernel vs reference** at real shapes (V = 151936, r = 256, N = 7; k ∈ {512, 3840}; B ∈ {1, 8, 64};
+   bf16 and fp32; greedy and mixed temperatures; a reduced vocabulary): the Triton kernel on CUDA against
+   ``contract.reference_op`` on the CPU, tie-robust (``testing.walk.compare_walks``).
+2. **AOT PTX through the driver API**: PTX compiled here (ISA capped by this driver) and, with ``--ptx-dir``,
+   the files built on the CPU machine — loaded with ``cuModuleLoadDataEx`` (the driver's JIT) and launched
+   with ``cuLaunchKernel`` in TensorRT's AOT order; a file runs only where it loads (``aot.ptx_runs_on``:
+   sm_90a PTX on capability 9.0 exactly, sm_80 PTX on 8.0 and newer).
+3. **``dspark bench markov --device cuda``**: the fused walk vs the dense cuBLAS round, and vs its bytes floor.
+4. **CUDA graphs**: a Qwen3-8B-shaped drafter (5 layers, d = 4096, V = 151936, random bf16 weights), the
+   torch backend's captured round (backbone + top-k + fused walk) against the same padded round run
+   eagerly, token for token, at batch buckets 1/4/8 (greedy and sampled rounds, fresh seeds per replay);
+   then a draft round's time eager (unpadded, no graph) vs replayed, per bucket.
+
+Writes ``DIR/gpu_check.json`` (device, versions, every check, the benchmark rows, the graph timings and
+the goals) and prints a table last. Exit status 0 when every check passes, 3 when one disagrees with the
+reference, 1 without a CUDA device (one line) or on a setup error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from ..errors import DSparkTrtError
+
+__all__ = ["main", "run_gpu_check", "qwen3_8b_drafter_config", "GRAPH_BUCKETS", "Checks"]
+
+QWEN3_8B = dict(vocab=151936, rank=256, steps=7)
+GRAPH_BUCKETS = (1, 4, 8)
+OUT_FILE = "gpu_check.json"
+
+
+def qwen3_8b_drafter_config(num_layers: int = 5, topk: int = 512):
+    """The DSpark drafter of Qwen3-8B (``dspark_qwen3_8b_block7``'s shapes, dspark-spec §2)."""
+    from ..config import DSparkConfig
+
+    return DSparkConfig(vocab_size=151936, draft_vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                        num_hidden_layers=num_layers, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        rms_norm_eps=1e-6, rope_theta=1e6, block_size=7, mask_token_id=151669,
+                        target_layer_ids=(1, 9, 17, 25, 33), num_target_layers=36, markov_rank=256,
+                        draft_topk=topk)
+
+
+class Checks:
+    """Runs named checks; a failing or crashing check is recorded, never fatal."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def run(self, name: str, fn) -> object:
+        t0 = time.perf_counter()
+        data = None
+        try:
+            result = fn()
+            detail, data = (result if isinstance(result, tuple) else (result or "", None))
+            status = "PASS"
+        except AssertionError as e:
+            status, detail = "FAIL", str(e).splitlines()[0][:200] if str(e) else "assertion failed"
+        except Exception as e:  # a check that cannot run is a failure of the check, not a crash of the tool
+            status, detail = "ERROR", f"{type(e).__name__}: {str(e).splitlines()[0][:180] if str(e) else ''}"
+            traceback.print_exc()
+        row = {"check": name, "status": status, "detail": detail, "seconds": round(time.perf_counter() - t0, 1)}
+        if data is not None:
+            row["data"] = data
+        self.rows.append(row)
+        print(f"{status:5} {name}: {detail}", flush=True)
+        return data
+
+    @property
+    def passed(self) -> bool:
+        return all(r["status"] == "PASS" for r in self.rows)
+
+    def table(self) -> str:
+        w = max(len(r["check"]) for r in self.rows)
+        lines = [f"{'check'.ljust(w)}  status  detail", "-" * (w + 40)]
+        lines += [f"{r['check'].ljust(w)}  {r['status']:6}  {r['detail']} [{r['seconds']}s]" for r in self.rows]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- 1–2 kernel
+def _outputs(B: int, N: int, k: int):
+    return (torch.full((B, N), -1, dtype=torch.int32, device="cuda"),
+            torch.full((B, N, k), float("nan"), device="cuda"), torch.full((B, N), float("nan"), device="cuda"))
+
+
+def _jit_case(case) -> str:
+    from ..plugins.contract import reference_op
+    from ..plugins.kernel import topk_markov_walk
+    from ..testing.walk import compare_walks, make_walk_inputs
+
+    inputs = make_walk_inputs(case, "cuda")
+    out = _outputs(*inputs[0].shape)
+    topk_markov_walk(*inputs, logit_scale=case.logit_scale, out=out)
+    torch.cuda.synchronize()
+    want = reference_op(*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+    report = compare_walks(out, want, inputs, atol=2e-5, rtol=1e-5)
+    return f"{report['steps']} steps, {report['near_ties']} near-ties"
+
+
+def _aot_case(ptx: str, entry: dict, kernel_name: str, case) -> str:
+    from ..plugins.aot import extra_arg_values
+    from ..plugins.contract import INPUTS, reference_op
+    from ..plugins.ptx_launch import PtxModule, aot_kernel_params
+    from ..testing.walk import compare_walks, make_walk_inputs
+
+    inputs = make_walk_inputs(case, "cuda")
+    B = inputs[0].shape[0]
+    outs = _outputs(*inputs[0].shape)
+    shapes = {c.name: tuple(t.shape) for c, t in zip(INPUTS, inputs)}
+    params = aot_kernel_params([t.data_ptr() for t in inputs], extra_arg_values(shapes), [t.data_ptr() for t in outs],
+                               entry["trailing_params"])
+    launch = entry["launch"]
+    stream = torch.cuda.current_stream()
+    with PtxModule(ptx, kernel_name) as module:
+        module.launch((B, 1, 1), tuple(launch["block"]), launch["shared_mem"], stream.cuda_stream, params)
+        stream.synchronize()
+    want = reference_op(*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+    report = compare_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)
+    return f"ISA {entry['ptx_isa']} {entry.get('arch', '')}: {report['steps']} steps, {report['near_ties']} near-ties"
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _kernel_checks(checks: Checks, arch: int, quick: bool, ptx_dir: str | None) -> None:
+    from ..plugins.aot import DESCRIPTION_FILE, WalkKernelSpec, compile_walk_kernel, plugin_arch, ptx_param_count
+    from ..plugins.aot import ptx_runs_on
+    from ..testing.walk import WalkCase
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    cases = [(64, 512, bf16, "mixed", None), (1, 512, bf16, "greedy", None), (8, 3840, bf16, "mixed", None),
+             (8, 512, fp32, "sampled", None), (8, 512, bf16, "mixed", 32000)]
+    for B, k, dt, mode, vd in cases[:2] if quick else cases:
+        case = WalkCase(batch=B, topk=k, logits_dtype=dt, weights_dtype=dt, mode=mode, draft_vocab=vd,
+                        logit_scale=1.0, seed=B + k, **QWEN3_8B)
+        checks.run(f"jit B={B} k={k} {str(dt)[6:]} {mode}" + (f" V_d={vd}" if vd else ""), lambda c=case: _jit_case(c))
+
+    def local_aot(dt: str) -> str:
+        spec = WalkKernelSpec(7, 512, 256, 1.0, dt, dt, plugin_arch("none", arch))
+        ck = compile_walk_kernel(spec)  # ISA capped by this host's driver too
+        entry = {"ptx_isa": ck.ptx_isa, "arch": spec.sm, "launch": ck.launch, "trailing_params": ck.trailing_params,
+                 "params": ptx_param_count(ck.ptx, ck.name)}
+        case = WalkCase(batch=8, topk=512, logits_dtype=_dtype(dt), weights_dtype=_dtype(dt), mode="mixed", seed=3,
+                        **QWEN3_8B)
+        return _aot_case(ck.ptx, entry, ck.name, case)
+
+    checks.run("aot (built here) bf16 k=512", lambda: local_aot("bfloat16"))
+    if not ptx_dir:
+        return
+    desc_path = Path(ptx_dir) / DESCRIPTION_FILE
+
+    def missing():
+        raise AssertionError(f"{desc_path} missing: build with python -m dspark_trt.plugins.aot --out {ptx_dir}")
+
+    if not desc_path.is_file():
+        checks.run(f"aot ({ptx_dir})", missing)
+        return
+    desc = json.loads(desc_path.read_text())
+    c = desc["constexprs"]
+    for entry in desc["kernels"]:
+        if not ptx_runs_on(entry["arch"], arch):  # sm_90a: capability 9.0 only; sm_80: 8.0 and newer
+            continue
+        case = WalkCase(batch=8, steps=c["N"], topk=c["K"], rank=c["R"], vocab=QWEN3_8B["vocab"],
+                        logits_dtype=_dtype(entry["logits_dtype"]), weights_dtype=_dtype(entry["weights_dtype"]),
+                        logit_scale=c["LOGIT_SCALE"], mode="mixed", seed=5)
+        ptx = (Path(ptx_dir) / entry["file"]).read_text()
+        checks.run(f"aot (triton {desc['triton_version']}) {entry['file']}",
+                   lambda ptx=ptx, entry=entry, case=case: _aot_case(ptx, entry, desc["kernel_name"], case))
+
+
+# ---------------------------------------------------------------------------------------------- 3 bench
+def _bench(quick: bool) -> tuple[str, dict]:
+    from ..bench.markov import MarkovBenchConfig, format_table, run_markov_bench
+
+    cfg = MarkovBenchConfig(device="cuda", repeats=20, warmup=3,
+                            topks=(64, 512, 3840) if quick else (64, 128, 256, 512, 1024, 2048, 3840))
+    rows = run_markov_bench(cfg)
+    print(format_table(rows), flush=True)
+    k512 = {r["batch"]: r for r in rows if r["topk"] == 512 and "kernel_ms" in r}
+    detail = "; ".join(f"B={b}: {r['kernel_speedup']}x cuBLAS dense, {r.get('kernel_vs_floor')}x its floor"
+                       for b, r in sorted(k512.items()))
+    return detail, {"rows": rows}
+
+
+# ---------------------------------------------------------------------------------------------- 4 graphs
+def _drafter(num_layers: int, seed: int = 0):
+    """A Qwen3-8B-shaped DSpark drafter with random bf16 weights, built on the GPU (nothing downloaded)."""
+    from ..reference.drafter import DSparkDrafter
+
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        drafter = DSparkDrafter(qwen3_8b_drafter_config(num_layers)).to(torch.bfloat16).eval()
+    with torch.no_grad():  # logits with a realistic spread (default init gives near-uniform ones)
+        drafter.lm_head.weight.mul_(8.0)
+    return drafter
+
+
+def _round_inputs(drafter, B: int, T: int, seed: int):
+    c = drafter.config
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kv = (c.num_hidden_layers, B, T, c.num_key_value_heads, c.head_dim)
+    ctx_k = torch.randn(kv, generator=g, device="cuda").to(torch.bfloat16)
+    ctx_v = torch.randn(kv, generator=g, device="cuda").to(torch.bfloat16)
+    ctx_len = torch.randint(T // 2, T + 1, (B,), generator=g, device="cuda")
+    ctx_len[0] = T
+    anchor = torch.randint(0, c.vocab_size, (B,), generator=g, device="cuda")
+    temperature = torch.where(torch.arange(B, device="cuda") % 2 == 0, 0.0, 0.8)  # greedy and sampled rows
+    seeds = torch.randint(0, 2**40, (B,), generator=g, device="cuda")
+    return anchor, ctx_k, ctx_v, ctx_len, temperature, seeds
+
+
+def _median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> list[dict]:
+    from ..runtime.backends.torch_backend import TorchDrafterBackend
+
+    drafter = _drafter(num_layers)
+    graphed = TorchDrafterBackend(drafter, graphs="graph")
+    padded_eager = TorchDrafterBackend(drafter, graphs="eager")
+    plain = TorchDrafterBackend(drafter, graphs="off")
+    timings: list[dict] = []
+
+    def same_tokens(B: int) -> str:
+        rounds = 0
+        for seed in range(3):  # every replay with new inputs and new noise keys
+            x = _round_inputs(drafter, B, context - 17 * seed, seed)
+            kw = dict(topk=topk, temperature=x[4], seed=x[5])
+            want = padded_eager.draft(*x[:4], **kw)
+            got = graphed.draft(*x[:4], **kw)
+            assert torch.equal(got.tokens, want.tokens), f"B={B} round {seed}: replay drafted other tokens"
+            rounds += 1
+        entries = [e for e in graphed._runner.entries.values() if e.key.batch == B]
+        assert entries and all(e.graph is not None for e in entries), \
+            f"B={B}: no graph captured ({entries[0].eager_reason if entries else 'no entry'})"
+        return f"{rounds} rounds equal, buckets {sorted({(e.key.batch, e.key.context) for e in entries})}"
+
+    def timing(B: int) -> tuple[str, dict]:
+        x = _round_inputs(drafter, B, context, 99)
+        kw = dict(topk=topk, temperature=x[4], seed=x[5])
+        eager_ms = _median_ms(lambda: plain.draft(*x[:4], **kw))
+        graph_ms = _median_ms(lambda: graphed.draft(*x[:4], **kw))
+        row = {"batch": B, "context": context, "topk": topk, "layers": num_layers, "eager_ms": round(eager_ms, 3),
+               "graph_ms": round(graph_ms, 3), "speedup": round(eager_ms / graph_ms, 2)}
+        timings.append(row)
+        return f"eager {eager_ms:.3f} ms, graph {graph_ms:.3f} ms = {eager_ms / graph_ms:.2f}x", row
+
+    for B in GRAPH_BUCKETS:
+        checks.run(f"graph replay == eager B={B}", lambda B=B: same_tokens(B))
+    for B in GRAPH_BUCKETS:
+        checks.run(f"draft round eager vs graph B={B}", lambda B=B: timing(B))
+    return timings
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = False, skip_bench: bool = False,
+                  skip_graphs: bool = False, layers: int = 5, context: int = 1024, topk: int = 512) -> int:
+    if not torch.cuda.is_available():
+        raise DSparkTrtError("no CUDA device is visible; dspark gpu-check runs on a GPU host")
+    import triton
+
+    from ..atomic import atomic_write_text
+    from ..plugins.ptx_launch import driver_version
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cap = torch.cuda.get_device_capability()
+    arch = cap[0] * 10 + cap[1]
+    info = {"device": torch.cuda.get_device_name(), "capability": arch, "driver_cuda": driver_version(),
+            "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
+    print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+    checks = Checks()
+    _kernel_checks(checks, arch, quick, ptx_dir)
+    bench = None if skip_bench else checks.run("bench markov --device cuda (k=512)", lambda: _bench(quick))
+    graphs = [] if skip_graphs else _graph_checks(checks, layers, context, topk)
+    rows512 = [r for r in (bench or {}).get("rows", []) if r["topk"] == 512 and "kernel_ms" in r]
+    b1 = next((g for g in graphs if g["batch"] == 1), None)
+    goals = {
+        "graph_vs_eager_b1 >= 3": None if b1 is None else b1["speedup"],
+        "kernel_vs_cublas_dense_b<=8 >= 10": {r["batch"]: r["kernel_speedup"] for r in rows512 if r["batch"] <= 8},
+        "kernel_vs_floor_b64 <= 1.5": next((r.get("kernel_vs_floor") for r in rows512 if r["batch"] == 64), None),
+    }
+    report = {**info, "checks": checks.rows, "bench_markov": (bench or {}).get("rows"), "graphs": graphs,
+              "goals": goals, "passed": checks.passed}
+    atomic_write_text(out / OUT_FILE, json.dumps(report, indent=1) + "\n")
+    print("\n" + checks.table())
+    print(f"\ngoals: {json.dumps(goals)}\nwrote {out / OUT_FILE}")
+    return 0 if checks.passed else 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="directory for gpu_check.json")
+    p.add_argument("--ptx-dir", default=None, help="PTX built elsewhere by `python -m dspark_trt.plugins.aot`")
+    p.add_argument("--quick", action="store_true", help="fewer kernel shapes and top-k values (about 2 minutes)")
+    p.add_argument("--skip-bench", action="store_true", help="skip dspark bench markov")
+    p.add_argument("--skip-graphs", action="store_true", help="skip the CUDA-graph checks and timings")
+    p.add_argument("--layers", type=int, default=5, help="draft layers of the Qwen3-8B-shaped drafter (default 5)")
+    p.add_argument("--context", type=int, default=1024, help="context length of the graph rounds (default 1024)")
+    p.add_argument("--topk", type=int, default=512, help="top-k of the graph rounds (default 512)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_gpu_check(args.out, ptx_dir=args.ptx_dir, quick=args.quick, skip_bench=args.skip_bench,
+                         skip_graphs=args.skip_graphs, layers=args.layers, context=args.context, topk=args.topk)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dspark_trt.tools.gpu_check", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    try:
+        return run(p.parse_args(argv))
+    except DSparkTrtError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
