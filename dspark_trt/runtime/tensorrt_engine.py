@@ -127,13 +127,27 @@ def plan_io(tensors: Sequence[IoTensor], dims: Mapping[str, int],
 
 
 def input_specs(tensors: Sequence[IoTensor], batch_dim: str = "B", context_dim: str | None = None,
-                fills: Mapping[str, tuple[float, float]] | None = None) -> tuple[InputSpec, ...]:
+                fills: Mapping[str, tuple[float, float]] | None = None,
+                context_plus: Mapping[str, tuple[str, int]] | None = None,
+                fixed: Mapping[str, int] | None = None) -> tuple[InputSpec, ...]:
     """The graph runner's static inputs for an engine's I/O: where the batch and context dimensions are, and
-    the padding fills ({input: (padded-request fill, padded-context fill)}, default 0)."""
-    fills = fills or {}
-    return tuple(InputSpec(t.name, tuple(d if isinstance(d, int) else 0 for d in t.shape), t.dtype,
-                           t.dim_index(batch_dim), t.dim_index(context_dim) if context_dim else None,
-                           *fills.get(t.name, (0, 0))) for t in tensors if t.is_input)
+    the padding fills ({input: (padded-request fill, padded-context fill)}, default 0).
+
+    ``context_plus`` {input: (symbol, n)}: the input's dimension ``symbol`` is the context plus ``n`` fixed
+    slots after it (the target's ``attention_mask`` [B, S = P + Q]: the Q new tokens stay last). ``fixed``
+    gives other symbolic dimensions their value for this runner (the target's Q)."""
+    fills, context_plus, fixed = fills or {}, context_plus or {}, fixed or {}
+    specs = []
+    for t in tensors:
+        if not t.is_input:
+            continue
+        ctx, extra = (t.dim_index(context_dim) if context_dim else None), 0
+        if t.name in context_plus:
+            symbol, extra = context_plus[t.name]
+            ctx = t.dim_index(symbol)
+        specs.append(InputSpec(t.name, tuple(d if isinstance(d, int) else fixed.get(d, 0) for d in t.shape), t.dtype,
+                               t.dim_index(batch_dim), ctx, *fills.get(t.name, (0, 0)), context_extra=extra))
+    return tuple(specs)
 
 
 def output_batch_dims(tensors: Sequence[IoTensor], batch_dim: str = "B") -> dict[str, int]:
@@ -162,13 +176,9 @@ def require_tensorrt(what: str = "the tensorrt backend") -> None:
 
 
 def engine_entry(manifest: Mapping[str, Any], graph: str) -> dict:
-    """The manifest's TensorRT engine entry of ``graph`` (drafter ``engines`` dict, or the ``target`` section's
-    ``engines`` list)."""
+    """The manifest's TensorRT engine entry of ``graph`` ("context", "draft", "target": ``engines["<graph>.tensorrt"]``)."""
     engines = manifest.get("engines") or {}
     found = engines.get(f"{graph}.tensorrt") if isinstance(engines, dict) else None
-    if found is None and graph == "target":
-        found = next((e for e in (manifest.get("target") or {}).get("engines", [])
-                      if e.get("flavor", "tensorrt") == "tensorrt"), None)
     if found is None:
         raise DSparkTrtError(f"the export has no TensorRT {graph} engine; build it on the GPU host with "
                              f"dspark build-engine OUT --engine tensorrt")
@@ -212,20 +222,24 @@ class TensorRTGraph:
         graphs: "graph" (capture), "eager" (the same padded path without capture).
         bucketed: False runs every call with exact shapes, eagerly (the context graph, whose outputs are as
             long as its inputs).
+        context_plus: inputs whose context dimension has fixed extra slots (``input_specs``).
+        fixed: values of the other symbolic dimensions for this graph (e.g. {"Q": 8}).
     """
 
     def __init__(self, engine: TensorRTEngine, tensors: Sequence[IoTensor], *, batch_dim: str = "B",
                  context_dim: str | None = None, max_batch: int = 8, max_context: int = 0,
                  fills: Mapping[str, tuple[float, float]] | None = None, role: str = "draft",
-                 graphs: str = "graph", device: str | torch.device = "cuda", bucketed: bool = True):
+                 graphs: str = "graph", device: str | torch.device = "cuda", bucketed: bool = True,
+                 context_plus: Mapping[str, tuple[str, int]] | None = None, smallest_context: int = 128,
+                 fixed: Mapping[str, int] | None = None):
         self.engine, self.tensors = engine, tuple(tensors)
         self.bucketed = bucketed  # False: always exact shapes, no padding, no graph (outputs as long as inputs)
         self.batch_dim, self.context_dim = batch_dim, context_dim
         self.inputs = [t for t in self.tensors if t.is_input]
         self.outputs = [t for t in self.tensors if not t.is_input]
         self.output_names = [t.name for t in self.outputs]
-        self.policy = BucketPolicy(max_batch, max_context if context_dim else 0)
-        specs = input_specs(self.tensors, batch_dim, context_dim, fills)
+        self.policy = BucketPolicy(max_batch, max_context if context_dim else 0, smallest_context)
+        specs = input_specs(self.tensors, batch_dim, context_dim, fills, context_plus, fixed)
         self._contexts: dict[GraphKey, Any] = {}
         self._outputs: dict[GraphKey, dict[str, torch.Tensor]] = {}
         self.runner = GraphRunner(self._enqueue, specs, role=role, device=device, mode=graphs,  # type: ignore[arg-type]

@@ -69,10 +69,11 @@ def test_rtx_engines_and_missing_versions_are_refused():
 
 
 def test_engine_entry_finds_drafter_and_target_engines():
-    manifest = {"engines": {"draft.tensorrt": entry(), "context.tensorrt": entry()},
-                "target": {"engines": [{"flavor": "tensorrt-rtx", "file": "x"}, {"flavor": "tensorrt", "file": "t"}]}}
+    manifest = {"engines": {"draft.tensorrt": entry(), "context.tensorrt": entry(),
+                            "target.tensorrt": {**entry(), "file": "engines/target.plan"}},
+                "target": {"engines": ["engines/target.plan"]}}
     assert engine_entry(manifest, "draft")["file"] == "engines/draft.plan"
-    assert engine_entry(manifest, "target")["file"] == "t"
+    assert engine_entry(manifest, "target")["file"] == "engines/target.plan"
     with pytest.raises(DSparkTrtError, match="no TensorRT draft engine; build it on the GPU host"):
         engine_entry({"engines": {}}, "draft")
 
@@ -164,3 +165,56 @@ def test_generate_with_the_tensorrt_backend_exits_1_without_tensorrt(capsys):
     assert main(["generate", "--backend", "tensorrt", "--max-new-tokens", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs full TensorRT and a GPU" in err[0]
+
+
+# ------------------------------------------------------------------------------------------ the target
+def test_target_padding_specs_keep_the_new_tokens_last():
+    from dspark_trt.runtime.tensorrt_target import TARGET_FILLS, mask_symbol
+
+    tensors = io_tensors(TARGET_IO)
+    assert mask_symbol(tensors) == "PQ"
+    specs = {s.name: s for s in input_specs(tensors, "B", "P", TARGET_FILLS, {"attention_mask": ("PQ", 3)},
+                                            {"Q": 3})}
+    assert specs["input_ids"].shape == (0, 3)
+    mask = specs["attention_mask"]
+    assert (mask.batch_dim, mask.context_dim, mask.context_extra, mask.batch_fill, mask.context_fill) == (0, 1, 3, 1, 0)
+    assert specs["past_key"].context_extra == 0 and specs["past_key"].context_dim == 3
+
+
+@pytest.mark.onnx
+@pytest.mark.slow
+def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, one_thread):
+    """The exported target graph (CONTRACT I/O) through the target's padding specs and the graph runner, on the
+    CPU with onnxruntime: batch 3 → bucket 4, past 5 → bucket 16, Q = 3 new tokens; equal to the unpadded call."""
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.export.manifest import graph_io
+    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.export.target_onnx import export_target_onnx, load_target_model
+    from dspark_trt.runtime.tensorrt_target import TARGET_FILLS, mask_symbol
+
+    layer_ids = DSparkConfig.from_pretrained(tiny_pair.drafter).target_layer_ids
+    path = export_target_onnx(load_target_model(tiny_pair.target, torch.float32), layer_ids, tmp_path / "target.onnx")
+    graph = OrtGraph(path)
+    tensors = io_tensors(graph_io(path))
+    B, P, Q = 3, 5, 3
+    runner = GraphRunner(lambda x, key: graph.run(x),
+                         input_specs(tensors, "B", "P", TARGET_FILLS, {"attention_mask": (mask_symbol(tensors), Q)},
+                                     {"Q": Q}),
+                         role="target", device="cpu", output_batch_dims=output_batch_dims(tensors))
+    g = torch.Generator().manual_seed(0)
+    k = next(t for t in tensors if t.name == "past_key")
+    L, H, D = k.shape[0], k.shape[2], k.shape[4]
+    mask = torch.ones(B, P + Q, dtype=torch.int64)
+    mask[1, 3:P] = 0  # request 1 has holes (rejected drafts), request 2 is shorter
+    mask[2, 2:P] = 0
+    feeds = {"input_ids": torch.randint(0, 2500, (B, Q), generator=g),
+             "position_ids": torch.tensor([[5, 6, 7], [3, 4, 5], [2, 3, 4]]), "attention_mask": mask,
+             "past_key": torch.randn(L, B, H, P, D, generator=g), "past_value": torch.randn(L, B, H, P, D, generator=g)}
+    plan = BucketPolicy(max_batch=8, max_context=64, smallest_context=16).plan(B, P)
+    want = graph.run(feeds)
+    got = runner(plan, feeds)
+    assert runner.entries[next(iter(runner.entries))].inputs["attention_mask"].shape == (4, 16 + Q)
+    for name in ("logits", "taps", "new_key", "new_value"):
+        assert got[name].shape == want[name].shape, name
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-4)
+    assert torch.equal(got["logits"].argmax(-1), want["logits"].argmax(-1))

@@ -46,6 +46,7 @@ BACKENDS: dict[str, str] = {
 #: device=, **options)``), used by ``SpeculativeDecoder.from_export(..., backend=NAME)``
 TARGET_BACKENDS: dict[str, str] = {
     "onnxruntime": "dspark_trt.runtime.ort_target:OnnxRuntimeTarget",
+    "tensorrt": "dspark_trt.runtime.tensorrt_target:TensorRTTarget",
 }
 
 

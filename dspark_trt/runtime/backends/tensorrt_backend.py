@@ -47,7 +47,8 @@ class TensorRTDrafterBackend(DrafterBackend):
     name = "tensorrt"
 
     def __init__(self, export_dir: str | Path, *, max_batch: int | None = None, graphs: str = "graph",
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, max_graph_tokens: int | None = None):
+        # max_graph_tokens is the target's option (SpeculativeDecoder.from_export passes both the same options)
         require_tensorrt("the tensorrt drafter backend")
         from ...export.manifest import read_manifest
         from ..tensorrt_engine import TensorRTEngine, TensorRTGraph, io_tensors
