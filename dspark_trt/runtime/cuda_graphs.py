@@ -338,9 +338,9 @@ class GraphRunner:
                 out = entry.outputs
             else:
                 out = self.fn(entry.inputs, entry.key)
-            result = unpad_tree(out, plan, self.output_batch_dims)
         current.wait_stream(self._stream)
-        return result
+        # copies on the caller's stream: their memory belongs to it; the next replay waits for them (above)
+        return unpad_tree(out, plan, self.output_batch_dims)
 
     def _new_entry(self, plan: PadPlan, variant: tuple) -> GraphEntry:
         inputs = {s.name: torch.zeros(plan.shape(s), dtype=s.dtype, device=self.device) for s in self.specs}
@@ -353,6 +353,18 @@ class GraphRunner:
         for s in self.specs:
             plan.load(s, entry.inputs[s.name], inputs[s.name].to(self.device, s.dtype))
 
+    def fall_back(self, entry: GraphEntry, error: BaseException) -> None:
+        """After a failed capture: clear CUDA's sticky last error, run this key eagerly from now on, warn once
+        per runner (the reason is kept on the entry and logged at debug level)."""
+        clear_cuda_error()
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        entry.graph, entry.outputs, entry.eager_reason = None, None, reason
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"CUDA graph capture of the {self.role} round failed ({reason}); running it eagerly",
+                          RuntimeWarning, stacklevel=4)
+        log.debug("capture of %s failed: %s", entry.key, reason)
+
     def _capture(self, entry: GraphEntry) -> None:
         """Warm up on the runner's stream, then capture into the role's pool; on failure fall back (warn once)."""
         try:
@@ -363,14 +375,7 @@ class GraphRunner:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
                 outputs = self.fn(entry.inputs, entry.key)
         except Exception as e:  # capture invalidated, an op that syncs, an allocation TensorRT refused, ...
-            clear_cuda_error()
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            entry.eager_reason = reason
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"CUDA graph capture of the {self.role} round failed ({reason}); running it eagerly",
-                              RuntimeWarning, stacklevel=3)
-            log.debug("capture of %s failed: %s", entry.key, reason)
+            self.fall_back(entry, e)
             return
         entry.graph, entry.outputs = graph, outputs
         entry.input_ptrs = tuple(t.data_ptr() for t in entry.inputs.values())

@@ -126,6 +126,28 @@ def test_runner_on_cpu_runs_the_padded_path_eagerly_once_per_key():
     assert list(runner.entries) == [GraphKey("draft", 4)]  # one static buffer set per bucket
 
 
+def test_a_failed_capture_warns_once_and_that_key_runs_eagerly():
+    runner = GraphRunner(lambda x, k: x["v"] + 1, (InputSpec("v", (0,), torch.float32),), role="draft", device="cpu")
+    a, b = (runner._new_entry(PadPlan(1, n), ()) for n in (1, 2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner.fall_back(a, RuntimeError("operation not permitted when stream is capturing\nmore"))
+        runner.fall_back(b, RuntimeError("again"))
+    assert len(caught) == 1 and "draft round failed (RuntimeError: operation not permitted" in str(caught[0].message)
+    assert a.eager_reason.startswith("RuntimeError") and a.graph is None and b.eager_reason == "RuntimeError: again"
+    runner.entries[a.key] = a
+    runner.mode = "graph"  # even in graph mode, a key that failed runs its round eagerly
+    assert runner(PadPlan(1, 1), {"v": torch.tensor([2.0])}).tolist() == [3.0]
+
+
+def test_clearing_the_cuda_error_without_a_cuda_runtime_is_a_no_op():
+    from dspark_trt.runtime.cuda_graphs import clear_cuda_error
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA runtime is loaded")
+    assert clear_cuda_error() is None
+
+
 def test_runner_needs_every_input():
     runner = GraphRunner(lambda x, k: x, (InputSpec("v", (0,), torch.float32),), role="t", device="cpu")
     with pytest.raises(DSparkTrtError, match="missing inputs"):

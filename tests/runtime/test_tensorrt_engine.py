@@ -218,3 +218,35 @@ def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, o
         assert got[name].shape == want[name].shape, name
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-4)
     assert torch.equal(got["logits"].argmax(-1), want["logits"].argmax(-1))
+
+
+def test_without_tensorrt_the_target_backend_refuses_in_one_line(tmp_path):
+    if tensorrt_available() is None:
+        pytest.skip("TensorRT and a GPU are present")
+    from dspark_trt.runtime.backends.base import target_backend_class
+
+    cls = target_backend_class("tensorrt")
+    with pytest.raises(DSparkTrtError, match="the tensorrt target backend needs full TensorRT and a GPU") as e:
+        cls.from_export(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.onnx
+@pytest.mark.slow
+def test_from_export_with_tensorrt_generates_the_onnxruntime_tokens(tiny_pair, tmp_path):
+    """The whole export on the GPU host (engines for context, draft with the AOT plugin, target), then
+    SpeculativeDecoder.from_export with backend="tensorrt" (CUDA graphs) against backend="onnxruntime"."""
+    from dspark_trt.export.pipeline import ExportOptions, export_model
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    out = tmp_path / "export"
+    export_model(tiny_pair.drafter, out, ExportOptions(topk=16, dtype="fp32", engine="tensorrt", max_context=512),
+                 target_dir=tiny_pair.target)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    want = SpeculativeDecoder.from_export(out, backend="onnxruntime").generate(prompts, max_new_tokens=24, topk=16)
+    trt_dec = SpeculativeDecoder.from_export(out, backend="tensorrt")
+    got = trt_dec.generate(prompts, max_new_tokens=24, topk=16)
+    assert got.tokens == want.tokens
+    assert any(e.graph is not None for e in trt_dec.backend._graphs["draft"].runner.entries.values())
