@@ -176,7 +176,8 @@ def require_tensorrt(what: str = "the tensorrt backend") -> None:
 
 
 def engine_entry(manifest: Mapping[str, Any], graph: str) -> dict:
-    """The manifest's TensorRT engine entry of ``graph`` ("context", "draft", "target": ``engines["<graph>.tensorrt"]``)."""
+    """The manifest's TensorRT engine entry of ``graph`` ("context", "draft" or "target"):
+    ``engines["<graph>.tensorrt"]``."""
     engines = manifest.get("engines") or {}
     found = engines.get(f"{graph}.tensorrt") if isinstance(engines, dict) else None
     if found is None:
@@ -200,7 +201,8 @@ class TensorRTEngine:
             self.runtime.engine_host_code_allowed = True  # version-compatible: the lean runtime inside the plan
         self.engine = self.runtime.deserialize_cuda_engine(Path(plan).read_bytes())
         if self.engine is None:
-            raise DSparkTrtError(f"TensorRT could not deserialize {plan}; rebuild it with dspark build-engine OUT --force")
+            raise DSparkTrtError(f"TensorRT could not deserialize {plan}; rebuild it with dspark build-engine OUT "
+                                 f"--force")
         self.trt = trt
 
     def context(self):
