@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the exported target and drafter of a dspark-export directory (tokenizer from "
                         "OUT/tokenizer; no transformers model loaded)")
     m.add_argument("--backend", default=None, help="drafter backend: torch (default) or onnxruntime; with --export "
-                   "the backend of both graphs (default onnxruntime)")
+                   "the backend of both graphs: onnxruntime (default) or tensorrt (the engines, on a GPU host)")
     m.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="model dtype (default: fp32 on CPU, bf16 on CUDA)")

@@ -94,3 +94,13 @@ def test_a_target_too_shallow_for_the_taps_is_one_line_at_export(random_pair, tm
     assert main(["export", str(random_pair.drafter), "--target", str(shallow.target), "-o", str(tmp_path / "o")]) == 1
     assert "invalid for this 4-layer target: [4] outside [-1, 3]" in one_error(capsys)
     assert not (tmp_path / "o").exists()
+
+
+def test_tensorrt_backend_without_tensorrt_exits_1_in_one_line(qwen3_topk_export, capsys):
+    from dspark_trt.runtime.tensorrt_engine import tensorrt_available
+
+    if tensorrt_available() is None:
+        pytest.skip("TensorRT and a GPU are present")
+    assert main(["generate", "--export", str(qwen3_topk_export), "--backend", "tensorrt", "--input-ids", "5 6"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs full TensorRT and a GPU" in err[0]
