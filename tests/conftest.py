@@ -42,6 +42,8 @@ GATES = {
     "rtx": (lambda: have_module("tensorrt_rtx"), "TensorRT-RTX not installed"),
     "triton": (lambda: have_module("triton"), "OpenAI Triton not installed"),
     "onnx": (lambda: have_module("onnx") and have_module("onnxruntime"), "onnx/onnxruntime not installed"),
+    "speculators": (lambda: have_module("speculators"),
+                    "speculators not installed (it pins an older transformers: .ci/run runs these in .venv-interop)"),
 }
 
 

@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opt-batch-size", type=int, default=None, help="engine profile opt batch (default: max)")
     p.add_argument("--max-context", type=int, default=None, help="longest context the engine accepts (default 8192)")
     p.add_argument("--target", default=None, metavar="DIR",
-                   help="target model directory (needed when the drafter shares embed_tokens/lm_head with it)")
+                   help="target model directory (needed when the drafter shares embed_tokens/lm_head with it; "
+                        "default: a speculators drafter's verifier, when it is a local directory)")
     p.add_argument("--version-compatible", action="store_true", default=None,
                    help="TensorRT: engine runs on later TensorRT runtimes of the same major version")
     p.add_argument("--compute-capability", default=None, help="TensorRT-RTX target GPU (default SM80)")

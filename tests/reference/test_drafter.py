@@ -120,8 +120,11 @@ def test_base_logits_apply_logit_scale():
     torch.testing.assert_close(model.base_logits(h), 0.5 * model.lm_head(h))
 
 
-def test_decoder_layer_matches_transformers_qwen3():
-    """Without context, a draft layer is a Qwen3 decoder layer with a full (non-causal) mask."""
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_decoder_layer_matches_transformers_qwen3(causal):
+    """Without context, a draft layer is a Qwen3 decoder layer with a full (or, causal, a lower-triangular) mask."""
+    from dspark_trt.reference.layers import block_attention_mask
+
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3 import modeling_qwen3 as q3
 
@@ -141,8 +144,11 @@ def test_decoder_layer_matches_transformers_qwen3():
     x = torch.randn(B, Q, c.hidden_size)
     positions = torch.arange(3, 3 + Q).expand(B, Q)
     empty = torch.zeros(B, 0, c.num_key_value_heads, c.head_dim)
-    ours = model.layers[0](x, positions, empty, empty, torch.ones(B, Q, dtype=torch.bool))
-    theirs = layer(x, attention_mask=torch.zeros(B, 1, Q, Q), position_ids=positions,
+    ours = model.layers[0](x, positions, empty, empty, block_attention_mask(torch.zeros(B), 0, Q, None, causal))
+    additive = torch.zeros(B, 1, Q, Q)
+    if causal:
+        additive = additive.masked_fill(torch.ones(Q, Q, dtype=torch.bool).triu(1), float("-inf"))
+    theirs = layer(x, attention_mask=additive, position_ids=positions,
                    position_embeddings=rotary(x, positions))
     theirs = theirs[0] if isinstance(theirs, tuple) else theirs
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
