@@ -153,6 +153,16 @@ def tiny_odd_pair(tmp_path_factory):
                                  confidence_head=False)
 
 
+@pytest.fixture(scope="session")
+def tiny_causal_pair(tmp_path_factory):
+    """A speculators-format pair trained the speculators way: layer 0 ``sliding_attention`` with window 4
+    (causal inside the block, context rows p-4 … p-1), layer 1 ``full_attention`` (bidirectional)."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return build_once(tmp_path_factory, "tiny-causal-windowed", lambda out: write_tiny_checkpoint(
+        out, seed=4, format="speculators", layer_types=("sliding_attention", "full_attention"), sliding_window=4))
+
+
 #: exports the ONNX tests use: (pair fixture, dtype, topk), split between xdist workers up front (below)
 STANDARD_ONNX_EXPORTS = [("tiny_pair", "fp32", 16), ("tiny_pair", "fp32", "off"), ("tiny_pair", "fp16", 16),
                          ("tiny_pair", "bf16", 16), ("tiny_pair", "fp32", 2500), ("tiny_odd_pair", "fp32", 1)]
