@@ -12,6 +12,15 @@ Layer ids are stored in the **DeepSeek convention** (id i = output of target dec
 -1 = embedding output). ``hf_hidden_state_indices`` converts to ``output_hidden_states`` indices; the
 speculators/vLLM capture ids are ``id + 1`` as well. This module is the one place that converts.
 
+Attention inside the draft block (per draft layer; the speculators training mask,
+``models/dflash/attention.py::create_anchor_block_mask_mod``): a ``full_attention`` layer — and a
+``sliding_attention`` layer when sliding windows are off — lets every block query see all context positions
+``< p`` and every block slot (bidirectional; DeepSeek's architecture). A ``sliding_attention`` layer with
+window ``W`` sees only the context positions ``p - W … p - 1`` and, unless ``sliding_window_non_causal``,
+the block slots up to its own (causal). Keys follow transformers' ``Qwen3Config``: ``use_sliding_window``
+(default false) switches windows on, ``sliding_window`` (default 4096) is ``W``, and ``layer_types`` defaults
+to ``sliding_attention`` from layer ``max_window_layers`` (default 28) on.
+
 Block layout (§3.4): ``block_size`` is the number of query slots per request, as both ecosystems name
 it. With ``sample_from_anchor`` (anchor-first, DeepSeek) every slot is a prediction, so the drafter
 proposes ``N = block_size`` tokens; without it (bonus-anchor) slot 0 only carries the anchor and
@@ -32,6 +41,10 @@ from .jsonfile import read_json
 __all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture_ids", "check_layer_ids"]
 
 SUPPORTED_MARKOV_HEADS = ("vanilla",)
+SUPPORTED_HIDDEN_ACTS = ("silu",)
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+QWEN3_SLIDING_WINDOW = 4096  # transformers' Qwen3Config defaults, used where a key is absent
+QWEN3_MAX_WINDOW_LAYERS = 28
 
 
 def hf_hidden_state_indices(target_layer_ids: tuple[int, ...] | list[int]) -> list[int]:
@@ -86,8 +99,20 @@ class DSparkConfig:
     sample_from_anchor: bool = True  # anchor-first (True) or bonus-anchor (False) layout
     draft_topk: int | None = None  # vLLM's `dspark_draft_topk`; None = dense Markov head
     source_format: Literal["deepseek", "speculators"] = "deepseek"
+    # -- attention pattern inside the draft block (module docstring) -------------------------------
+    hidden_act: str = "silu"
+    layer_types: tuple[str, ...] = ()  # per draft layer; () = all "full_attention"
+    sliding_window: int | None = None  # W of sliding_attention layers; None = windows off (they attend fully)
+    sliding_window_non_causal: bool = False  # sliding layers bidirectional (True) or causal in the block
 
     def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", ("full_attention",) * int(self.num_hidden_layers))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        unsupported = _attention_problem(self.hidden_act, self.layer_types, self.num_hidden_layers,
+                                         self.sliding_window)
+        if unsupported:
+            raise DSparkTrtError(unsupported)
         if self.markov_head_type not in SUPPORTED_MARKOV_HEADS:
             raise DSparkTrtError(
                 f"markov_head_type {self.markov_head_type!r} is not supported: dspark-trt implements the "
@@ -132,6 +157,17 @@ class DSparkConfig:
     @property
     def hf_hidden_state_indices(self) -> list[int]:
         return hf_hidden_state_indices(self.target_layer_ids)
+
+    def layer_attention(self, layer: int) -> tuple[int | None, bool]:
+        """(context window W or None, causal inside the block) of draft layer ``layer``."""
+        if self.layer_types[layer] != "sliding_attention" or self.sliding_window is None:
+            return None, False
+        return self.sliding_window, not self.sliding_window_non_causal
+
+    @property
+    def bidirectional_full_attention(self) -> bool:
+        """True when every draft layer sees the whole context and the whole block (DeepSeek's architecture)."""
+        return all(self.layer_attention(i) == (None, False) for i in range(self.num_hidden_layers))
 
     @property
     def confidence_input_size(self) -> int:
@@ -214,6 +250,46 @@ def _backbone_fields(layer: dict[str, Any], where: str) -> dict[str, Any]:
     )
 
 
+def _attention_problem(hidden_act: str, layer_types: tuple[str, ...], num_layers: int,
+                       window: int | None) -> str | None:
+    """The one-line refusal of an attention/MLP variant dspark-trt cannot run, or None."""
+    if hidden_act not in SUPPORTED_HIDDEN_ACTS:
+        return (f"hidden_act {hidden_act!r} is not supported: dspark-trt implements the silu MLP of Qwen3 draft "
+                f"layers; use a drafter trained with hidden_act 'silu'")
+    bad = sorted({t for t in layer_types if t not in SUPPORTED_LAYER_TYPES})
+    if bad:
+        return (f"layer_types {bad} are not supported: dspark-trt implements 'full_attention' and "
+                f"'sliding_attention' draft layers only")
+    if len(layer_types) != num_layers:
+        return (f"layer_types lists {len(layer_types)} layers but num_hidden_layers is {num_layers}; fix the "
+                f"checkpoint's config.json")
+    if window is not None and window < 1:
+        return f"sliding_window must be >= 1 (or use_sliding_window false), got {window}"
+    return None
+
+
+def _attention_fields(layer: dict[str, Any], non_causal: Any, where: str) -> dict[str, Any]:
+    """hidden_act and the per-layer attention pattern, read as transformers' Qwen3Config reads them."""
+    num_layers = int(_require(layer, "num_hidden_layers", where))
+    window = None
+    if layer.get("use_sliding_window", False):
+        window = layer.get("sliding_window", QWEN3_SLIDING_WINDOW)
+        window = None if window is None else int(window)
+    types = layer.get("layer_types")
+    if types is None:
+        first = int(layer.get("max_window_layers", QWEN3_MAX_WINDOW_LAYERS))
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                 for i in range(num_layers)]
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise DSparkTrtError(f"{where}: layer_types must be a list of strings, got {types!r}")
+    hidden_act = layer.get("hidden_act") or "silu"
+    problem = _attention_problem(hidden_act, tuple(types), num_layers, window)
+    if problem:
+        raise DSparkTrtError(f"{where}: {problem}")
+    return dict(hidden_act=hidden_act, layer_types=tuple(types), sliding_window=window,
+                sliding_window_non_causal=bool(non_causal or False))
+
+
 def _draft_topk(raw: dict[str, Any]) -> int | None:
     value = raw.get("draft_topk", raw.get("dspark_draft_topk"))
     return None if value in (None, 0) else int(value)
@@ -243,6 +319,7 @@ def _from_deepseek(raw: dict[str, Any], where: str) -> DSparkConfig:
         sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
         draft_topk=_draft_topk(raw),
         source_format="deepseek",
+        **_attention_fields(raw, raw.get("sliding_window_non_causal"), where),
     )
 
 
@@ -270,4 +347,5 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkConfig:
         sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
         draft_topk=_draft_topk(raw),
         source_format="speculators",
+        **_attention_fields(layer, raw.get("sliding_window_non_causal"), where + ":transformer_layer_config"),
     )

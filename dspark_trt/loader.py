@@ -1,7 +1,13 @@
-"""``load_drafter``: checkpoint directory → reference ``DSparkDrafter`` with its weights, contract-checked."""
+"""``load_drafter``: checkpoint directory → reference ``DSparkDrafter`` with its weights, contract-checked.
+
+A speculators checkpoint names its verifier (``speculators_config.verifier.name_or_path``) but never its
+layer count: ``default_target_dir`` turns that name into the default target directory when it is a local
+directory that exists, and the target's ``config.json`` supplies ``num_target_layers``.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -11,7 +17,9 @@ from .config import DSparkConfig
 from .errors import DSparkTrtError
 from .jsonfile import read_json
 
-__all__ = ["load_drafter", "read_target_config", "resolve_dtype"]
+__all__ = ["load_drafter", "read_target_config", "resolve_dtype", "default_target_dir", "resolve_target_dir"]
+
+log = logging.getLogger("dspark")
 
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
            "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -32,6 +40,37 @@ def read_target_config(target_dir: str | Path) -> dict:
     return raw.get("text_config", raw)
 
 
+def default_target_dir(model_dir: str | Path) -> Path | None:
+    """The verifier a speculators checkpoint was trained against, when it is a local directory that exists.
+
+    ``speculators_config.verifier.name_or_path`` is tried relative to the drafter directory, then as given
+    (absolute, or relative to the working directory); a Hub id or a missing path gives None.
+    """
+    model_dir = Path(model_dir)
+    try:
+        raw = read_json(model_dir / "config.json", missing="no config.json", fix="fix the checkpoint")
+    except DSparkTrtError:
+        return None  # load_drafter reports the unreadable config itself
+    verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}) if isinstance(raw, dict) else {}
+    name = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    for candidate in (model_dir / name, Path(name).expanduser()):
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def resolve_target_dir(model_dir: str | Path, target_dir: str | Path | None) -> Path | None:
+    """``target_dir`` when given, else the checkpoint's local verifier directory (``default_target_dir``), else None."""
+    if target_dir is not None:
+        return Path(target_dir)
+    found = default_target_dir(model_dir)
+    if found is not None:
+        log.info("target: %s (the verifier named in the drafter's speculators_config)", found)
+    return found
+
+
 def load_drafter(
     model_dir: str | Path,
     *,
@@ -47,7 +86,8 @@ def load_drafter(
         dtype (torch.dtype or str, *optional*, defaults to fp32): parameter dtype (``d2t`` stays int64).
         device (*optional*, defaults to "cpu").
         target_dir (*optional*): the target model directory; required when the drafter shares
-            ``embed_tokens`` / ``lm_head`` with it, and used to check the tapped layer ids.
+            ``embed_tokens`` / ``lm_head`` with it, and used to check the tapped layer ids. Default: the
+            verifier a speculators checkpoint names, when that is a local directory (``default_target_dir``).
 
     Returns:
         ``DSparkDrafter`` in eval mode, without gradients; its ``config`` is the normalised ``DSparkConfig``.
@@ -62,6 +102,7 @@ def load_drafter(
     dtype = resolve_dtype(dtype)
     model_dir = Path(model_dir)
     config = DSparkConfig.from_pretrained(model_dir)
+    target_dir = resolve_target_dir(model_dir, target_dir)
     target_cfg = None
     if target_dir is not None:
         target_cfg = read_target_config(target_dir)

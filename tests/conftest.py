@@ -42,6 +42,8 @@ GATES = {
     "rtx": (lambda: have_module("tensorrt_rtx"), "TensorRT-RTX not installed"),
     "triton": (lambda: have_module("triton"), "OpenAI Triton not installed"),
     "onnx": (lambda: have_module("onnx") and have_module("onnxruntime"), "onnx/onnxruntime not installed"),
+    "speculators": (lambda: have_module("speculators"),
+                    "speculators not installed (it pins an older transformers: .ci/run runs these in .venv-interop)"),
 }
 
 
@@ -150,6 +152,16 @@ def tiny_odd_pair(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-odd") / "pair", seed=3, format="speculators",
                                  draft_vocab_size=1111, logit_scale=0.5, sample_from_anchor=False, block_size=5,
                                  confidence_head=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_causal_pair(tmp_path_factory):
+    """A speculators-format pair trained the speculators way: layer 0 ``sliding_attention`` with window 4
+    (causal inside the block, context rows p-4 … p-1), layer 1 ``full_attention`` (bidirectional)."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return build_once(tmp_path_factory, "tiny-causal-windowed", lambda out: write_tiny_checkpoint(
+        out, seed=4, format="speculators", layer_types=("sliding_attention", "full_attention"), sliding_window=4))
 
 
 #: exports the ONNX tests use: (pair fixture, dtype, topk), split between xdist workers up front (below)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,3 +186,55 @@ def test_load_dtype_and_d2t_stays_integer(pairs):
 def test_expected_tensors_covers_the_module_state_dict(pairs):
     model = load_drafter(pairs["reduced"].drafter)
     assert set(model.state_dict()) == set(expected_tensors(model.config))
+
+
+# -- the target a speculators checkpoint names ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def speculators_pair(tmp_path_factory):
+    small = dict(vocab_size=300, hidden_size=32, intermediate_size=48, head_dim=8, markov_rank=8)
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("spec") / "pair", format="speculators", **small)
+
+
+def with_verifier(pair, tmp_path, name_or_path):
+    return edited(pair, tmp_path, config=lambda c: c["speculators_config"]["verifier"].update(name_or_path=name_or_path))
+
+
+def test_speculators_verifier_directory_is_the_default_target(speculators_pair, tmp_path, monkeypatch):
+    from dspark_trt.loader import default_target_dir
+
+    raw = json.loads((speculators_pair.drafter / "config.json").read_text())
+    assert raw["speculators_config"]["verifier"]["name_or_path"] == "../target"  # relative to the drafter
+    assert "num_target_layers" not in raw  # speculators never writes the verifier's depth
+    assert default_target_dir(speculators_pair.drafter) == speculators_pair.drafter / "../target"
+    model = load_drafter(speculators_pair.drafter)  # embed_tokens / lm_head from the recorded verifier
+    assert model.config.num_target_layers == 6  # read from the target's config.json
+    explicit = load_drafter(speculators_pair.drafter, target_dir=speculators_pair.target)
+    assert torch.equal(model.embed_tokens.weight, explicit.embed_tokens.weight)
+
+    absolute = with_verifier(speculators_pair, tmp_path, str(speculators_pair.target.resolve()))
+    monkeypatch.chdir(tmp_path)
+    assert default_target_dir(absolute) == speculators_pair.target.resolve()
+    (tmp_path / "verifiers").mkdir()
+    shutil.copytree(speculators_pair.target, tmp_path / "verifiers" / "t")
+    cwd_relative = with_verifier(speculators_pair, tmp_path / "x", "verifiers/t")  # relative to the working dir
+    assert default_target_dir(cwd_relative) == Path("verifiers/t")
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen3-8B", "/nonexistent/verifier", None])
+def test_no_default_target_without_a_local_verifier(speculators_pair, tmp_path, name):
+    from dspark_trt.loader import default_target_dir
+
+    path = with_verifier(speculators_pair, tmp_path, name)
+    assert default_target_dir(path) is None
+    assert default_target_dir(speculators_pair.target) is None  # not a speculators config
+    assert "embed_tokens.weight is absent" in violation(path)
+
+
+def test_recorded_verifier_too_shallow_for_the_taps_is_refused(speculators_pair, tmp_path):
+    def taps_and_verifier(c):
+        c.update(aux_hidden_state_layer_ids=[2, 3, 6])  # DeepSeek ids [1, 2, 5]: 5 is the last of 6 layers
+        c["speculators_config"]["verifier"]["name_or_path"] = str(speculators_pair.target.resolve())
+
+    path = edited(speculators_pair, tmp_path, config=taps_and_verifier)
+    with pytest.raises(DSparkTrtError, match=r"target_layer_ids \[1, 2, 5\] are invalid for a 6-layer target"):
+        load_drafter(path)

@@ -151,3 +151,95 @@ def test_digest_is_stable_and_sensitive():
     a = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
     assert a.digest() == DSparkConfig.from_dict(dict(QWEN3_8B_DSPARK)).digest()
     assert a.digest() != a.replace(logit_scale=0.5).digest()
+
+
+# -- attention pattern inside the block and hidden_act ---------------------------------------------------------
+def speculators_with(layer_keys: dict, **top) -> dict:
+    raw = speculators_version(QWEN3_8B_DSPARK)
+    raw["transformer_layer_config"].update(layer_keys)
+    raw.update(top)
+    return raw
+
+
+TRAINING_CLI_DEFAULTS = {  # what speculators' training CLI writes by default (5 draft layers here)
+    "layer_types": ["sliding_attention"] * 5, "use_sliding_window": True, "sliding_window": 2048,
+    "hidden_act": "silu", "max_window_layers": 28,
+}
+
+
+def test_speculators_training_defaults_are_causal_and_windowed():
+    c = DSparkConfig.from_dict(speculators_with(TRAINING_CLI_DEFAULTS, sliding_window_non_causal=False))
+    assert [c.layer_attention(i) for i in range(5)] == [(2048, True)] * 5
+    assert not c.bidirectional_full_attention
+    assert (c.hidden_act, c.sliding_window, c.sliding_window_non_causal) == ("silu", 2048, False)
+    absent = speculators_with(TRAINING_CLI_DEFAULTS)  # sliding_window_non_causal absent: speculators' default
+    assert DSparkConfig.from_dict(absent) == c
+
+
+def test_deepseek_published_config_is_bidirectional_and_full():
+    c = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    assert c.bidirectional_full_attention and c.layer_types == ("full_attention",) * 5
+    assert [c.layer_attention(i) for i in range(5)] == [(None, False)] * 5
+
+
+@pytest.mark.parametrize("keys, top, expect", [
+    # per-layer layer_types (speculators' --full-attention-indices)
+    ({**TRAINING_CLI_DEFAULTS, "layer_types": ["full_attention", "sliding_attention"] * 2 + ["full_attention"]}, {},
+     [(None, False), (2048, True)] * 2 + [(None, False)]),
+    # sliding_window_non_causal: windowed but bidirectional inside the block
+    (TRAINING_CLI_DEFAULTS, {"sliding_window_non_causal": True}, [(2048, False)] * 5),
+    # use_sliding_window false (or absent, Qwen3Config's default): sliding_attention layers attend fully
+    ({**TRAINING_CLI_DEFAULTS, "use_sliding_window": False}, {}, [(None, False)] * 5),
+    ({k: v for k, v in TRAINING_CLI_DEFAULTS.items() if k != "use_sliding_window"}, {}, [(None, False)] * 5),
+    # sliding_window absent: Qwen3Config's 4096; null: windows off
+    ({k: v for k, v in TRAINING_CLI_DEFAULTS.items() if k != "sliding_window"}, {}, [(4096, True)] * 5),
+    ({**TRAINING_CLI_DEFAULTS, "sliding_window": None}, {}, [(None, False)] * 5),
+    # layer_types absent: Qwen3Config derives it, sliding from layer max_window_layers on
+    ({"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 3}, {},
+     [(None, False)] * 3 + [(64, True)] * 2),
+    ({"use_sliding_window": True, "sliding_window": 64}, {}, [(None, False)] * 5),  # default max_window_layers 28
+], ids=["mixed", "non-causal", "use-false", "use-absent", "window-absent", "window-null", "derived", "derived-28"])
+def test_each_attention_key_is_honoured(keys, top, expect):
+    c = DSparkConfig.from_dict(speculators_with(keys, **top))
+    assert [c.layer_attention(i) for i in range(5)] == expect
+
+
+def test_deepseek_format_reads_the_same_keys_at_top_level():
+    raw = {**QWEN3_8B_DSPARK, **TRAINING_CLI_DEFAULTS, "sliding_window_non_causal": True}
+    c = DSparkConfig.from_dict(raw)
+    assert [c.layer_attention(i) for i in range(5)] == [(2048, False)] * 5
+    assert DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "use_sliding_window": False, "sliding_window": None}) == \
+        DSparkConfig.from_dict(QWEN3_8B_DSPARK)  # a Qwen3 target's copied keys change nothing
+
+
+WHERE = "config:transformer_layer_config"
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"hidden_act": "gelu"}, f"{WHERE}: hidden_act 'gelu' is not supported: dspark-trt implements the silu MLP of "
+                             f"Qwen3 draft layers; use a drafter trained with hidden_act 'silu'"),
+    ({"layer_types": ["full_attention", "linear_attention", "chunked_attention", "full_attention",
+                      "full_attention"]},
+     f"{WHERE}: layer_types ['chunked_attention', 'linear_attention'] are not supported: dspark-trt implements "
+     f"'full_attention' and 'sliding_attention' draft layers only"),
+    ({"layer_types": ["full_attention"] * 4},
+     f"{WHERE}: layer_types lists 4 layers but num_hidden_layers is 5; fix the checkpoint's config.json"),
+    ({"use_sliding_window": True, "sliding_window": 0},
+     f"{WHERE}: sliding_window must be >= 1 (or use_sliding_window false), got 0"),
+    ({"layer_types": "sliding_attention"},
+     f"{WHERE}: layer_types must be a list of strings, got 'sliding_attention'"),
+], ids=["hidden-act", "layer-type", "layer-count", "window-0", "not-a-list"])
+def test_unsupported_attention_and_activation_are_refused_in_one_line(keys, message):
+    with pytest.raises(DSparkTrtError) as e:
+        DSparkConfig.from_dict(speculators_with(keys))
+    assert str(e.value) == message
+
+
+def test_hidden_act_default_and_direct_construction():
+    assert DSparkConfig.from_dict(QWEN3_8B_DSPARK).hidden_act == "silu"  # absent: Qwen3's silu
+    c = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    with pytest.raises(DSparkTrtError, match="hidden_act 'relu' is not supported"):
+        c.replace(hidden_act="relu")
+    with pytest.raises(DSparkTrtError, match="layer_types lists 2 layers"):
+        c.replace(layer_types=("full_attention",) * 2)
+    assert c.digest() != c.replace(layer_types=("sliding_attention",) * 5, sliding_window=8).digest()

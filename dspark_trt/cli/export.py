@@ -30,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=None, help="longest context the engine accepts (default 8192)")
     p.add_argument("--target", default=None, metavar="DIR",
                    help="target model directory: exported too (onnx/target.onnx, its engine, tokenizer/), and needed "
-                        "when the drafter shares embed_tokens/lm_head with it")
+                        "when the drafter shares embed_tokens/lm_head with it (default: a speculators drafter's "
+                        "verifier, when it is a local directory)")
     p.add_argument("--skip-target", action="store_true", help="export the drafter only (the target stays a "
                    "transformers model at run time)")
     p.add_argument("--version-compatible", action="store_true", default=None,

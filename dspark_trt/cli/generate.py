@@ -23,7 +23,9 @@ from .common import set_cpu_threads
 def add_arguments(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("models (default: the embedded demo pair)")
     m.add_argument("--drafter", metavar="DIR", default=None, help="DSpark drafter checkpoint directory")
-    m.add_argument("--target", metavar="DIR", default=None, help="Hugging Face causal-LM directory (the target)")
+    m.add_argument("--target", metavar="DIR", default=None,
+                   help="Hugging Face causal-LM directory (the target; default: a speculators drafter's verifier, "
+                        "when it is a local directory)")
     m.add_argument("--export", metavar="OUT", default=None,
                    help="run the exported target and drafter of a dspark-export directory (tokenizer from "
                         "OUT/tokenizer; no transformers model loaded)")
@@ -87,9 +89,15 @@ def resolve_pair(args: argparse.Namespace):
 
         pair = embedded_pair()
         return pair.drafter, pair.target
-    if args.drafter is None or args.target is None:
-        raise DSparkTrtError("pass both --drafter and --target (or neither, for the embedded demo pair)")
-    return args.drafter, args.target
+    target = args.target
+    if args.drafter is not None and target is None:
+        from ..loader import resolve_target_dir
+
+        target = resolve_target_dir(args.drafter, None)  # a speculators drafter's local verifier
+    if args.drafter is None or target is None:
+        raise DSparkTrtError("pass both --drafter and --target (or neither, for the embedded demo pair; --target "
+                             "defaults to a speculators drafter's verifier when that is a local directory)")
+    return args.drafter, target
 
 
 def build_decoder(args: argparse.Namespace):

@@ -286,11 +286,12 @@ def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_d
     checkpoint or a new dspark-trt never reuses a stale export. Concurrent callers (processes, pytest-xdist
     workers) take a file lock per entry, so each entry is exported once.
     """
-    from ..loader import load_drafter
+    from ..loader import load_drafter, resolve_target_dir
 
     dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)]
     config = DSparkConfig.from_pretrained(model_dir)
     spec = ExportSpec.resolve(config, dtype=dtype_name, **options)  # bad options fail before hashing
+    target_dir = resolve_target_dir(model_dir, target_dir)  # a speculators verifier dir counts in the key
     inputs = _inputs_digest(model_dir, target_dir)
     key = _digest(inputs, dataclasses.asdict(spec), validate)
     context_key = _digest(inputs, spec.dtype, spec.max_context)

@@ -297,12 +297,14 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                  target_dir: str | Path | None = None, force: bool = False) -> ExportResult:
     """Run the whole export (see the module docstring). Raises ``DSparkTrtError`` on bad input (nothing written),
     ``ValidationMismatch`` when the ONNX graphs disagree with the reference."""
+    from ..loader import resolve_target_dir
     from .onnx import ExportSpec
 
     start = time.perf_counter()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     # -- every argument checked before anything runs or is written ----------------------------------------
     config = DSparkConfig.from_pretrained(model_dir)
+    target_dir = resolve_target_dir(model_dir, target_dir)  # default: a speculators checkpoint's local verifier
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt")
     flavor = resolve_flavor(options.engine)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..config import DSparkConfig
-from .layers import DSparkDecoderLayer, RMSNorm
+from .layers import DSparkDecoderLayer, RMSNorm, block_attention_mask
 from .markov import MarkovWalkResult, select_candidates, walk_candidates
 
 __all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead"]
@@ -91,14 +91,16 @@ class DSparkDrafter(nn.Module):
         ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
         ctx_len: torch.Tensor,  # [B] int64: valid context tokens per request (rest is padding)
     ) -> torch.Tensor:
-        """Final-normed hidden states of every block slot, [B, Q, d]; non-causal inside the block."""
-        B, Q = ids.shape
-        T = ctx_k.shape[2]
-        ctx_valid = torch.arange(T, device=ids.device).view(1, T) < ctx_len.view(B, 1)  # [B, T]
-        key_valid = torch.cat((ctx_valid, torch.ones(B, Q, dtype=torch.bool, device=ids.device)), dim=1)
+        """Final-normed hidden states of every block slot, [B, Q, d]; each layer masked as its config says
+        (``DSparkConfig.layer_attention``: bidirectional and full, or causal/windowed)."""
+        Q, T = ids.shape[1], ctx_k.shape[2]
+        masks: dict[tuple[int | None, bool], torch.Tensor] = {}  # [B, Q or 1, T+Q] per attention pattern
         x = self.embed_tokens(ids)  # [B, Q, d]
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, ctx_k[i], ctx_v[i], key_valid)
+            pattern = self.config.layer_attention(i)
+            if pattern not in masks:
+                masks[pattern] = block_attention_mask(ctx_len, T, Q, *pattern)
+            x = layer(x, positions, ctx_k[i], ctx_v[i], masks[pattern])
         return self.norm(x)
 
     def block_hidden(

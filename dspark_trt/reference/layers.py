@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["RMSNorm", "rope_tables", "apply_rope", "DSparkAttention", "DSparkMLP", "DSparkDecoderLayer"]
+__all__ = ["RMSNorm", "rope_tables", "apply_rope", "block_attention_mask", "DSparkAttention", "DSparkMLP",
+           "DSparkDecoderLayer"]
 
 
 class RMSNorm(nn.Module):
@@ -44,8 +45,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2)
 
 
+def block_attention_mask(
+    ctx_len: torch.Tensor,  # [B] int: p, the valid context rows (= the anchor's position)
+    T: int,  # context rows in the K/V tensors (≥ every ctx_len; the rest is padding)
+    Q: int,  # block slots
+    window: int | None,  # sliding window W: context rows p-W … p-1 only; None = all rows < p
+    causal: bool,  # block slot i sees slots 0 … i only (else every slot)
+) -> torch.Tensor:
+    """Which keys ``[context rows ; block slots]`` each block query sees: [B, Q, T+Q] bool ([B, 1, T+Q] when
+    no query differs), the speculators training mask (``create_anchor_block_mask_mod``) for one anchor."""
+    B = ctx_len.shape[0]
+    rows = torch.arange(T, device=ctx_len.device).view(1, T)
+    p = ctx_len.view(B, 1)
+    ctx = rows < p  # [B, T]
+    if window is not None:
+        ctx = ctx & (rows >= p - window)
+    if not causal:
+        return torch.cat((ctx, torch.ones(B, Q, dtype=torch.bool, device=ctx.device)), dim=1).view(B, 1, T + Q)
+    slots = torch.arange(Q, device=ctx_len.device)
+    blk = (slots.view(1, Q) <= slots.view(Q, 1)).view(1, Q, Q).expand(B, Q, Q)  # [B, Q, Q]: key slot ≤ query slot
+    return torch.cat((ctx.view(B, 1, T).expand(B, Q, T), blk), dim=2)
+
+
 class DSparkAttention(nn.Module):
-    """Block queries attend, non-causally, to the cached context K/V and to every block slot."""
+    """Block queries attend to the cached context K/V and to the block slots, as ``key_valid`` allows."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, theta: float):
         super().__init__()
@@ -70,7 +93,7 @@ class DSparkAttention(nn.Module):
         positions: torch.Tensor,  # [B, Q] int64
         ctx_k: torch.Tensor,  # [B, T, H_kv, D] cached context keys (RoPE applied)
         ctx_v: torch.Tensor,  # [B, T, H_kv, D]
-        key_valid: torch.Tensor,  # [B, T + Q] bool
+        key_valid: torch.Tensor,  # [B, Q or 1, T + Q] bool (block_attention_mask)
     ) -> torch.Tensor:
         B, Q, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, Q, self.heads, self.head_dim))
@@ -83,7 +106,7 @@ class DSparkAttention(nn.Module):
         k = k.repeat_interleave(groups, dim=1)  # [B, H, T+Q, D]: query head h uses kv head h // groups
         v = v.repeat_interleave(groups, dim=1)
         scores = torch.matmul(q.transpose(1, 2).float(), k.float().transpose(-1, -2)) * self.head_dim**-0.5
-        scores = scores.masked_fill(~key_valid[:, None, None, :], float("-inf"))  # [B, H, Q, T+Q]
+        scores = scores.masked_fill(~key_valid[:, None], float("-inf"))  # [B, H, Q, T+Q]
         probs = torch.softmax(scores, dim=-1).to(x.dtype)
         out = torch.matmul(probs, v).transpose(1, 2).reshape(B, Q, self.heads * self.head_dim)
         return self.o_proj(out)

@@ -75,10 +75,18 @@ class SpeculativeDecoder:
                                  f"reduced draft vocabulary ({self.config.draft_vocab_size} < {self.config.vocab_size})")
 
     @classmethod
-    def from_pretrained(cls, drafter_dir: str | Path, target_dir: str | Path, *, backend: str = "torch",
-                        device=None, dtype=None, target_dtype=None, tokenizer: bool = True,
+    def from_pretrained(cls, drafter_dir: str | Path, target_dir: str | Path | None = None, *,
+                        backend: str = "torch", device=None, dtype=None, target_dtype=None, tokenizer: bool = True,
                         **backend_options) -> "SpeculativeDecoder":
-        """Load the target (``HFTarget``), the drafter into backend ``backend``, and the target's tokenizer."""
+        """Load the target (``HFTarget``), the drafter into backend ``backend``, and the target's tokenizer.
+
+        ``target_dir`` defaults to the verifier a speculators drafter names, when that is a local directory."""
+        from ..loader import resolve_target_dir
+
+        target_dir = resolve_target_dir(drafter_dir, target_dir)
+        if target_dir is None:
+            raise DSparkTrtError(f"no target for {drafter_dir}: pass target_dir (the drafter names no local "
+                                 f"verifier directory)")
         target = HFTarget.from_pretrained(target_dir, device=device, dtype=target_dtype or dtype)
         drafter = backend_class(backend).from_pretrained(drafter_dir, target_dir=target_dir, device=target.device,
                                                          dtype=dtype, **backend_options)

@@ -58,6 +58,9 @@ def tiny_config(
     logit_scale: float = 1.0,
     confidence_head: bool = True,
     mask_token_id: int | None = None,
+    layer_types: tuple[str, ...] | None = None,
+    sliding_window: int | None = None,
+    sliding_window_non_causal: bool = False,
 ) -> DSparkConfig:
     """The ``DSparkConfig`` a tiny checkpoint with these options loads to."""
     return DSparkConfig(
@@ -80,6 +83,9 @@ def tiny_config(
         confidence_head_with_markov=confidence_head,
         logit_scale=logit_scale,
         sample_from_anchor=sample_from_anchor,
+        layer_types=tuple(layer_types or ()),
+        sliding_window=sliding_window,
+        sliding_window_non_causal=sliding_window_non_causal,
     )
 
 
@@ -217,6 +223,12 @@ def _dspark_keys(c: DSparkConfig) -> dict:
     return keys
 
 
+def _attention_keys(c: DSparkConfig) -> dict:
+    """The attention-pattern keys as transformers' Qwen3Config and speculators write them."""
+    return {"hidden_act": c.hidden_act, "layer_types": list(c.layer_types),
+            "use_sliding_window": c.sliding_window is not None, "sliding_window": c.sliding_window}
+
+
 def _deepseek_config(c: DSparkConfig, target_config: dict) -> dict:
     """DeepSpec's build_draft_config: the target's config, overridden."""
     config = {k: v for k, v in target_config.items() if not k.startswith("_")}
@@ -224,7 +236,7 @@ def _deepseek_config(c: DSparkConfig, target_config: dict) -> dict:
         architectures=["Qwen3DSparkModel"],
         model_type="qwen3",
         num_hidden_layers=c.num_hidden_layers,
-        layer_types=["full_attention"] * c.num_hidden_layers,
+        **_attention_keys(c),
         target_layer_ids=list(c.target_layer_ids),
         num_target_layers=c.num_target_layers,
         num_anchors=512,
@@ -233,6 +245,8 @@ def _deepseek_config(c: DSparkConfig, target_config: dict) -> dict:
         rope_parameters={"rope_theta": c.rope_theta, "rope_type": "default"},
         **_dspark_keys(c),
     )
+    if c.sliding_window_non_causal:
+        config["sliding_window_non_causal"] = True
     config.pop("rope_theta", None)
     config.pop("mlp_bias", None)
     return config
@@ -251,7 +265,7 @@ def _speculators_config(c: DSparkConfig, target_config: dict) -> dict:
         "rms_norm_eps": c.rms_norm_eps,
         "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
         "attention_bias": False,
-        "layer_types": ["full_attention"] * c.num_hidden_layers,
+        **_attention_keys(c),
     }
     keys = _dspark_keys(c)
     keys["draft_vocab_size"] = c.draft_vocab_size
@@ -262,6 +276,7 @@ def _speculators_config(c: DSparkConfig, target_config: dict) -> dict:
         "aux_hidden_state_layer_ids": [i + 1 for i in c.target_layer_ids],
         "target_hidden_size": c.hidden_size,
         "num_anchors": 256,
+        "sliding_window_non_causal": c.sliding_window_non_causal,
         **keys,
         "speculators_config": {
             "algorithm": "dspark",

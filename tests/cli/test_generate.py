@@ -129,3 +129,12 @@ def test_embedded_default_pair_runs_offline(tmp_path, monkeypatch, capsys):
     assert len(built) == 1 and (built[0] / "target" / "tokenizer.json").is_file()
     code, out2, _ = run_cli(capsys, "--prompt", "The verifier", "--max-new-tokens", 48, "--json")  # cached
     assert code == 0 and json.loads(out2)["tokens"] == result["tokens"]
+
+
+def test_speculators_drafter_defaults_to_its_recorded_verifier(tiny_causal_pair, capsys):
+    """No --target: the verifier directory the speculators config names (here ../target, next to the drafter)."""
+    args = ["--drafter", tiny_causal_pair.drafter, "--input-ids", "1 2 3 4 5 6", "--max-new-tokens", 6, "--json"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    code, explicit, _ = run_cli(capsys, *args, "--target", tiny_causal_pair.target, "--no-draft")
+    assert code == 0 and json.loads(out)["tokens"] == json.loads(explicit)["tokens"]

@@ -122,6 +122,29 @@ def test_topk_full_vocab_graph_equals_dense_graph(tiny_pair, onnx_export):
     torch.testing.assert_close(by_id(topk.cand_ids, topk.cand_logits, V_D), dense.cand_logits, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_causal_windowed_draft_graph_matches_reference(tiny_causal_pair, onnx_export, sampled):
+    """speculators' default pattern (a causal sliding-window layer) is in the graph: ORT = reference, and both
+    differ from reading the checkpoint as bidirectional and full."""
+    drafter = _drafter(tiny_causal_pair, "fp32")
+    c = drafter.config
+    assert c.layer_attention(0) == (4, True) and c.layer_attention(1) == (None, False)
+    _, draft = _graphs(onnx_export(tiny_causal_pair, "fp32", 16))
+    inputs = round_inputs(drafter, 3, seed=9, sampled=sampled)
+    inputs["ctx_len"] = torch.tensor([15, 8, 2])  # T = 15: the window of 4 drops rows for the first two
+    got, ref = run_both(drafter, draft, inputs, 16)
+    assert torch.equal(got.tokens, ref.tokens)
+    torch.testing.assert_close(by_id(got.cand_ids, got.cand_logits, V_D), by_id(ref.cand_ids, ref.cand_logits, V_D),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.confidence, ref.confidence, atol=1e-6, rtol=1e-6)
+    wrong = type(drafter)(c.replace(layer_types=("full_attention",) * 2))  # read as DeepSeek's pattern
+    wrong.load_state_dict(drafter.state_dict())
+    round_inputs_ = (inputs["anchor"], inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_len"])
+    base = drafter.base_logits(drafter.block_hidden(*round_inputs_))
+    other = wrong.base_logits(wrong.block_hidden(*round_inputs_))
+    assert (base - other).abs().amax(dim=(1, 2)).min() > 1e-3  # every request: the mask matters
+
+
 @pytest.mark.parametrize("B", [1, 3])
 def test_odd_checkpoint_k1(tiny_odd_pair, onnx_export, B):
     """k = 1 on the awkward pair: reduced vocab (d2t), logit_scale 0.5, bonus-anchor layout (N = 4), no

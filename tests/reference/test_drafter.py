@@ -120,8 +120,11 @@ def test_base_logits_apply_logit_scale():
     torch.testing.assert_close(model.base_logits(h), 0.5 * model.lm_head(h))
 
 
-def test_decoder_layer_matches_transformers_qwen3():
-    """Without context, a draft layer is a Qwen3 decoder layer with a full (non-causal) mask."""
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_decoder_layer_matches_transformers_qwen3(causal):
+    """Without context, a draft layer is a Qwen3 decoder layer with a full (or, causal, a lower-triangular) mask."""
+    from dspark_trt.reference.layers import block_attention_mask
+
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3 import modeling_qwen3 as q3
 
@@ -141,8 +144,11 @@ def test_decoder_layer_matches_transformers_qwen3():
     x = torch.randn(B, Q, c.hidden_size)
     positions = torch.arange(3, 3 + Q).expand(B, Q)
     empty = torch.zeros(B, 0, c.num_key_value_heads, c.head_dim)
-    ours = model.layers[0](x, positions, empty, empty, torch.ones(B, Q, dtype=torch.bool))
-    theirs = layer(x, attention_mask=torch.zeros(B, 1, Q, Q), position_ids=positions,
+    ours = model.layers[0](x, positions, empty, empty, block_attention_mask(torch.zeros(B), 0, Q, None, causal))
+    additive = torch.zeros(B, 1, Q, Q)
+    if causal:
+        additive = additive.masked_fill(torch.ones(Q, Q, dtype=torch.bool).triu(1), float("-inf"))
+    theirs = layer(x, attention_mask=additive, position_ids=positions,
                    position_embeddings=rotary(x, positions))
     theirs = theirs[0] if isinstance(theirs, tuple) else theirs
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
@@ -167,3 +173,74 @@ def test_bf16_drafter_tracks_fp32():
 def test_config_and_module_agree_on_bonus_anchor_n():
     c = tiny_config(block_size=8, sample_from_anchor=False)
     assert isinstance(c, DSparkConfig) and c.num_draft_tokens == 7
+
+
+# -- per-layer attention patterns (speculators' sliding_attention layers) -------------------------------------
+def speculators_mask_mod(p: int, T: int, Q: int, window: int | None, non_causal: bool):
+    """speculators' ``create_anchor_block_mask_mod`` for one anchor at ``p``, one document, transcribed as loops:
+    key index < T is context row t, ≥ T block slot; True = attend."""
+    non_causal = window is None or non_causal  # full-attention masks are always bidirectional
+    mask = torch.zeros(Q, T + Q, dtype=torch.bool)
+    for q in range(Q):
+        for kv in range(T + Q):
+            if kv < T:
+                mask[q, kv] = kv < p and (window is None or kv >= p - window)
+            else:
+                mask[q, kv] = non_causal or kv - T <= q
+    return mask
+
+
+@pytest.mark.parametrize("window, causal", [(None, False), (1, True), (3, True), (3, False), (7, True), (50, True),
+                                            (50, False)])  # every (W, causal) that DSparkConfig.layer_attention gives
+def test_block_attention_mask_is_the_speculators_training_mask(window, causal):
+    from dspark_trt.reference.layers import block_attention_mask
+
+    T, Q = 11, 5
+    ctx_len = torch.tensor([0, 1, 4, 9, 11])
+    mask = block_attention_mask(ctx_len, T, Q, window, causal).expand(5, Q, T + Q)
+    for b, p in enumerate(ctx_len.tolist()):
+        want = speculators_mask_mod(p, T, Q, window, non_causal=not causal)
+        assert torch.equal(mask[b], want), (p, window, causal)
+
+
+def test_causal_layers_keep_earlier_slots_blind_to_later_ones():
+    """All layers causal: changing block slot 3 leaves slots 0-2 bit-identical; one bidirectional layer does not."""
+    for layer_types, blind in ((("sliding_attention",) * 2, True), (("sliding_attention", "full_attention"), False)):
+        model = random_drafter(layer_types=layer_types, sliding_window=100)
+        _, k, v = context(model)
+        ctx_len = torch.tensor([9, 6])
+        ids, pos = model.block_ids(torch.tensor([3, 4]), ctx_len)
+        h = model.block_forward(ids, pos, k, v, ctx_len)
+        ids2 = ids.clone()
+        ids2[:, 3] = 7
+        h2 = model.block_forward(ids2, pos, k, v, ctx_len)
+        assert torch.equal(h2[:, :3], h[:, :3]) == blind
+        assert (h2[:, 3:] - h[:, 3:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("non_causal", [False, True])
+def test_windowed_layers_ignore_context_before_the_window(non_causal):
+    """Window 3 on every layer: context rows < p - 3 can hold anything; with a full layer they count."""
+    W = 3
+    for layer_types, blind in ((("sliding_attention",) * 2, True), (("full_attention", "sliding_attention"), False)):
+        model = random_drafter(layer_types=layer_types, sliding_window=W, sliding_window_non_causal=non_causal)
+        _, k, v = context(model)
+        ctx_len, anchor = torch.tensor([9, 6]), torch.tensor([3, 4])
+        h = model.block_hidden(anchor, k, v, ctx_len)
+        k2, v2 = k.clone(), v.clone()
+        for b, p in enumerate(ctx_len.tolist()):
+            k2[:, b, : p - W] = torch.randn_like(k2[:, b, : p - W])
+            v2[:, b, : p - W] = torch.randn_like(v2[:, b, : p - W])
+        assert torch.equal(model.block_hidden(anchor, k2, v2, ctx_len), h) == blind
+        for b, p in enumerate(ctx_len.tolist()):
+            k2[:, b, p - 1] += 1.0  # the last row before the anchor: always inside the window
+        assert (model.block_hidden(anchor, k2, v2, ctx_len) - h).abs().amax(dim=(1, 2)).min() > 1e-4
+
+
+def test_use_sliding_window_off_means_full_bidirectional_layers():
+    model = random_drafter(layer_types=("sliding_attention",) * 2, sliding_window=None)
+    full = random_drafter()
+    _, k, v = context(model)
+    ctx_len, anchor = torch.tensor([9, 6]), torch.tensor([3, 4])
+    assert model.config.bidirectional_full_attention
+    assert torch.equal(model.block_hidden(anchor, k, v, ctx_len), full.block_hidden(anchor, k, v, ctx_len))

@@ -278,3 +278,16 @@ def test_speculators_format_with_reduced_vocab_through_from_pretrained(tmp_path)
     assert dec.generate(prompts, 12, topk=50).tokens == dec.generate(prompts, 12, draft=False).tokens
     sampled = dec.generate(prompts, 12, temperature=0.8, seed=[3, 4])
     assert all(0 <= t < 301 for row in sampled.tokens for t in row)
+
+
+def test_causal_windowed_speculators_drafter_is_lossless(tiny_causal_pair):
+    """A drafter with speculators' causal sliding-window layer: greedy speculation = the target alone, over
+    contexts longer than the window; the recorded verifier is the default target."""
+    from tests.runtime.runtime_helpers import make_decoder, random_prompts
+
+    dec = make_decoder(tiny_causal_pair)
+    assert dec.config.layer_attention(0) == (4, True)
+    prompts = random_prompts(2, 2499, seed=6, min_len=6, max_len=9)
+    assert dec.generate(prompts, 10, topk=16).tokens == dec.generate(prompts, 10, draft=False).tokens
+    default = SpeculativeDecoder.from_pretrained(tiny_causal_pair.drafter, None, device="cpu", dtype="fp32")
+    assert default.generate(prompts, 10, topk=16).tokens == dec.generate(prompts, 10, draft=False).tokens

@@ -39,8 +39,30 @@ def test_same_seed_in_both_formats_loads_to_identical_outputs(tmp_path, draft_vo
 
 def test_speculators_format_needs_the_target_for_shared_weights(tmp_path):
     sp = write_tiny_checkpoint(tmp_path / "sp", format="speculators", **SMALL)
+    config = sp.drafter / "config.json"
+    raw = json.loads(config.read_text())
+    raw["speculators_config"]["verifier"]["name_or_path"] = "Qwen/Qwen3-8B"  # a Hub id: no local default target
+    config.write_text(json.dumps(raw))
     with pytest.raises(DSparkTrtError, match="embed_tokens.weight is absent"):
         load_drafter(sp.drafter)
+
+
+@pytest.mark.parametrize("attention", [
+    {},
+    {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 4},
+    {"layer_types": ("sliding_attention", "sliding_attention"), "sliding_window": 2, "sliding_window_non_causal": True},
+], ids=["full", "causal-windowed-mixed", "non-causal-windowed"])
+def test_attention_options_round_trip_in_both_formats(tmp_path, attention):
+    ds = write_tiny_checkpoint(tmp_path / "ds", format="deepseek", **SMALL, **attention)
+    sp = write_tiny_checkpoint(tmp_path / "sp", format="speculators", **SMALL, **attention)
+    c_ds, r_ds = outputs(ds.drafter)
+    c_sp, r_sp = outputs(sp.drafter, sp.target)
+    assert c_sp.replace(source_format="deepseek") == c_ds
+    assert (c_ds.layer_types, c_ds.sliding_window) == (attention.get("layer_types", ("full_attention",) * 2),
+                                                       attention.get("sliding_window"))
+    assert torch.equal(r_ds.cand_logits, r_sp.cand_logits)
+    layer = json.loads((sp.drafter / "config.json").read_text())["transformer_layer_config"]
+    assert layer["use_sliding_window"] == ("sliding_window" in attention)  # as speculators' training CLI writes
 
 
 def test_seed_is_the_only_source_of_randomness(tmp_path):

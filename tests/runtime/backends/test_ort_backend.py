@@ -117,6 +117,25 @@ def test_decode_rounds_match_reference(backend_and_topk, tiny_pair, temperature)
         torch.testing.assert_close(round_got.confidence, round_ref.confidence, atol=1e-6, rtol=1e-6)
 
 
+def test_causal_windowed_drafter_decodes_like_the_reference(tiny_causal_pair, onnx_export, onnx_cache_dir):
+    """speculators' causal sliding-window layer through the backend, over rounds whose contexts outgrow the window."""
+    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+    onnx_export(tiny_causal_pair, "fp32", 16)  # cache hit below
+    drafter = reference(tiny_causal_pair)
+    assert drafter.config.layer_attention(0) == (4, True)
+    with OnnxRuntimeDrafterBackend.from_pretrained(tiny_causal_pair.drafter, target_dir=tiny_causal_pair.target,
+                                                   dtype="fp32", topk=16, cache_dir=onnx_cache_dir) as backend:
+        temperature = torch.tensor([0.0, 1.0, 0.6])
+        got = simulate(backend, drafter, 4, B=3, topk=16, temperature=temperature)
+    ref = simulate(ReferenceRunner(drafter), drafter, 4, B=3, topk=16, temperature=temperature)
+    for round_got, round_ref in zip(got, ref):
+        assert torch.equal(round_got.tokens, round_ref.tokens)
+        order_got, order_ref = round_got.cand_ids.argsort(-1), round_ref.cand_ids.argsort(-1)
+        torch.testing.assert_close(round_got.cand_logits.gather(-1, order_got),
+                                   round_ref.cand_logits.gather(-1, order_ref), atol=1e-5, rtol=1e-5)
+
+
 def test_export_dir_backend_refuses_other_topk_and_long_context(tiny_pair, onnx_export):
     from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
 
