@@ -13,8 +13,9 @@ Rules (spec §10.14, §10.16):
   logit within the tolerance of the reference's k-th largest — since ties there flip with any rounding
   (spec §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
 
-``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures),
-logs the max errors, returns a ``ValidationReport`` and raises ``cli.common.ValidationMismatch`` (exit 3)
+``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures,
+and taps with four massive-activation channels at ±3·10⁴ whose K/V must be finite on both sides, for
+every dtype: ``reference/precision.py``), logs the max errors, returns a ``ValidationReport`` and raises ``cli.common.ValidationMismatch`` (exit 3)
 on any failure.
 """
 
@@ -26,10 +27,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..reference.markov import MarkovWalkResult, draft_to_target
+from ..reference.precision import MASSIVE_ACTIVATION
 from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["Tolerance", "TOLERANCES", "Check", "ValidationReport", "compare_context", "compare_draft",
-           "validate_onnx"]
+__all__ = ["Tolerance", "TOLERANCES", "Check", "ValidationReport", "check_finite", "compare_context",
+           "compare_draft", "validate_onnx"]
 
 log = logging.getLogger("dspark.export")
 
@@ -114,6 +116,18 @@ def _close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, mask
         full[mask if mask is not None else ...] = bad
         where = f", first at {tuple(int(i) for i in full.nonzero()[0])}"
     return Check(name, n_bad == 0, f"max |Δ| {worst:.3g}, {n_bad} of {err.numel()} outside tolerance{where}")
+
+
+def check_finite(name: str, taps_dtype: torch.dtype, *tensors: torch.Tensor) -> Check:
+    """All of ``tensors`` (reference and exported K/V) finite; else the fix: the dtype overflowed."""
+    bad = [i for i, t in enumerate(tensors) if not bool(torch.isfinite(t).all())]
+    if not bad:
+        return Check(f"{name} finite", True, f"K/V finite on taps with channels at ±{MASSIVE_ACTIVATION:g}")
+    return Check(f"{name} finite", False,
+                 f"{len(bad)} of {len(tensors)} K/V tensors non-finite on taps with channels at "
+                 f"±{MASSIVE_ACTIVATION:g} (taps fed as {str(taps_dtype).removeprefix('torch.')}): the context "
+                 f"fusion overflowed; export in bf16 or fp32, or load the drafter with load_drafter(dtype='fp16') "
+                 f"so fc and hidden_norm stay fp32")
 
 
 def compare_context(got_k, got_v, ref_k, ref_v, tol: Tolerance, label: str = "context") -> list[Check]:
@@ -242,18 +256,26 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
     """
     from .graphs import run_context, run_draft
 
+    from ..reference.precision import massive_channels, massive_taps
+
     c = drafter.config
     tol = TOLERANCES[dtype]
     report = ValidationReport(dtype, tol)
     gen = torch.Generator().manual_seed(seed)
-    model_dtype = drafter.fc.weight.dtype
-    for B in batch_sizes:
+    taps_dtype = drafter.fc.weight.dtype  # the context fusion's dtype (fp32 in an fp16 drafter)
+    channels = massive_channels(c.num_taps, c.hidden_size, count=4, seed=seed)
+    cases = [(B, False) for B in batch_sizes] + [(2, True)]  # last: massive-activation taps (issue #16)
+    for B, massive in cases:
         T = 13 + 4 * B
-        taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=gen).to(model_dtype)
+        taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=gen)
+        taps = (massive_taps(taps, channels) if massive else taps).to(taps_dtype)
         positions = torch.arange(T).expand(B, T)
         ref_k, ref_v = drafter.context_kv(taps, positions)
         got_k, got_v = run_context(context, taps, positions)
-        report.checks += compare_context(got_k, got_v, ref_k, ref_v, tol, label=f"B={B} context")
+        label = f"B={B} massive" if massive else f"B={B}"
+        if massive:
+            report.checks.append(check_finite(f"{label} context", taps.dtype, ref_k, ref_v, got_k, got_v))
+        report.checks += compare_context(got_k, got_v, ref_k, ref_v, tol, label=f"{label} context")
         ctx_len = torch.randint(1, T + 1, (B,), generator=gen)
         anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
         seeds = torch.randint(0, 2**31 - 1, (B,), generator=gen)
@@ -265,7 +287,7 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
                             draft_vocab=c.draft_vocab_size)
             report.checks += compare_draft(got, ref, tol, vocab=c.draft_vocab_size, d2t=drafter.d2t_or_none,
                                            temperature=temperature, seed=seeds, positions=ctx_len + 1,
-                                           base_logits=base, label=f"B={B} {mode} draft")
+                                           base_logits=base, label=f"{label} {mode} draft")
     for line in report.lines():
         log.info(line)
     if raise_on_failure:
