@@ -84,6 +84,29 @@ class SpeculativeDecoder:
                                                          dtype=dtype, **backend_options)
         return cls(target, drafter, tokenizer=load_tokenizer(target_dir) if tokenizer else None)
 
+    @classmethod
+    def from_export(cls, export_dir: str | Path, *, backend: str = "onnxruntime", device=None, tokenizer: bool = True,
+                    **backend_options) -> "SpeculativeDecoder":
+        """The exported target and drafter of a ``dspark-export`` directory, run by ``backend``
+        (``onnxruntime``: the ONNX graphs), with the tokenizer from ``OUT/tokenizer/``; no transformers model."""
+        from ..export.manifest import read_manifest
+        from ..export.target_onnx import target_section
+        from .backends.base import target_backend_class
+
+        export_dir = Path(export_dir)
+        manifest = read_manifest(export_dir)
+        section = target_section(export_dir, manifest)  # one line saying how to add it when absent
+        target = target_backend_class(backend).from_export(export_dir, device=device, **backend_options)
+        drafter_cls = backend_class(backend)
+        if not hasattr(drafter_cls, "from_export"):
+            raise DSparkTrtError(f"drafter backend {backend!r} cannot run from an export directory; use "
+                                 f"backend='onnxruntime'")
+        drafter = drafter_cls.from_export(export_dir, device=device, **backend_options)
+        tok = None
+        if tokenizer and section.get("tokenizer"):
+            tok = load_tokenizer(export_dir / section["tokenizer"])
+        return cls(target, drafter, tokenizer=tok)
+
     @property
     def _d2t(self) -> torch.Tensor | None:
         return self.backend.d2t if self.config.has_reduced_vocab else None
