@@ -9,7 +9,7 @@ import torch
 
 from ..reference.precision import MASSIVE_ACTIVATION, massive_channels, massive_taps
 
-__all__ = ["MassiveCase", "massive_case"]
+__all__ = ["MassiveCase", "massive_case", "plant_massive_target"]
 
 
 class MassiveCase(NamedTuple):
@@ -37,3 +37,36 @@ def massive_case(drafter, *, B: int = 2, T: int = 12, count: int = 4, weight: fl
     anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
     ctx_len = torch.randint(max(1, T // 2), T + 1, (B,), generator=gen)
     return MassiveCase(taps, positions, channels, anchor, ctx_len)
+
+
+@torch.no_grad()
+def plant_massive_target(model, *, token: int = 0, channels: tuple[int, ...] = (3, 17),
+                         magnitude: float = MASSIVE_ACTIVATION, boost_layer: int | None = None,
+                         boost: float = 4e4) -> None:
+    """Give a ``transformers`` Llama/Qwen target massive activations, in place (any dtype, best fp32).
+
+    ``token``'s embedding holds +``magnitude`` in ``channels``, so the residual stream carries them at every
+    occurrence (real targets' sit at BOS: ``export.target_precision.calibration_prompt`` starts with it).
+    With ``boost_layer``, that layer's MLP adds about ``boost`` more to ``channels[0]`` at such tokens (3·10⁴ +
+    4·10⁴ > fp16's 65504): one intermediate unit reads the channel and writes it back, scaled.
+    """
+    inner = model.model
+    emb = inner.embed_tokens.weight  # [V, d]
+    emb[token, list(channels)] = magnitude
+    if boost_layer is None:
+        return
+    mlp = inner.layers[boost_layer].mlp
+    c, g = channels[0], 0  # the channel, the intermediate unit taken over
+    seen = {}
+    handle = mlp.register_forward_pre_hook(lambda _m, args: seen.setdefault("x", args[0].detach()))
+    try:
+        model(input_ids=torch.tensor([[token, token]], device=emb.device), use_cache=False)
+    finally:
+        handle.remove()
+    a = float(seen["x"][0, 0, c])  # the MLP's normed input at the massive channel
+    mlp.gate_proj.weight[g] = 0
+    mlp.up_proj.weight[g] = 0
+    mlp.gate_proj.weight[g, c] = 1.0
+    mlp.up_proj.weight[g, c] = 1.0
+    mlp.down_proj.weight[:, g] = 0
+    mlp.down_proj.weight[c, g] = boost / (torch.nn.functional.silu(torch.tensor(a)) * a)
