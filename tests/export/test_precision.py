@@ -60,3 +60,27 @@ def test_fp16_graphs_draft_what_fp32_drafts_on_massive_activations(massive_pair,
         assert all(c.ok for c in checks), [c.line() for c in checks if not c.ok]
         if temperature is None:
             assert torch.equal(got.tokens, ref.tokens)
+
+
+@pytest.mark.rtx
+@pytest.mark.slow  # parses and builds an SM80 engine (TensorRT-RTX on the CPU)
+def test_strongly_typed_engine_keeps_the_context_fusion_in_fp32(massive_pair, onnx_export):
+    """The engine is built strongly typed: the ONNX types are the engine's, so the fp32 island survives."""
+    import tensorrt_rtx as trt
+
+    from dspark_trt.export.engine import EngineBuildConfig, build_engine
+
+    path = onnx_export(massive_pair, "fp16", 16) / "context.onnx"
+    logger = trt.Logger(trt.Logger.ERROR)
+    network = trt.Builder(logger).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    assert trt.OnnxParser(network, logger).parse_from_file(str(path))
+    io = {t.name: t.dtype for t in [network.get_input(i) for i in range(network.num_inputs)] +
+          [network.get_output(i) for i in range(network.num_outputs)]}
+    assert io["taps"] == trt.float32 and io["ctx_k"] == io["ctx_v"] == trt.float16
+    matmuls = [network.get_layer(i) for i in range(network.num_layers)
+               if network.get_layer(i).type == trt.LayerType.MATRIX_MULTIPLY]
+    out_types = [layer.get_output(0).dtype for layer in matmuls]
+    assert out_types.count(trt.float32) == 1  # fc; the K/V projections run in fp16
+    assert out_types.count(trt.float16) == len(matmuls) - 1 >= 2
+    plan = build_engine(path, EngineBuildConfig("tensorrt-rtx", max_batch_size=2, dynamic_ranges={"T": (1, 16, 64)}))
+    assert len(plan) > 0
