@@ -15,8 +15,8 @@ Rules (spec §10.14, §10.16):
 
 ``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures,
 and taps with four massive-activation channels at ±3·10⁴ whose K/V must be finite on both sides, for
-every dtype: ``reference/precision.py``), logs the max errors, returns a ``ValidationReport`` and raises ``cli.common.ValidationMismatch`` (exit 3)
-on any failure.
+every dtype: ``reference/precision.py``), logs the max errors, returns a ``ValidationReport`` and raises
+``cli.common.ValidationMismatch`` (exit 3) on any failure.
 """
 
 from __future__ import annotations
