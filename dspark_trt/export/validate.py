@@ -7,8 +7,9 @@ Rules (spec §10.14, §10.16):
 * fp32: drafted tokens equal, greedy and probabilistic (same seeds → same tokens), candidate sets equal;
 * fp16/bf16: a row may diverge only at a near-tie — the token onnxruntime picked must score within the
   tolerance of the reference's pick under the reference's own scores (``z`` greedy, ``z/T + g`` with the
-  same Gumbel noise probabilistic). Later slots of that row condition on a different token and are not
-  compared;
+  same Gumbel noise probabilistic), or one side's pick must be missing from the other side's candidates (a
+  top-k boundary tie, judged by the candidate-set rule below). Later slots of that row condition on a
+  different token and are not compared;
 * candidate sets (top-k): an id chosen on one side only must sit at the top-k boundary — its reference base
   logit within the tolerance of the reference's k-th largest — since ties there flip with any rounding
   (spec §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
@@ -192,7 +193,7 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
     else:
         ref_scores = _dense_rows(ref.cand_ids, _scores(ref, temperature, seed, positions), vocab)
         got_scores = _dense_rows(got.cand_ids, _scores(got, temperature, seed, positions), vocab)
-        bad = []
+        bad, at_boundary = [], 0
         for b in range(B):
             j = int(first[b])
             if j == N:
@@ -201,14 +202,18 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
             if mine < 0 or best < 0:
                 bad.append(f"row {b} slot {j}: drafted token is not one of its candidates")
                 continue
+            if not bool((got.cand_ids[b, j] == best).any()) or not bool((ref.cand_ids[b, j] == mine).any()):
+                at_boundary += 1  # a pick the other side could not make: a top-k boundary tie, judged by the
+                continue  # candidate-ids check below (sampling over flat logits may pick a boundary id)
             mine_score = ref_scores[b, j, mine] if torch.isfinite(ref_scores[b, j, mine]) else got_scores[b, j, mine]
             temp = 1.0 if temperature is None or is_greedy(temperature[b]) else float(temperature[b])
             slack = float(tol.bound(ref_rows[b, j, best])) / temp
             gap = float(ref_scores[b, j, best] - mine_score)
             if not gap <= slack:
                 bad.append(f"row {b} slot {j}: picked a candidate {gap:.3g} below the reference's (slack {slack:.3g})")
-        detail = (f"{B * N - int(differs.sum())} of {B * N} equal; {n_rows - len(bad)} row(s) diverged at a "
-                  f"near-tie (later slots not compared)")
+        detail = (f"{B * N - int(differs.sum())} of {B * N} equal; {n_rows - len(bad) - at_boundary} row(s) "
+                  f"diverged at a near-tie" + (f", {at_boundary} at a top-k boundary tie" if at_boundary else "")
+                  + " (later slots not compared)")
         checks.append(Check(f"{label} tokens", not bad, detail + ("; " + bad[0] if bad else "")))
     k = ref.cand_ids.shape[-1]
     in_both = _present(got.cand_ids, vocab) & _present(ref.cand_ids, vocab)  # [B, N, V_d]
