@@ -162,7 +162,7 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
         "config_sha256": _config_sha256(target_dir),
         "architecture": (target_config.get("architectures") or ["?"])[0],
         "source": str(Path(target_dir).resolve()),
-        "tokenizer": TOKENIZER_DIR if set(tokenizer) - {"generation_config.json"} else None,
+        "tokenizer": TOKENIZER_DIR if tokenizer else None,  # loaded only when it has tokenizer files
         "tokenizer_files": tokenizer,
         "eos_token_ids": target_eos_ids(target_dir, target_config),
         "max_context": max_context,

@@ -69,6 +69,7 @@ class SpeculativeDecoder:
         self.backend = backend
         self.config = backend.config
         self.tokenizer = tokenizer
+        self.default_topk = self.config.draft_topk  # generate(topk=None); an export's own top-k in from_export
         check_pair(self.config, target)
         if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
             raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
@@ -105,7 +106,9 @@ class SpeculativeDecoder:
         tok = None
         if tokenizer and section.get("tokenizer"):
             tok = load_tokenizer(export_dir / section["tokenizer"])
-        return cls(target, drafter, tokenizer=tok)
+        decoder = cls(target, drafter, tokenizer=tok)
+        decoder.default_topk = manifest.get("topk")  # the graphs draft with the export's top-k
+        return decoder
 
     @property
     def _d2t(self) -> torch.Tensor | None:
@@ -165,7 +168,8 @@ class SpeculativeDecoder:
                 (a string or list of strings) when a tokenizer is available.
             temperature: < 1e-5 is greedy; one value or one per request.
             topk (*optional*): candidates per draft slot for the top-k Markov head; ``None`` uses the drafter
-                config's ``draft_topk`` (dense when unset), ``0`` forces dense.
+                config's ``draft_topk`` (dense when unset; an export's own top-k with ``from_export``), ``0``
+                forces dense.
             seed: noise key, ≥ 0; one value or one per request. Results do not depend on the batch.
             eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
@@ -182,7 +186,7 @@ class SpeculativeDecoder:
         seeds = self._per_request(seed, B, "seed", torch.int64)
         if bool((seeds < 0).any()):
             raise DSparkTrtError("seed must be >= 0")
-        topk = c.draft_topk if topk is None else (None if int(topk) == 0 else int(topk))
+        topk = self.default_topk if topk is None else (None if int(topk) == 0 else int(topk))
         if topk is not None and not 1 <= topk <= c.draft_vocab_size:
             raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
                                  f"--topk or 'off'")
