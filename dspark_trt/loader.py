@@ -83,7 +83,8 @@ def load_drafter(
     Args:
         model_dir (str or Path): drafter directory with ``config.json`` and ``model.safetensors`` or a sharded
             ``model.safetensors.index.json``, in DeepSeek or speculators format.
-        dtype (torch.dtype or str, *optional*, defaults to fp32): parameter dtype (``d2t`` stays int64).
+        dtype (torch.dtype or str, *optional*, defaults to fp32): parameter dtype (``d2t`` stays int64; in
+            fp16, ``fc`` and ``hidden_norm`` load in fp32: ``reference/precision.py``).
         device (*optional*, defaults to "cpu").
         target_dir (*optional*): the target model directory; required when the drafter shares
             ``embed_tokens`` / ``lm_head`` with it, and used to check the tapped layer ids. Default: the
@@ -98,6 +99,7 @@ def load_drafter(
         7
     """
     from .reference.drafter import DSparkDrafter
+    from .reference.precision import parameter_dtype
 
     dtype = resolve_dtype(dtype)
     model_dir = Path(model_dir)
@@ -121,7 +123,7 @@ def load_drafter(
         for name in spec:
             if name in shapes:
                 tensor = ck.get(name)
-                state[name] = tensor.to(torch.int64) if name == "d2t" else tensor.to(dtype)
+                state[name] = tensor.to(torch.int64) if name == "d2t" else tensor.to(parameter_dtype(name, dtype))
     if "d2t" not in state:
         state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.int64)
     if from_target:

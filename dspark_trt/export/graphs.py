@@ -2,7 +2,8 @@
 
 ``context`` — fuse newly accepted tokens' target taps into per-layer K/V (``DSparkDrafter.context_kv``)::
 
-    taps [B, T, m·d] (model dtype), positions [B, T] int32  →  ctx_k, ctx_v [L, B, T, H_kv, D] (model dtype)
+    taps [B, T, m·d] (fc's dtype: fp32 in an fp16 export), positions [B, T] int32
+      →  ctx_k, ctx_v [L, B, T, H_kv, D] (model dtype)
 
 ``draft`` — one draft round (``block_hidden`` → ``confidence_parts`` / ``base_logits`` → Markov walk)::
 

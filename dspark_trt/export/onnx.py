@@ -172,11 +172,12 @@ class OnnxFromDrafter:
         self._context_graph = context_graph  # an already exported context graph of this drafter and dtype
 
     def __call__(self) -> ExportedOnnx:
+        from ..reference.precision import model_dtype
         from .graphs import GraphInfo, export_context, export_draft
 
         drafter = _resolve(self._drafter)
         c = drafter.config
-        spec = ExportSpec.resolve(c, dtype=drafter.fc.weight.dtype, **self._options)
+        spec = ExportSpec.resolve(c, dtype=model_dtype(drafter), **self._options)  # fc may be fp32 (fp16)
         info = dict(dtype=spec.dtype, num_draft_tokens=c.num_draft_tokens, max_context=spec.max_context,
                     config_digest=c.digest())
         log.info(f"exporting ONNX graphs ({spec.dtype}, top-k {spec.topk or 'off'}, N {c.num_draft_tokens}, "

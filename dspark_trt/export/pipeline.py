@@ -249,6 +249,11 @@ class TargetForExport:
                                   new_target_section)
 
         model = load_target_model(self.target_dir, resolve_dtype(self.dtype))
+        fp16_range = None
+        if self.dtype == "fp16":  # massive activations: refuse a target that overflows (target_precision.py)
+            from .target_precision import check_target_fp16
+
+            fp16_range = check_target_fp16(model)
         path = export_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
         report = None
         if self.validate:
@@ -256,9 +261,12 @@ class TargetForExport:
 
             report = validate_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines()
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
-        return new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
-                                  dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
-                                  max_context=self.max_context, validation=report)
+        section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
+                                     dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
+                                     max_context=self.max_context, validation=report)
+        if fp16_range is not None:
+            section["fp16_range"] = fp16_range
+        return section
 
 
 def _module_version(module: str) -> str | None:

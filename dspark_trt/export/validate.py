@@ -7,15 +7,17 @@ Rules (spec §10.14, §10.16):
 * fp32: drafted tokens equal, greedy and probabilistic (same seeds → same tokens), candidate sets equal;
 * fp16/bf16: a row may diverge only at a near-tie — the token onnxruntime picked must score within the
   tolerance of the reference's pick under the reference's own scores (``z`` greedy, ``z/T + g`` with the
-  same Gumbel noise probabilistic). Later slots of that row condition on a different token and are not
-  compared;
+  same Gumbel noise probabilistic), or one side's pick must be missing from the other side's candidates (a
+  top-k boundary tie, judged by the candidate-set rule below). Later slots of that row condition on a
+  different token and are not compared;
 * candidate sets (top-k): an id chosen on one side only must sit at the top-k boundary — its reference base
   logit within the tolerance of the reference's k-th largest — since ties there flip with any rounding
   (spec §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
 
-``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures),
-logs the max errors, returns a ``ValidationReport`` and raises ``cli.common.ValidationMismatch`` (exit 3)
-on any failure.
+``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures,
+and taps with four massive-activation channels at ±3·10⁴ whose K/V must be finite on both sides, for
+every dtype: ``reference/precision.py``), logs the max errors, returns a ``ValidationReport`` and raises
+``cli.common.ValidationMismatch`` (exit 3) on any failure.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..reference.markov import MarkovWalkResult, draft_to_target
+from ..reference.precision import MASSIVE_ACTIVATION
 from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["Tolerance", "TOLERANCES", "Check", "ValidationReport", "compare_context", "compare_draft",
-           "validate_onnx"]
+__all__ = ["Tolerance", "TOLERANCES", "Check", "ValidationReport", "check_finite", "compare_context",
+           "compare_draft", "validate_onnx"]
 
 log = logging.getLogger("dspark.export")
 
@@ -117,6 +120,18 @@ def _close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance, mask
     return Check(name, n_bad == 0, f"max |Δ| {worst:.3g}, {n_bad} of {err.numel()} outside tolerance{where}")
 
 
+def check_finite(name: str, taps_dtype: torch.dtype, *tensors: torch.Tensor) -> Check:
+    """All of ``tensors`` (reference and exported K/V) finite; else the fix: the dtype overflowed."""
+    bad = [i for i, t in enumerate(tensors) if not bool(torch.isfinite(t).all())]
+    if not bad:
+        return Check(f"{name} finite", True, f"K/V finite on taps with channels at ±{MASSIVE_ACTIVATION:g}")
+    return Check(f"{name} finite", False,
+                 f"{len(bad)} of {len(tensors)} K/V tensors non-finite on taps with channels at "
+                 f"±{MASSIVE_ACTIVATION:g} (taps fed as {str(taps_dtype).removeprefix('torch.')}): the context "
+                 f"fusion overflowed; export in bf16 or fp32, or load the drafter with load_drafter(dtype='fp16') "
+                 f"so fc and hidden_norm stay fp32")
+
+
 def compare_context(got_k, got_v, ref_k, ref_v, tol: Tolerance, label: str = "context") -> list[Check]:
     """K/V [L, B, T, H_kv, D] against the reference."""
     return [_close(f"{label} ctx_k", got_k, ref_k, tol), _close(f"{label} ctx_v", got_v, ref_v, tol)]
@@ -178,7 +193,7 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
     else:
         ref_scores = _dense_rows(ref.cand_ids, _scores(ref, temperature, seed, positions), vocab)
         got_scores = _dense_rows(got.cand_ids, _scores(got, temperature, seed, positions), vocab)
-        bad = []
+        bad, at_boundary = [], 0
         for b in range(B):
             j = int(first[b])
             if j == N:
@@ -187,14 +202,18 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
             if mine < 0 or best < 0:
                 bad.append(f"row {b} slot {j}: drafted token is not one of its candidates")
                 continue
+            if not bool((got.cand_ids[b, j] == best).any()) or not bool((ref.cand_ids[b, j] == mine).any()):
+                at_boundary += 1  # a pick the other side could not make: a top-k boundary tie, judged by the
+                continue  # candidate-ids check below (sampling over flat logits may pick a boundary id)
             mine_score = ref_scores[b, j, mine] if torch.isfinite(ref_scores[b, j, mine]) else got_scores[b, j, mine]
             temp = 1.0 if temperature is None or is_greedy(temperature[b]) else float(temperature[b])
             slack = float(tol.bound(ref_rows[b, j, best])) / temp
             gap = float(ref_scores[b, j, best] - mine_score)
             if not gap <= slack:
                 bad.append(f"row {b} slot {j}: picked a candidate {gap:.3g} below the reference's (slack {slack:.3g})")
-        detail = (f"{B * N - int(differs.sum())} of {B * N} equal; {n_rows - len(bad)} row(s) diverged at a "
-                  f"near-tie (later slots not compared)")
+        detail = (f"{B * N - int(differs.sum())} of {B * N} equal; {n_rows - len(bad) - at_boundary} row(s) "
+                  f"diverged at a near-tie" + (f", {at_boundary} at a top-k boundary tie" if at_boundary else "")
+                  + " (later slots not compared)")
         checks.append(Check(f"{label} tokens", not bad, detail + ("; " + bad[0] if bad else "")))
     k = ref.cand_ids.shape[-1]
     in_both = _present(got.cand_ids, vocab) & _present(ref.cand_ids, vocab)  # [B, N, V_d]
@@ -243,18 +262,26 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
     """
     from .graphs import run_context, run_draft
 
+    from ..reference.precision import massive_channels, massive_taps
+
     c = drafter.config
     tol = TOLERANCES[dtype]
     report = ValidationReport(dtype, tol)
     gen = torch.Generator().manual_seed(seed)
-    model_dtype = drafter.fc.weight.dtype
-    for B in batch_sizes:
+    taps_dtype = drafter.fc.weight.dtype  # the context fusion's dtype (fp32 in an fp16 drafter)
+    channels = massive_channels(c.num_taps, c.hidden_size, count=4, seed=seed)
+    cases = [(B, False) for B in batch_sizes] + [(2, True)]  # last: massive-activation taps (issue #16)
+    for B, massive in cases:
         T = 13 + 4 * B
-        taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=gen).to(model_dtype)
+        taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=gen)
+        taps = (massive_taps(taps, channels) if massive else taps).to(taps_dtype)
         positions = torch.arange(T).expand(B, T)
         ref_k, ref_v = drafter.context_kv(taps, positions)
         got_k, got_v = run_context(context, taps, positions)
-        report.checks += compare_context(got_k, got_v, ref_k, ref_v, tol, label=f"B={B} context")
+        label = f"B={B} massive" if massive else f"B={B}"
+        if massive:
+            report.checks.append(check_finite(f"{label} context", taps.dtype, ref_k, ref_v, got_k, got_v))
+        report.checks += compare_context(got_k, got_v, ref_k, ref_v, tol, label=f"{label} context")
         ctx_len = torch.randint(1, T + 1, (B,), generator=gen)
         anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
         seeds = torch.randint(0, 2**31 - 1, (B,), generator=gen)
@@ -266,7 +293,7 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
                             draft_vocab=c.draft_vocab_size)
             report.checks += compare_draft(got, ref, tol, vocab=c.draft_vocab_size, d2t=drafter.d2t_or_none,
                                            temperature=temperature, seed=seeds, positions=ctx_len + 1,
-                                           base_logits=base, label=f"B={B} {mode} draft")
+                                           base_logits=base, label=f"{label} {mode} draft")
     for line in report.lines():
         log.info(line)
     if raise_on_failure:

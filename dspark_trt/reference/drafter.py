@@ -70,8 +70,12 @@ class DSparkDrafter(nn.Module):
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """taps [B, T, m·d] (tapped target hidden states, concatenated in target_layer_ids order),
-        positions [B, T] int64 → K, V [L, B, T, H_kv, D] for every draft layer."""
-        h = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))  # [B, T, d] fused context
+        positions [B, T] int64 → K, V [L, B, T, H_kv, D] for every draft layer.
+
+        The fusion runs in ``fc``'s dtype (fp32 in an fp16 drafter: ``reference/precision.py``), the K/V
+        projections in the model dtype."""
+        h = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))  # [B, T, d] fused context, fc dtype
+        h = h.to(self.embed_tokens.weight.dtype)  # normed: RMS ~1, safe in fp16
         kv = [layer.self_attn.key_value(h, positions) for layer in self.layers]
         return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
 

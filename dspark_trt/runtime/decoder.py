@@ -27,6 +27,7 @@ from ..reference.markov import draft_to_target
 from ..reference.verify import draft_probs, sample_tokens, verify_drafts
 from .backends.base import DrafterBackend, backend_class
 from .drafter_state import DrafterState
+from .nonfinite import NonFiniteMonitor
 from .stats import GenerationResult, GenerationStats, Stopwatch
 from .target import HFTarget, Target
 
@@ -226,6 +227,7 @@ class _Run:
         self.rows = torch.arange(self.B)  # request index of each active batch row
         self.stats = GenerationStats(speculative=draft, num_draft_tokens=dec.config.num_draft_tokens, requests=self.B)
         self.clock = Stopwatch(self.stats, dec.target.device)
+        self.monitor = NonFiniteMonitor(dec.config, drafter_dtype=getattr(dec.backend, "dtype", None))
 
     # per-row views of the per-request settings
     @property
@@ -258,6 +260,7 @@ class _Run:
             if self.speculative:
                 cap = int(lens.max()) + self.max_new + c.num_draft_tokens + 2
                 kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(self.B, -1))
+                self.monitor.context(pre.taps, kv[0], kv[1], lens, self.rows)
                 self.state = DrafterState(c.num_hidden_layers, self.B, cap, c.num_key_value_heads, c.head_dim,
                                           dtype=kv[0].dtype, device=kv[0].device)
                 self.state.append(kv[0], kv[1], lens)
@@ -290,6 +293,7 @@ class _Run:
             ctx_len = state.ctx_len  # [B] anchor position p
             res = backend.draft(anchor.to(state.k.device), ctx_k, ctx_v, ctx_len, topk=self.topk,
                                 temperature=self.temp, seed=self.seed)
+            self.monitor.draft(res, self.rows)  # non-finite inputs or logits: one warning per request
         with self.clock("verify"):
             drafts = res.tokens.to(target.device)  # [B, N]
             n = torch.full((drafts.shape[0],), N, dtype=torch.int64, device=target.device)  # [B] drafts to verify
@@ -321,6 +325,7 @@ class _Run:
             W = fed.shape[1]
             pos = p.view(-1, 1) + torch.arange(W, device=p.device)  # [B, W] positions of a, d_1, ...
             k, v = backend.context_kv(ver.taps, pos)
+            self.monitor.context(ver.taps, k, v, accepted + 1, self.rows)
             state.append(k, v, (accepted + 1).to(state.ctx_len.device))
         return nxt, done
 

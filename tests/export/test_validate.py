@@ -118,3 +118,27 @@ def test_context_tolerance_is_per_dtype():
     assert all(c.ok for c in compare_context(off, ref, ref, ref, TOLERANCES["bf16"]))
     for t in TOLERANCES.values():
         assert t.reason and t.atol > 0  # every tolerance says why
+
+
+def test_a_pick_the_other_side_could_not_make_is_judged_as_a_boundary_tie():
+    """Flat logits (a random drafter, sampled): the reference may pick an id that sits at the top-k boundary and
+    is missing from onnxruntime's set. That divergence is the candidate-set rule's to judge, not the near-tie's."""
+    g = torch.Generator().manual_seed(3)
+    B, N, V, r, k = 2, 4, 257, 8, 16
+    base = torch.randn(B, N, V, generator=g) * 1e-3  # every id within bf16's tolerance of the k-th
+    ref = markov_walk(base, torch.tensor([3, 9]), torch.randn(V, r, generator=g), torch.randn(V, r, generator=g),
+                      topk=k)
+    b, j = 1, 2
+    pick = int(ref.tokens[b, j])
+    outside = next(v for v in base[b, j].argsort(descending=True).tolist() if v not in set(ref.cand_ids[b, j].tolist()))
+    ids = ref.cand_ids.clone()
+    ids[b, j][ids[b, j] == pick] = outside  # onnxruntime's set: the reference's pick swapped for a boundary id
+    tokens = ref.tokens.clone()
+    tokens[b, j], tokens[b, j + 1:] = outside, -7
+    logits = ref.cand_logits.clone()
+    logits[b, j][ids[b, j] == outside] -= 1.0  # its own logit, well below the reference's pick
+    got = copy(ref, cand_ids=ids, tokens=tokens, cand_logits=logits)
+    assert failed(compare_draft(got, ref, TOLERANCES["bf16"], vocab=V, base_logits=base)) == []
+    far = base.clone()
+    far[b, j, outside] = -10.0  # not a tie at all: the candidate-set rule fails it
+    assert failed(compare_draft(got, ref, TOLERANCES["bf16"], vocab=V, base_logits=far)) == ["ids"]
