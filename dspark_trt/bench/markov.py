@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
              "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads is not None:
-        from ..cli.common import set_cpu_threads
+        from ..threads import set_cpu_threads
 
         set_cpu_threads(args.threads)
     for path in (args.json, args.plot):

@@ -348,7 +348,7 @@ def _inputs_digest(model_dir, target_dir) -> str:
 
     h = hashlib.sha256(__version__.encode())
     sources = Path(__file__).resolve().parents[1]
-    for rel in ("export", "plugins", "reference", "onnx_export.py", "loader.py", "checkpoint.py", "config.py"):
+    for rel in ("export", "plugins", "reference", "torch_to_onnx.py", "loader.py", "checkpoint.py", "config.py"):
         for file in sorted((sources / rel).rglob("*.py")) if (sources / rel).is_dir() else [sources / rel]:
             h.update(file.read_bytes())
     for directory in (model_dir, target_dir):

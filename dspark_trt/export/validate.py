@@ -14,7 +14,7 @@ Rules (spec §10.14, §10.16):
   (spec §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
 
 ``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures),
-logs the max errors, returns a ``ValidationReport`` and raises ``cli.common.ValidationMismatch`` (exit 3)
+logs the max errors, returns a ``ValidationReport`` and raises ``errors.ValidationMismatch`` (exit 3)
 on any failure.
 """
 
@@ -86,7 +86,7 @@ class ValidationReport:
 
     def raise_on_failure(self) -> None:
         if not self.ok:
-            from ..cli.common import ValidationMismatch
+            from ..errors import ValidationMismatch
 
             bad = [c for c in self.checks if not c.ok]
             raise ValidationMismatch(

@@ -110,7 +110,8 @@ def test_validation_mismatch_raises_and_exits_3(tiny_pair, onnx_export, caplog):
     import argparse
 
     from dspark_trt import load_drafter
-    from dspark_trt.cli.common import EXIT_MISMATCH, ValidationMismatch, run_guarded
+    from dspark_trt.cli.common import EXIT_MISMATCH, run_guarded
+    from dspark_trt.errors import ValidationMismatch
     from dspark_trt.export.ort_session import OrtGraph
     from dspark_trt.export.validate import validate_onnx
 
