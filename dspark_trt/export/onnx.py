@@ -22,9 +22,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -227,9 +224,9 @@ class SaveOnnx:
     def __call__(self) -> Path:
         from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
 
-        check_output_dir(self.out_dir, force=self.force)  # refuse before the (slow) export
+        check_output_dir(self.out_dir, force=self.force, marker=MANIFEST)  # refuse before the (slow) export
         exported = _resolve(self._exported)
-        with atomic_output_dir(self.out_dir, force=self.force) as tmp:
+        with atomic_output_dir(self.out_dir, force=self.force, marker=MANIFEST) as tmp:
             _write(exported, tmp)
             atomic_write_text(tmp / MANIFEST, json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
         log.info(f"wrote {self.out_dir}")
@@ -306,13 +303,11 @@ def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_d
         sibling = next((d for d in sorted(Path(cache_dir).glob(f"{stem}-topk*")) if (d / MANIFEST).is_file()), None)
         context = None if sibling is None else (lambda: _load_ir(sibling / GRAPH_FILES["context"]))
         exported = OnnxFromDrafter(drafter, validate=validate, context_graph=context, **options)()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=cache_dir))
-        try:
+        from ..atomic import atomic_output_dir
+
+        with atomic_output_dir(out, marker=MANIFEST) as tmp:
             _write(exported, tmp)
             (tmp / MANIFEST).write_text(json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
-            os.rename(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

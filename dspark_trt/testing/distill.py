@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from ..atomic import atomic_output_dir
+from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
 
 __all__ = [
@@ -166,6 +166,7 @@ def save_drafter_like(drafter, source_dir: str | Path, out_dir: str | Path, *, f
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text((source_dir / "config.json").read_text())
+        write_marker(tmp, "save_drafter_like", source=str(source_dir))
     return Path(out_dir)
 
 
@@ -224,4 +225,5 @@ def write_distilled_pair(out_dir: str | Path, *, seed: int = 0, vocab_size: int 
         import shutil
 
         shutil.rmtree(tmp / "random")
+        write_marker(tmp, "write_distilled_pair", seed=seed, vocab_size=vocab_size, steps=steps, options=tiny_options)
     return TinyCheckpoint(drafter=out / "drafter", target=out / "target")

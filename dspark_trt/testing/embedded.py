@@ -132,7 +132,7 @@ def build_embedded_pair(out_dir: str | Path, *, force: bool = False, **options) 
     if unknown:
         raise TypeError(f"unknown embedded-pair options {sorted(unknown)}")
     out = Path(out_dir)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, marker="build.json") as tmp:
         pair = write_tiny_checkpoint(tmp / "random", seed=opts["seed"], vocab_size=EMBEDDED_VOCAB, mask_token_id=256,
                                      block_size=opts["block_size"], sample_from_anchor=opts["sample_from_anchor"])
         target_loss = train_tiny_target(pair.target, EMBEDDED_TEXT, steps=opts["target_steps"], seed=opts["seed"])

@@ -68,20 +68,40 @@ def test_engine_tensorrt_without_tensorrt_is_refused(tiny_pair, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_existing_output_needs_force_and_force_replaces_it(tiny_pair, tmp_path, capsys):
+FAST = ["--topk", "off", "--dtype", "fp32", "--engine", "none", "--no-validate"]
+
+
+@pytest.mark.slow
+def test_force_replaces_only_an_earlier_export_and_dot_is_the_working_directory(tiny_pair, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "mine.txt").write_text("keep")
-    args = ["export", str(tiny_pair.drafter), "--topk", "16", "--dtype", "fp32", "--engine", "none", "--no-validate",
-            "-o", str(out)]
-    assert main(args) == 1
-    assert "is not empty; pass --force" in capsys.readouterr().err
-    assert (out / "mine.txt").read_text() == "keep"
+    (out / "notes.txt").write_text("keep")
+    args = ["export", str(tiny_pair.drafter), *FAST, "-o", str(out)]
+    for force in ([], ["--force"]):  # the user's directory is refused either way, before any work
+        assert main(args + force) == 1
+        assert "holds no earlier dspark output (no manifest.json); --force replaces only" in capsys.readouterr().err
+        assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep"
+    (out / "notes.txt").unlink()
+    # `dspark-export -o .` in an empty working directory: the export lands there, nothing else is left
+    proc = subprocess.run([sys.executable, "-m", "dspark_trt.cli.main", *args[:-1], "."], capture_output=True,
+                          text=True, cwd=out, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    first = (out / "manifest.json").read_text()
+    assert main(args) == 1 and "holds an earlier output; pass --force" in capsys.readouterr().err
     assert main(args + ["--force"]) == 0
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1].startswith("PASSED | ")
-    assert not (out / "mine.txt").exists() and (out / "manifest.json").is_file()
+    assert (out / "manifest.json").read_text() != first  # (its creation time differs)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or old directories left
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "onnx"]
+
+
+def test_output_below_a_file_is_one_line(tiny_pair, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = dspark("export", tiny_pair.drafter, *FAST, "-o", tmp_path / "notes.txt" / "sub")
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'notes.txt'} is a file, not a directory" in one_error_line(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_validation_mismatch_exits_3_and_writes_nothing(tiny_pair, tmp_path, monkeypatch, capsys):
