@@ -125,3 +125,29 @@ def test_dspark_export_entry_point_is_the_export_subcommand(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import sys; from dspark_trt.cli.export_entry import main; "
                            "sys.exit(main(['--help']))"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--topk" in proc.stdout and "--engine" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.rtx
+def test_ctrl_c_during_the_engine_build_stops_cleans_up_and_exits_130(tiny_pair, tmp_path):
+    """A real TensorRT-RTX build of the tiny pair, interrupted by SIGINT once TensorRT reports its first phase:
+    TensorRT's callbacks must not swallow it (the export used to go on and print PASSED)."""
+    import signal
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "export", str(tiny_pair.drafter), "--topk",
+                             "off", "--dtype", "fp32", "--no-validate", "--engine", "tensorrt-rtx", "-o", str(out)],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # [I] engine build: <phase> (n steps) — emitted from inside the build
+        lines.append(line)
+        if "engine build:" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=600)[::-1]
+    stderr = "".join(lines) + rest
+    assert proc.returncode == 130, stderr
+    assert "error: interrupted" in stderr and "PASSED" not in stderr and "Traceback" not in stderr, stderr
+    assert stderr.rstrip().splitlines()[-1].startswith("FAILED | ")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary directory left
+

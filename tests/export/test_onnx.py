@@ -84,16 +84,21 @@ def test_save_read_back_and_refuse_to_overwrite(tiny_pair, onnx_export, tmp_path
     assert manifest["num_draft_tokens"] == 7 and manifest["spec"]["topk"] == 16
     assert [i["name"] for i in manifest["graphs"]["draft"]["inputs"]] == ["anchor", "ctx_k", "ctx_v", "ctx_len",
                                                                          "temperature", "seed"]
+    names = sorted(p.name for p in out.iterdir())
     again = OnnxFromDir(out)()
     assert again.config == exported.config and again.spec == exported.spec
 
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
-    with pytest.raises(DSparkTrtError, match="--force"):
-        SaveOnnx(exported, tmp_path / "busy")()
-    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
-    SaveOnnx(exported, tmp_path / "busy", force=True)()
-    assert not (tmp_path / "busy" / "keep.txt").exists() and (tmp_path / "busy" / "draft.onnx").is_file()
+    for force in (False, True):  # not an earlier ONNX export: refused even with force
+        with pytest.raises(DSparkTrtError, match="no onnx_export.json"):
+            SaveOnnx(exported, tmp_path / "busy", force=force)()
+        assert [p.name for p in (tmp_path / "busy").iterdir()] == ["keep.txt"]
+    with pytest.raises(DSparkTrtError, match="holds an earlier output; pass --force"):
+        SaveOnnx(exported, out)()
+    SaveOnnx(exported, out, force=True)()
+    assert sorted(p.name for p in out.iterdir()) == names and OnnxFromDir(out)().spec == exported.spec
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy", "export"]
 
 
 def test_read_back_rejects_other_directories(tmp_path):
