@@ -93,6 +93,10 @@ class EngineBuildConfig:
     register_plugins: Callable[[], None] | None = None  # called in the building process before parsing
 
     def __post_init__(self) -> None:
+        if self.flavor == "tensorrt-rtx" and self.version_compatible:
+            raise DSparkTrtError("--version-compatible is a full-TensorRT option (a lean-runtime engine); TensorRT-RTX "
+                                 "engines cannot be built with it: drop the flag, or build with --engine tensorrt on a "
+                                 "GPU host with TensorRT")
         opt = self.opt_batch_size or self.max_batch_size
         if not 1 <= opt <= self.max_batch_size:
             raise DSparkTrtError(f"--opt-batch-size {opt} must be in [1, --max-batch-size {self.max_batch_size}]")

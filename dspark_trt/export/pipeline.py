@@ -220,6 +220,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt")
     flavor = resolve_flavor(options.engine)
+    if flavor is not None:
+        engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
     check_output_dir(out_dir, force=force)
 
     names = ["export + validate ONNX"] + (["plugin graph + PTX"] if spec.topk else []) + \

@@ -58,6 +58,15 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pai
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.rtx
+def test_version_compatible_with_tensorrt_rtx_is_refused_up_front(tiny_pair, tmp_path):
+    """It used to fail after the whole ONNX export with a raw libnvinfer_lean.so.1 error."""
+    proc = dspark("export", tiny_pair.drafter, "--engine", "tensorrt-rtx", "--version-compatible", "-o",
+                  tmp_path / "out")
+    assert proc.returncode == 1 and "--version-compatible is a full-TensorRT option" in one_error_line(proc)
+    assert "exporting ONNX" not in proc.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_engine_tensorrt_without_tensorrt_is_refused(tiny_pair, tmp_path):
     from tests.conftest import have_tensorrt
 

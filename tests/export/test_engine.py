@@ -47,6 +47,12 @@ def test_batch_sizes_are_validated():
     assert EngineBuildConfig("tensorrt-rtx", max_batch_size=8).batch_range == (1, 8, 8)
 
 
+def test_version_compatible_is_full_tensorrt_only():
+    assert EngineBuildConfig("tensorrt", version_compatible=True).describe()["version_compatible"]
+    with pytest.raises(DSparkTrtError, match="--version-compatible is a full-TensorRT option"):
+        EngineBuildConfig("tensorrt-rtx", version_compatible=True)
+
+
 def test_resolve_flavor():
     from tests.conftest import have_module, have_tensorrt
 
