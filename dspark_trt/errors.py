@@ -12,6 +12,10 @@ class DSparkTrtError(Exception):
     """A user or input error: the message names the contract that was broken and the fix."""
 
 
+class MissingDependency(DSparkTrtError):
+    """A Python package this command needs is not installed; the message gives the one ``pip install``."""
+
+
 class ValidationMismatch(DSparkTrtError):
     """An exported artifact disagrees with the reference (CLI exit 3)."""
 

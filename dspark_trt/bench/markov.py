@@ -107,9 +107,9 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
     """Time the rounds; one row per (batch, topk)."""
     from ..reference.markov import markov_walk
 
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DSparkTrtError("--device cuda needs a CUDA device; none is visible (use --device cpu)")
+    from ..devices import resolve_device
+
+    device = resolve_device(cfg.device)
     bad = [k for k in cfg.topks if not 1 <= k <= cfg.vocab]
     if bad:
         raise DSparkTrtError(f"--topk {bad} must be in [1, --vocab {cfg.vocab}]")
@@ -300,6 +300,10 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.json, args.plot):
         if path not in (None, "-"):
             check_output_file(path, force=args.force)  # refused before the (long) benchmark runs
+    if args.plot:
+        from ..optional import require
+
+        require("matplotlib", "--plot")
     rows = run_markov_bench(cfg)
     if args.plot:
         plot_rows(rows, args.plot)

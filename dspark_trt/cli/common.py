@@ -45,6 +45,15 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
         status = EXIT_USER_ERROR
+    except ModuleNotFoundError as e:  # a package listed in optional.PACKAGES: one line with the pip command
+        from ..optional import from_import_error
+
+        words = [(argv or sys.argv or ["dspark"])[0], getattr(args, "command", None), getattr(args, "benchmark", None)]
+        hint = from_import_error(e, purpose=" ".join(w for w in words if w))
+        if hint is None:
+            raise
+        print(f"error: {hint}", file=sys.stderr)
+        status = EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         status = 130

@@ -70,10 +70,13 @@ def resolve_flavor(requested: str) -> Flavor | None:
     if requested not in FLAVORS:
         raise DSparkTrtError(f"unknown engine {requested!r}: use auto, tensorrt, tensorrt-rtx or none")
     if not _importable(FLAVORS[requested].module):
-        hint = ("full TensorRT is not importable here (the PyPI wheels are stubs without NVIDIA's index); build on "
-                "a GPU host with TensorRT installed, or use --engine tensorrt-rtx / --engine none"
-                if requested == "tensorrt" else f"pip install {FLAVORS[requested].pip_name}")
-        raise DSparkTrtError(f"--engine {requested}: {hint}")
+        if requested == "tensorrt":
+            raise DSparkTrtError("--engine tensorrt: full TensorRT is not importable here (the PyPI wheels are stubs "
+                                 "without NVIDIA's index); build on a GPU host with TensorRT installed, or use "
+                                 "--engine tensorrt-rtx / --engine none")
+        from ..optional import missing_dependency
+
+        raise missing_dependency(FLAVORS[requested].module, f"--engine {requested}")
     return requested  # type: ignore[return-value]
 
 

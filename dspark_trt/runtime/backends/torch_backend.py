@@ -48,7 +48,9 @@ class TorchDrafterBackend(DrafterBackend):
                         device=None, **kwargs) -> "TorchDrafterBackend":
         from ...loader import load_drafter
 
-        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        from ...devices import resolve_device
+
+        device = resolve_device(device)
         dtype = dtype if dtype is not None else ("bf16" if device.type == "cuda" else "fp32")
         return cls(load_drafter(drafter_dir, dtype=dtype, device=device, target_dir=target_dir), **kwargs)
 
