@@ -54,17 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_topk(value: str | None) -> int | None:
+    """``--topk``: None → the checkpoint's draft_topk; ``off`` → 0 (dense); K >= 1 (``contract.parse_topk``)."""
     if value is None:
         return None
-    if value.lower() in ("off", "dense", "none"):
-        return 0
-    try:
-        k = int(value)
-    except ValueError:
-        raise DSparkTrtError(f"--topk {value!r} is not an integer or 'off'") from None
-    if k < 1:
-        raise DSparkTrtError(f"--topk must be >= 1 (or 'off' for the dense head), got {k}")
-    return k
+    from ..plugins.contract import parse_topk as parse
+
+    k = parse(value)
+    return 0 if k is None else k
 
 
 def parse_ids(text: str) -> list[int]:

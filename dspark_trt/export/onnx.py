@@ -31,7 +31,7 @@ import torch
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
-from ..plugins.contract import TENSORRT_TOPK_LIMIT
+from ..plugins.contract import TENSORRT_TOPK_LIMIT, parse_topk
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
@@ -70,7 +70,7 @@ class ExportSpec:
         """Defaults filled in and every argument checked against the drafter (one-line errors with the fix).
 
         ``topk``: None → the checkpoint's ``draft_topk`` (vLLM ``dspark_draft_topk``), dense when absent;
-        ``"off"`` or 0 → dense; an int → that k. ``block_size``, when given, must equal the checkpoint's.
+        ``"off"`` → dense; an int K >= 1 → that k (``plugins.contract.parse_topk``). ``block_size``, when given, must equal the checkpoint's.
         """
         dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else cls.dtype)]
         target = target or cls.target
@@ -81,17 +81,7 @@ class ExportSpec:
                 f"block size {block_size} does not match the checkpoint's block_size {config.block_size} (the "
                 f"drafter was trained for it and N is baked into the graphs); omit --block-size or pass "
                 f"{config.block_size}")
-        if topk is None:
-            topk = config.draft_topk
-        if isinstance(topk, str):
-            if topk.strip().lower() in ("off", "none", "dense", "0"):
-                topk = None
-            elif topk.strip().isdigit():
-                topk = int(topk)
-            else:
-                raise DSparkTrtError(f"top-k {topk!r} is not a number; use --topk K (1 <= K <= draft vocab) or 'off'")
-        if topk == 0:
-            topk = None
+        topk = config.draft_topk if topk is None else parse_topk(topk)
         vd = config.draft_vocab_size
         if topk is not None:
             if not 1 <= topk <= vd:

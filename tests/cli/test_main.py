@@ -50,3 +50,15 @@ def test_dspark_export_version_and_help_name_the_program():
 def test_verbosity_flags_still_combine():
     args = build_command_parser("export", "dspark-export").parse_args(["-vv", "-q"])
     assert (args.verbose, args.quiet) == (2, 1)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "many", "1.5", ""])
+def test_one_topk_rule_and_message_for_every_command(value, tiny_pair, capsys):
+    """dspark-export used to read --topk 0 as off and call -5 "not a number"; generate refused 0."""
+    from dspark_trt.cli.main import main
+
+    message = f"--topk {value}: use an integer K >= 1 (candidates per draft slot) or 'off' (the dense Markov head)"
+    pair = ["--drafter", str(tiny_pair.drafter), "--target", str(tiny_pair.target)]
+    for argv in (["export", "--topk", value, "--engine", "none"], ["generate", *pair, "--topk", value, "--input-ids", "1"]):
+        assert main(argv) == 1
+        assert f"error: {message}" in capsys.readouterr().err.splitlines()

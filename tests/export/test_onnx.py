@@ -22,8 +22,10 @@ def one_line_error(excinfo, *fragments):
 @pytest.mark.parametrize("options, fragments", [
     (dict(dtype="fp8"), ["unknown dtype 'fp8'", "fp32, fp16, bf16"]),
     (dict(topk=2501), ["top-k 2501", "draft_vocab_size=2500", "--topk <= 2500"]),
-    (dict(topk=-3), ["top-k -3", "--topk"]),
-    (dict(topk="many"), ["'many' is not a number", "'off'"]),
+    (dict(topk=-3), ["--topk -3: use an integer K >= 1", "or 'off'"]),
+    (dict(topk="-5"), ["--topk -5: use an integer K >= 1", "or 'off'"]),  # was "not a number"
+    (dict(topk="0"), ["--topk 0: use an integer K >= 1", "or 'off'"]),  # was silently dense
+    (dict(topk="many"), ["--topk many: use an integer K >= 1", "or 'off'"]),
     (dict(block_size=8), ["block size 8", "block_size 7", "pass 7"]),
     (dict(max_context=1), ["max context 1", "--max-context"]),
     (dict(target="tensorrt-llm"), ["unknown export target", "'tensorrt' or 'onnxruntime'"]),
@@ -43,7 +45,7 @@ def test_topk_above_tensorrt_limit_only_for_tensorrt():
     assert ExportSpec.resolve(config, topk=3840, dtype="fp32").topk == 3840
 
 
-@pytest.mark.parametrize("topk, expected", [(None, None), ("off", None), (0, None), ("16", 16), (2500, 2500)])
+@pytest.mark.parametrize("topk, expected", [(None, None), ("off", None), ("OFF", None), ("16", 16), (2500, 2500)])
 def test_topk_spellings(topk, expected):
     assert ExportSpec.resolve(tiny_config(), topk=topk).topk == expected
 
