@@ -55,10 +55,11 @@ def _importable(module: str) -> bool:
     return True
 
 
-def resolve_flavor(requested: str) -> Flavor | None:
+def resolve_flavor(requested: str, *, none_allowed: bool = True) -> Flavor | None:
     """``auto`` → full TensorRT if importable, else TensorRT-RTX if importable, else None (no engine).
 
-    An explicit flavor that is not importable is a user error naming what to install.
+    An explicit flavor that is not importable is a user error naming what to install (and the other
+    ``--engine`` values; ``none`` only where the command has it: ``none_allowed``).
     """
     if requested == "none":
         return None
@@ -71,9 +72,9 @@ def resolve_flavor(requested: str) -> Flavor | None:
         raise DSparkTrtError(f"unknown engine {requested!r}: use auto, tensorrt, tensorrt-rtx or none")
     if not _importable(FLAVORS[requested].module):
         if requested == "tensorrt":
+            others = "--engine tensorrt-rtx" + (" / --engine none" if none_allowed else "")
             raise DSparkTrtError("--engine tensorrt: full TensorRT is not importable here (the PyPI wheels are stubs "
-                                 "without NVIDIA's index); build on a GPU host with TensorRT installed, or use "
-                                 "--engine tensorrt-rtx / --engine none")
+                                 f"without NVIDIA's index); build on a GPU host with TensorRT installed, or use {others}")
         from ..optional import missing_dependency
 
         raise missing_dependency(FLAVORS[requested].module, f"--engine {requested}")

@@ -228,7 +228,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         require("triton", "compiling the top-k Markov kernel to PTX (--topk)")
     check_output_dir(out_dir, force=force)
 
-    names = ["export + validate ONNX"] + (["plugin graph + PTX"] if spec.topk else []) + \
+    names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + (["plugin graph + PTX"] if spec.topk else []) + \
             ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
@@ -279,7 +279,7 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    flavor = resolve_flavor(engine)
+    flavor = resolve_flavor(engine, none_allowed=False)
     if flavor is None:
         raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
                              "pip install 'dspark-trt[rtx]' for TensorRT-RTX), then re-run dspark build-engine")

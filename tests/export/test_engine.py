@@ -58,8 +58,10 @@ def test_resolve_flavor():
 
     assert resolve_flavor("none") is None
     if not have_tensorrt():
-        with pytest.raises(DSparkTrtError, match="full TensorRT is not importable"):
+        with pytest.raises(DSparkTrtError, match="full TensorRT is not importable.*--engine tensorrt-rtx / --engine none"):
             resolve_flavor("tensorrt")
+        with pytest.raises(DSparkTrtError, match="or use --engine tensorrt-rtx$"):
+            resolve_flavor("tensorrt", none_allowed=False)
     expected = "tensorrt" if have_tensorrt() else ("tensorrt-rtx" if have_module("tensorrt_rtx") else None)
     assert resolve_flavor("auto") == expected
     with pytest.raises(DSparkTrtError, match="unknown engine 'trt'"):
