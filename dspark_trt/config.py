@@ -1,6 +1,6 @@
 """``DSparkConfig``: both checkpoint formats normalised to one frozen config.
 
-Formats (``../shared/docs/dspark-spec.md`` §3):
+Formats (docs/dspark.md §3):
 
 * **deepseek** (DeepSeek/DeepSpec, ``architectures: ["Qwen3DSparkModel"]``): the target's Qwen3 config
   overridden with ``block_size``, ``target_layer_ids``, ``markov_rank``, ``mask_token_id``, ...
@@ -136,7 +136,7 @@ class DSparkConfig:
         return dataclasses.replace(self, **changes)
 
     def check_target_layers(self, num_target_layers: int) -> None:
-        """Tapped ids must lie in [-1, L_t - 2]: the last target layer may not be tapped (spec §3.3)."""
+        """Tapped ids must lie in [-1, L_t - 2]: the last target layer may not be tapped (docs/dspark.md §3.3)."""
         bad = [i for i in self.target_layer_ids if not -1 <= i <= num_target_layers - 2]
         if bad:
             raise DSparkTrtError(

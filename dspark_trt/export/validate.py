@@ -1,6 +1,6 @@
 """Check exported graphs against the reference drafter: onnxruntime vs ``DSparkDrafter`` on the same inputs.
 
-Rules (spec §10.14, §10.16):
+Rules (docs/dspark.md §10.14, §10.16):
 
 * context K/V and candidate logits within a **dtype-aware tolerance** (``TOLERANCES``, each with its
   reason); −inf compared equal; candidates compared by *id*, never by position (order is irrelevant);
@@ -11,7 +11,7 @@ Rules (spec §10.14, §10.16):
   compared;
 * candidate sets (top-k): an id chosen on one side only must sit at the top-k boundary — its reference base
   logit within the tolerance of the reference's k-th largest — since ties there flip with any rounding
-  (spec §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
+  (docs/dspark.md §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
 
 ``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures),
 logs the max errors, returns a ``ValidationReport`` and raises ``errors.ValidationMismatch`` (exit 3)
@@ -54,7 +54,7 @@ TOLERANCES = {
                       "different points (10-bit mantissa, ~1e-3 per op, grown through layers and lm_head)",
                       min_overlap=0.97, exact_tokens=False),
     "bf16": Tolerance(2.5e-1, 4e-2, "bf16 activations (8-bit mantissa, ~4e-3 per op) on both sides; "
-                      "accumulation order flips roundings (spec §8.3.2: rtol 4e-2, atol 1e-1 per op)",
+                      "accumulation order flips roundings (docs/dspark.md §8.3.2: rtol 4e-2, atol 1e-1 per op)",
                       min_overlap=0.97, exact_tokens=False),
 }
 

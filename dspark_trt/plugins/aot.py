@@ -226,7 +226,7 @@ class CompiledWalkKernel:
 
 @contextlib.contextmanager
 def _fresh_triton_cache():
-    """A private TRITON_CACHE_DIR for one build: its key ignores the ptxas in use (tensorrt-notes §10)."""
+    """A private TRITON_CACHE_DIR for one build: its key ignores the ptxas in use."""
     old = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="dspark-triton-cache-") as d:
         os.environ["TRITON_CACHE_DIR"] = d

@@ -1,6 +1,6 @@
 """The ``DSparkTopKMarkov`` op contract, shared by the ONNX node, the Triton kernel and the TensorRT plugin.
 
-One node per draft round walks the N sequential Markov steps over each slot's k candidates (spec §8.5).
+One node per draft round walks the N sequential Markov steps over each slot's k candidates (docs/dspark.md §8.5).
 The candidates come from a standard ``TopK`` on the base logits in front of the node (TensorRT's native
 TopK handles k ≤ 3840). Large weights are inputs (initializers), never attributes. Shapes are static per
 batch bucket and there are no data-dependent outputs, so the op can sit inside a CUDA graph.
