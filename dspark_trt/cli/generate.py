@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="model dtype (default: fp32 on CPU, bf16 on CUDA)")
     m.add_argument("--threads", type=int, default=None,
-                   help="CPU threads of torch and the CPU kernels (default: all cores; 1 is often fastest for "
-                        "tiny models)")
+                   help="CPU threads of torch and the CPU kernels (default: the idle cores — all cores minus the "
+                        "load average, at least 1)")
     i = p.add_argument_group("requests")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", metavar="TEXT", default=None,
@@ -86,8 +86,9 @@ def resolve_pair(args: argparse.Namespace):
 def build_decoder(args: argparse.Namespace):
     from ..runtime import SpeculativeDecoder
 
-    if args.threads is not None:
-        set_cpu_threads(args.threads)
+    from ..threads import default_cpu_threads
+
+    set_cpu_threads(args.threads if args.threads is not None else default_cpu_threads())
     drafter, target = resolve_pair(args)
     options = {k: v for k, v in dict(backend=args.backend, device=args.device, dtype=args.dtype).items()
                if v is not None}

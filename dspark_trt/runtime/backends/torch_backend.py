@@ -69,4 +69,5 @@ class TorchDrafterBackend(DrafterBackend):
 
         c = self.config
         return select_markov_impl(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
-                                  logits_dtype=torch.float32, weights_dtype=self.dtype)
+                                  logits_dtype=torch.float32, weights_dtype=self.dtype,
+                                  draft_vocab_size=c.draft_vocab_size)
