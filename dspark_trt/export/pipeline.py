@@ -228,8 +228,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         require("triton", "compiling the top-k Markov kernel to PTX (--topk)")
     check_output_dir(out_dir, force=force)
 
-    names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + (["plugin graph + PTX"] if spec.topk else []) + \
-            ([f"{flavor} engines"] if flavor else []) + ["manifest"]
+    names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
+            (["plugin graph + PTX"] if spec.topk else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
     try:
