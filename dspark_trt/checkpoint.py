@@ -3,7 +3,7 @@
 ``expected_tensors(config)`` is the whole contract as data (name → shape); ``check_checkpoint`` compares
 a checkpoint with it and reports *every* violation at once, sorted, in one ``CheckpointContractError``.
 Weights that DSpark drafters share with their target (``embed_tokens``; ``lm_head`` when V_d = V) may be
-absent, and are then read from the target checkpoint (spec §3.5).
+absent, and are then read from the target checkpoint (docs/dspark.md §3.5).
 """
 
 from __future__ import annotations

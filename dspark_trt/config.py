@@ -1,6 +1,6 @@
 """``DSparkConfig``: both checkpoint formats normalised to one frozen config.
 
-Formats (``../shared/docs/dspark-spec.md`` §3):
+Formats (docs/dspark.md §3):
 
 * **deepseek** (DeepSeek/DeepSpec, ``architectures: ["Qwen3DSparkModel"]``): the target's Qwen3 config
   overridden with ``block_size``, ``target_layer_ids``, ``markov_rank``, ``mask_token_id``, ...

@@ -1,4 +1,4 @@
-"""The two exception types of dspark-trt.
+"""The exception types of dspark-trt.
 
 ``DSparkTrtError`` is the user's fault (bad checkpoint, bad flag, missing optional package): the CLI
 prints its one-line message and exits 1, no traceback. ``DSparkTrtInternalError`` is ours (a broken
@@ -10,6 +10,14 @@ from __future__ import annotations
 
 class DSparkTrtError(Exception):
     """A user or input error: the message names the contract that was broken and the fix."""
+
+
+class MissingDependency(DSparkTrtError):
+    """A Python package this command needs is not installed; the message gives the one ``pip install``."""
+
+
+class ValidationMismatch(DSparkTrtError):
+    """An exported artifact disagrees with the reference (CLI exit 3)."""
 
 
 class DSparkTrtInternalError(Exception):

@@ -117,7 +117,7 @@ def load_drafter(
         shapes = ck.shapes()
         from_target = check_checkpoint(config, shapes, model_dir=str(model_dir), target_available=target_dir is not None)
         if config.enable_confidence_head and "confidence_head.proj.weight" not in shapes:
-            config = config.replace(enable_confidence_head=False)  # spec §3.5: confidence disabled
+            config = config.replace(enable_confidence_head=False)  # docs/dspark.md §3.5: confidence disabled
         spec = expected_tensors(config)
         state = {}
         for name in spec:

@@ -9,7 +9,7 @@ import pytest
 from dspark_trt.config import DSparkConfig, deepseek_ids_from_capture_ids, hf_hidden_state_indices
 from dspark_trt.errors import DSparkTrtError
 
-QWEN3_8B_DSPARK = {  # the published keys of deepseek-ai/dspark_qwen3_8b_block7 (spec §3.1)
+QWEN3_8B_DSPARK = {  # the published keys of deepseek-ai/dspark_qwen3_8b_block7 (docs/dspark.md §3.1)
     "architectures": ["Qwen3DSparkModel"],
     "model_type": "qwen3",
     "block_size": 7,

@@ -107,9 +107,9 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
     """Time the rounds; one row per (batch, topk)."""
     from ..reference.markov import markov_walk
 
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DSparkTrtError("--device cuda needs a CUDA device; none is visible (use --device cpu)")
+    from ..devices import resolve_device
+
+    device = resolve_device(cfg.device)
     bad = [k for k in cfg.topks if not 1 <= k <= cfg.vocab]
     if bad:
         raise DSparkTrtError(f"--topk {bad} must be in [1, --vocab {cfg.vocab}]")
@@ -253,18 +253,13 @@ def plot_rows(rows: list[dict], path: str) -> None:
     ax.set_title(f"Markov walk, one draft round ({rows[0]['device']})" if rows else "Markov walk")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    import os
-    import tempfile
-    from pathlib import Path
+    from ..atomic import atomic_output_file
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.", suffix=".png", dir=Path(path).parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)  # atomic: a half-written plot never replaces a good one
+        with atomic_output_file(path) as tmp:  # a half-written plot never replaces a good one
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -294,18 +289,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from ..atomic import check_output_file
 
     given = {"device": args.device, "batches": args.batch, "topks": args.topk, "vocab": args.vocab,
              "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads is not None:
-        from ..cli.common import set_cpu_threads
+        from ..threads import set_cpu_threads
 
         set_cpu_threads(args.threads)
     for path in (args.json, args.plot):
-        if path not in (None, "-") and Path(path).exists() and not args.force:
-            raise DSparkTrtError(f"{path} exists; pass --force to replace it (or choose another path)")
+        if path not in (None, "-"):
+            check_output_file(path, force=args.force)  # refused before the (long) benchmark runs
+    if args.plot:
+        from ..optional import require
+
+        require("matplotlib", "--plot")
     rows = run_markov_bench(cfg)
     if args.plot:
         plot_rows(rows, args.plot)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import shlex
 import sys
@@ -15,28 +14,12 @@ import time
 from types import ModuleType
 from typing import Callable
 
-from ..errors import DSparkTrtError
+from ..errors import DSparkTrtError, ValidationMismatch
+from ..threads import set_cpu_threads  # noqa: F401  (re-exported for the commands)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
 log = logging.getLogger("dspark")
-
-
-class ValidationMismatch(DSparkTrtError):
-    """An exported artifact disagrees with the reference: exit 3."""
-
-
-def set_cpu_threads(n: int) -> None:
-    """``--threads N``: torch's intra-op threads and, when Numba is installed, the CPU Markov kernels' threads."""
-    if n < 1:
-        raise DSparkTrtError(f"--threads must be >= 1, got {n}")
-    import torch
-
-    torch.set_num_threads(n)
-    if importlib.util.find_spec("numba") is not None:
-        import numba
-
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +44,15 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         status = EXIT_MISMATCH
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
+        status = EXIT_USER_ERROR
+    except ModuleNotFoundError as e:  # a package listed in optional.PACKAGES: one line with the pip command
+        from ..optional import from_import_error
+
+        words = [(argv or sys.argv or ["dspark"])[0], getattr(args, "command", None), getattr(args, "benchmark", None)]
+        hint = from_import_error(e, purpose=" ".join(w for w in words if w))
+        if hint is None:
+            raise
+        print(f"error: {hint}", file=sys.stderr)
         status = EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace):
     """Only the flags the user gave; the library defaults stay the single source of truth."""
     from ..export.pipeline import ExportOptions
+    from ..plugins.contract import parse_topk
+
+    if args.topk is not None:
+        parse_topk(args.topk)  # a bad --topk fails before the demo pair is built
 
     given = {
         "topk": args.topk,
@@ -66,6 +70,7 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from ..export.pipeline import export_model
 
+    options = options_from_args(args)  # bad flags fail before anything is built
     model_dir, target_dir = args.model_dir, args.target
     if model_dir is None:
         if target_dir is not None:
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         model_dir, target_dir = embedded_pair()
         log.info("no MODEL_DIR: exporting the embedded tiny demo drafter %s", model_dir)
-    result = export_model(model_dir, args.output or "out/dspark-export", options_from_args(args),
+    result = export_model(model_dir, args.output or "out/dspark-export", options,
                           target_dir=target_dir, force=args.force)
     m = result.manifest
     print(f"exported {result.out_dir}: top-k {m['topk'] or 'off'}, {m['dtype']}, N={m['num_draft_tokens']}")

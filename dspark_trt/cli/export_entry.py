@@ -8,7 +8,7 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from .main import main as dspark_main
 
-    return dspark_main(["export", *(sys.argv[1:] if argv is None else argv)])
+    return dspark_main(sys.argv[1:] if argv is None else argv, command="export", prog="dspark-export")
 
 
 if __name__ == "__main__":

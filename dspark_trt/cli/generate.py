@@ -35,8 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="model dtype (default: fp32 on CPU, bf16 on CUDA)")
     m.add_argument("--threads", type=int, default=None,
-                   help="CPU threads of torch and the CPU kernels (default: all cores; 1 is often fastest for "
-                        "tiny models)")
+                   help="CPU threads of torch and the CPU kernels (default: the idle cores — all cores minus the "
+                        "load average, at least 1)")
     i = p.add_argument_group("requests")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="append", metavar="TEXT", default=None,
@@ -61,17 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_topk(value: str | None) -> int | None:
+    """``--topk``: None → the checkpoint's draft_topk; ``off`` → 0 (dense); K >= 1 (``contract.parse_topk``)."""
     if value is None:
         return None
-    if value.lower() in ("off", "dense", "none"):
-        return 0
-    try:
-        k = int(value)
-    except ValueError:
-        raise DSparkTrtError(f"--topk {value!r} is not an integer or 'off'") from None
-    if k < 1:
-        raise DSparkTrtError(f"--topk must be >= 1 (or 'off' for the dense head), got {k}")
-    return k
+    from ..plugins.contract import parse_topk as parse
+
+    k = parse(value)
+    return 0 if k is None else k
 
 
 def parse_ids(text: str) -> list[int]:
@@ -102,9 +98,9 @@ def resolve_pair(args: argparse.Namespace):
 
 def build_decoder(args: argparse.Namespace):
     from ..runtime import SpeculativeDecoder
+    from ..threads import default_cpu_threads
 
-    if args.threads is not None:
-        set_cpu_threads(args.threads)
+    set_cpu_threads(args.threads if args.threads is not None else default_cpu_threads())
     if getattr(args, "export", None) is not None:
         if args.drafter is not None or args.target is not None:
             raise DSparkTrtError("--export runs the exported drafter and target; drop --drafter/--target")

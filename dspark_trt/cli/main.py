@@ -20,6 +20,24 @@ SUBCOMMANDS = {
 }
 
 
+def no_abbreviations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Turn argparse's prefix matching off in ``parser`` and every subparser below it: ``--version`` must
+    never be read as ``--version-compatible``, and a new flag must never change what an old prefix meant."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                no_abbreviations(sub)
+    return parser
+
+
+def _configure(parser: argparse.ArgumentParser, mod) -> None:
+    mod.add_arguments(parser)
+    add_verbosity(parser)
+    parser.add_argument("--version", action="version", version=f"dspark-trt {__version__}")
+    parser.set_defaults(_run=mod.run, _status_line=getattr(mod, "STATUS_LINE", False))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="DSpark speculative-decoding drafters on NVIDIA's stack.")
     parser.add_argument("--version", action="version", version=f"dspark-trt {__version__}")
@@ -32,24 +50,35 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         sub = subparsers.add_parser(name, help=help_text, description=getattr(mod, "__doc__", None),
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-        mod.add_arguments(sub)
-        add_verbosity(sub)
-        sub.set_defaults(_run=mod.run, _status_line=getattr(mod, "STATUS_LINE", False))
-    return parser
+        _configure(sub, mod)
+    return no_abbreviations(parser)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_command_parser(name: str, prog: str) -> argparse.ArgumentParser:
+    """One subcommand as a program of its own (``dspark-export`` is ``dspark export``)."""
+    mod = import_optional(f"dspark_trt.cli.{SUBCOMMANDS[name][0]}")
+    parser = argparse.ArgumentParser(prog=prog, description=getattr(mod, "__doc__", None),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    _configure(parser, mod)
+    return no_abbreviations(parser)
+
+
+def main(argv: list[str] | None = None, *, command: str | None = None, prog: str = "dspark") -> int:
+    """``dspark ARGS``; with ``command``, the program ``prog`` that runs only that subcommand."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return EXIT_USAGE
-    if getattr(args, "_unavailable", None):
-        print(f"error: 'dspark {args._unavailable}' is not yet available in this version", file=sys.stderr)
-        return EXIT_USAGE
+    if command is not None:
+        args = build_command_parser(command, prog).parse_args(argv)
+    else:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        if getattr(args, "_unavailable", None):
+            print(f"error: 'dspark {args._unavailable}' is not yet available in this version", file=sys.stderr)
+            return EXIT_USAGE
     setup_logging(args)
-    return run_guarded(args._run, args, status_line=args._status_line, argv=["dspark", *argv])
+    return run_guarded(args._run, args, status_line=args._status_line, argv=[prog, *argv])
 
 
 if __name__ == "__main__":

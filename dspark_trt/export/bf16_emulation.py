@@ -70,3 +70,45 @@ def emulate_bf16(model):
     graph.node.extend(nodes)
     del graph.value_info[:]  # stale (renamed values); onnxruntime infers its own
     return twin
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dspark_trt.export.bf16_emulation IN.onnx OUT.onnx [--force]``: write the twin of a bf16 graph,
+    e.g. for ``polygraphy run OUT.onnx --onnxrt`` (onnxruntime's CPU provider cannot run the bf16 graph)."""
+    import argparse
+    import sys
+
+    from ..atomic import atomic_output_file, check_output_file
+    from ..errors import DSparkTrtError
+
+    p = argparse.ArgumentParser(prog="python -m dspark_trt.export.bf16_emulation", allow_abbrev=False,
+                                description=main.__doc__.split(":", 1)[1].strip())
+    p.add_argument("model", metavar="IN.onnx", help="a bf16 graph, e.g. OUT/onnx/draft.onnx of a bf16 export")
+    p.add_argument("out", metavar="OUT.onnx", help="where to write the fp32 twin (one file, weights inside)")
+    p.add_argument("--force", action="store_true", help="replace an existing OUT.onnx")
+    args = p.parse_args(argv)
+    try:
+        import onnx
+
+        check_output_file(args.out, force=args.force)
+        try:
+            model = onnx.load(args.model)
+        except Exception as e:  # noqa: BLE001 - onnx raises many kinds for an unreadable file
+            raise DSparkTrtError(f"cannot read {args.model} as an ONNX model ({type(e).__name__}); pass an exported "
+                                 f".onnx file") from None
+        bf16 = onnx.TensorProto.BFLOAT16
+        if not any(t.data_type == bf16 for t in model.graph.initializer) and not any(
+                v.type.tensor_type.elem_type == bf16 for v in list(model.graph.input) + list(model.graph.output)):
+            raise DSparkTrtError(f"{args.model} has no bf16 weights or I/O: run it as it is")
+        twin = emulate_bf16(model)
+        with atomic_output_file(args.out) as tmp:
+            onnx.save(twin, str(tmp))
+    except DSparkTrtError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}: the fp32 bf16-emulation twin of {args.model}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,10 +55,11 @@ def _importable(module: str) -> bool:
     return True
 
 
-def resolve_flavor(requested: str) -> Flavor | None:
+def resolve_flavor(requested: str, *, none_allowed: bool = True) -> Flavor | None:
     """``auto`` → full TensorRT if importable, else TensorRT-RTX if importable, else None (no engine).
 
-    An explicit flavor that is not importable is a user error naming what to install.
+    An explicit flavor that is not importable is a user error naming what to install (and the other
+    ``--engine`` values; ``none`` only where the command has it: ``none_allowed``).
     """
     if requested == "none":
         return None
@@ -69,10 +71,13 @@ def resolve_flavor(requested: str) -> Flavor | None:
     if requested not in FLAVORS:
         raise DSparkTrtError(f"unknown engine {requested!r}: use auto, tensorrt, tensorrt-rtx or none")
     if not _importable(FLAVORS[requested].module):
-        hint = ("full TensorRT is not importable here (the PyPI wheels are stubs without NVIDIA's index); build on "
-                "a GPU host with TensorRT installed, or use --engine tensorrt-rtx / --engine none"
-                if requested == "tensorrt" else f"pip install {FLAVORS[requested].pip_name}")
-        raise DSparkTrtError(f"--engine {requested}: {hint}")
+        if requested == "tensorrt":
+            others = "--engine tensorrt-rtx" + (" / --engine none" if none_allowed else "")
+            raise DSparkTrtError("--engine tensorrt: full TensorRT is not importable here (the PyPI wheels are stubs "
+                                 f"without NVIDIA's index); build on a GPU host with TensorRT installed, or use {others}")
+        from ..optional import missing_dependency
+
+        raise missing_dependency(FLAVORS[requested].module, f"--engine {requested}")
     return requested  # type: ignore[return-value]
 
 
@@ -92,6 +97,10 @@ class EngineBuildConfig:
     register_plugins: Callable[[], None] | None = None  # called in the building process before parsing
 
     def __post_init__(self) -> None:
+        if self.flavor == "tensorrt-rtx" and self.version_compatible:
+            raise DSparkTrtError("--version-compatible is a full-TensorRT option (a lean-runtime engine); TensorRT-RTX "
+                                 "engines cannot be built with it: drop the flag, or build with --engine tensorrt on a "
+                                 "GPU host with TensorRT")
         opt = self.opt_batch_size or self.max_batch_size
         if not 1 <= opt <= self.max_batch_size:
             raise DSparkTrtError(f"--opt-batch-size {opt} must be in [1, --max-batch-size {self.max_batch_size}]")
@@ -158,11 +167,48 @@ def profile_shapes(
     return shapes
 
 
-class _Progress:
-    """TensorRT build progress: a bar per phase on a TTY, one log line per phase otherwise."""
+def _build_interruptibly(builder, network, build, trt) -> bytes | None:
+    """``builder.build_serialized_network`` that Ctrl-C stops.
 
-    def __init__(self, trt):
+    A ``KeyboardInterrupt`` raised inside one of TensorRT's Python callbacks (logger, progress monitor) is
+    caught and printed by the bindings and the build goes on. So the build runs in a worker thread while this
+    (main) thread waits, where Ctrl-C raises at once: the flag it sets makes the progress monitor cancel the
+    build at TensorRT's next step (``step_complete`` → False), and the interrupt propagates immediately, so
+    the caller's cleanup runs. The worker is not a daemon: the process exits once TensorRT has stopped.
+    """
+    interrupted = threading.Event()
+    build.progress_monitor = _Progress(trt, interrupted).monitor
+    result: dict = {}
+    done = threading.Event()
+
+    def work():
+        try:
+            result["plan"] = builder.build_serialized_network(network, build)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            result["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="tensorrt-build").start()
+    try:
+        while not done.wait(0.1):  # not Thread.join: an interrupted join marks the thread finished (3.11)
+            pass
+    except KeyboardInterrupt:
+        interrupted.set()
+        log.warning("interrupted: the engine build stops at TensorRT's next step")
+        raise
+    if "error" in result:
+        raise result["error"]
+    return result.get("plan")
+
+
+class _Progress:
+    """TensorRT build progress: a bar per phase on a TTY, one log line per phase otherwise; a set
+    ``interrupted`` flag cancels the build at its next step."""
+
+    def __init__(self, trt, interrupted: threading.Event | None = None):
         base = trt.IProgressMonitor
+        stop = interrupted or threading.Event()
 
         class Monitor(base):  # type: ignore[misc, valid-type]
             def __init__(self):
@@ -182,7 +228,7 @@ class _Progress:
             def step_complete(self, phase_name, step):
                 if phase_name in self.bars:
                     self.bars[phase_name].update(1)
-                return True
+                return not stop.is_set()  # False: TensorRT cancels the build
 
             def phase_finish(self, phase_name):
                 bar = self.bars.pop(phase_name, None)
@@ -245,8 +291,7 @@ def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
         build.set_compute_capability(getattr(trt.ComputeCapability, config.compute_capability), 0)
     if config.builder_optimization_level is not None:
         build.builder_optimization_level = config.builder_optimization_level
-    build.progress_monitor = _Progress(trt).monitor
-    plan = builder.build_serialized_network(network, build)
+    plan = _build_interruptibly(builder, network, build, trt)
     if plan is None:
         raise DSparkTrtError(f"{config.flavor} engine build failed for {onnx_path}: " + "; ".join(logger.errors[-3:]))
     return bytes(plan)

@@ -121,7 +121,7 @@ def _example_context(drafter, B: int, T: int):
 
 def export_context(drafter, info: GraphInfo):
     """The context graph as an ``onnx_ir.Model``."""
-    from ..onnx_export import torch_onnx_export
+    from ..torch_to_onnx import torch_onnx_export
 
     B, T = 3, 11  # example sizes: distinct, ≥ 2, so neither dimension specialises
     Bd = torch.export.Dim("B")
@@ -135,7 +135,7 @@ def export_context(drafter, info: GraphInfo):
 
 def export_draft(drafter, info: GraphInfo):
     """The draft graph as an ``onnx_ir.Model`` (top-k: custom node + local function)."""
-    from ..onnx_export import torch_onnx_export
+    from ..torch_to_onnx import torch_onnx_export
     from .topk_op import translation_table
 
     c = drafter.config

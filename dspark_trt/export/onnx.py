@@ -22,9 +22,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +31,7 @@ import torch
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
-from ..plugins.contract import TENSORRT_TOPK_LIMIT
+from ..plugins.contract import TENSORRT_TOPK_LIMIT, parse_topk
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
@@ -73,7 +70,7 @@ class ExportSpec:
         """Defaults filled in and every argument checked against the drafter (one-line errors with the fix).
 
         ``topk``: None → the checkpoint's ``draft_topk`` (vLLM ``dspark_draft_topk``), dense when absent;
-        ``"off"`` or 0 → dense; an int → that k. ``block_size``, when given, must equal the checkpoint's.
+        ``"off"`` → dense; an int K >= 1 → that k (``plugins.contract.parse_topk``). ``block_size``, when given, must equal the checkpoint's.
         """
         dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else cls.dtype)]
         target = target or cls.target
@@ -84,17 +81,7 @@ class ExportSpec:
                 f"block size {block_size} does not match the checkpoint's block_size {config.block_size} (the "
                 f"drafter was trained for it and N is baked into the graphs); omit --block-size or pass "
                 f"{config.block_size}")
-        if topk is None:
-            topk = config.draft_topk
-        if isinstance(topk, str):
-            if topk.strip().lower() in ("off", "none", "dense", "0"):
-                topk = None
-            elif topk.strip().isdigit():
-                topk = int(topk)
-            else:
-                raise DSparkTrtError(f"top-k {topk!r} is not a number; use --topk K (1 <= K <= draft vocab) or 'off'")
-        if topk == 0:
-            topk = None
+        topk = config.draft_topk if topk is None else parse_topk(topk)
         vd = config.draft_vocab_size
         if topk is not None:
             if not 1 <= topk <= vd:
@@ -228,9 +215,9 @@ class SaveOnnx:
     def __call__(self) -> Path:
         from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
 
-        check_output_dir(self.out_dir, force=self.force)  # refuse before the (slow) export
+        check_output_dir(self.out_dir, force=self.force, marker=MANIFEST)  # refuse before the (slow) export
         exported = _resolve(self._exported)
-        with atomic_output_dir(self.out_dir, force=self.force) as tmp:
+        with atomic_output_dir(self.out_dir, force=self.force, marker=MANIFEST) as tmp:
             _write(exported, tmp)
             atomic_write_text(tmp / MANIFEST, json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
         log.info(f"wrote {self.out_dir}")
@@ -308,13 +295,11 @@ def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_d
         sibling = next((d for d in sorted(Path(cache_dir).glob(f"{stem}-topk*")) if (d / MANIFEST).is_file()), None)
         context = None if sibling is None else (lambda: _load_ir(sibling / GRAPH_FILES["context"]))
         exported = OnnxFromDrafter(drafter, validate=validate, context_graph=context, **options)()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=cache_dir))
-        try:
+        from ..atomic import atomic_output_dir
+
+        with atomic_output_dir(out, marker=MANIFEST) as tmp:
             _write(exported, tmp)
             (tmp / MANIFEST).write_text(json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
-            os.rename(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -350,7 +335,7 @@ def _inputs_digest(model_dir, target_dir) -> str:
 
     h = hashlib.sha256(__version__.encode())
     sources = Path(__file__).resolve().parents[1]
-    for rel in ("export", "plugins", "reference", "onnx_export.py", "loader.py", "checkpoint.py", "config.py"):
+    for rel in ("export", "plugins", "reference", "torch_to_onnx.py", "loader.py", "checkpoint.py", "config.py"):
         for file in sorted((sources / rel).rglob("*.py")) if (sources / rel).is_dir() else [sources / rel]:
             h.update(file.read_bytes())
     for directory in (model_dir, target_dir):

@@ -316,13 +316,20 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt")
     flavor = resolve_flavor(options.engine)
+    if flavor is not None:
+        engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
+    if spec.topk:
+        from ..optional import require
+
+        require("triton", "compiling the top-k Markov kernel to PTX (--topk)")
     target = None
     if target_dir is not None and options.export_target:
         target = TargetForExport.check(config, target_dir, dtype=spec.dtype, max_context=spec.max_context,
                                        validate=options.validate)
     check_output_dir(out_dir, force=force)
 
-    names = ["export + validate ONNX"] + (["target ONNX + validation"] if target else []) + \
+    names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
+            (["target ONNX + validation"] if target else []) + \
             (["plugin graph + PTX"] if spec.topk else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
@@ -371,7 +378,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
                                   kernel_dir=tmp / "plugin")
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
         else:
-            notes.append(_no_engine_note(out_dir))
+            notes.append(_no_engine_note(out_dir, requested=options.engine))
         phases.run("manifest", lambda: atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"))
     return manifest
 
@@ -381,10 +388,10 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    flavor = resolve_flavor(engine)
+    flavor = resolve_flavor(engine, none_allowed=False)
     if flavor is None:
         raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
-                             "pip install tensorrt-rtx), then re-run dspark build-engine")
+                             "pip install 'dspark-trt[rtx]' for TensorRT-RTX), then re-run dspark build-engine")
     options = options or ExportOptions()
     kernel = manifest.get("kernel")
     build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
@@ -411,8 +418,10 @@ def _plugin_record(topk: int, logit_scale: float) -> dict:
     }
 
 
-def _no_engine_note(out_dir: Path) -> str:
-    return (f"no engine was built: neither TensorRT nor TensorRT-RTX is importable here. On a GPU host with "
-            f"TensorRT >= 10.9 run `dspark build-engine {out_dir}` (it registers the DSparkTopKMarkov plugin and "
-            f"builds engines/context.plan and engines/draft.plan), or `pip install tensorrt-rtx` and "
-            f"`dspark build-engine {out_dir} --engine tensorrt-rtx` here")
+def _no_engine_note(out_dir: Path, *, requested: str = "auto") -> str:
+    later = (f"on a GPU host with TensorRT >= 10.9 run `dspark build-engine {out_dir}` (it registers the DSparkTopKMarkov "
+             f"plugin and builds engines/context.plan and engines/draft.plan)")
+    if requested == "none":
+        return f"no engine was built (--engine none): {later}, or `dspark build-engine {out_dir} --engine tensorrt-rtx`"
+    return (f"no engine was built: neither TensorRT nor TensorRT-RTX is importable here. {later[0].upper()}{later[1:]}, "
+            f"or `pip install 'dspark-trt[rtx]'` and `dspark build-engine {out_dir} --engine tensorrt-rtx` here")

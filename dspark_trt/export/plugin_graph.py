@@ -2,7 +2,7 @@
 
 The exported ``draft.onnx`` carries the ``dspark::DSparkTopKMarkov`` node *and* a same-named ONNX local
 function (so onnxruntime and TensorRT-RTX run it from standard ops). For a TensorRT build with the
-quickly-deployable AOT plugin (tensorrt-notes §1–2) we post-edit a copy with onnx-graphsurgeon:
+quickly-deployable AOT plugin (docs/export.md, Engines) we post-edit a copy with onnx-graphsurgeon:
 
 * drop the local function, so no parser version can prefer it over the plugin;
 * set ``aot = 1`` on the node, so TensorRT uses the plugin's ahead-of-time implementation (the PTX is

@@ -1,6 +1,6 @@
 """Check exported graphs against the reference drafter: onnxruntime vs ``DSparkDrafter`` on the same inputs.
 
-Rules (spec §10.14, §10.16):
+Rules (docs/dspark.md §10.14, §10.16):
 
 * context K/V and candidate logits within a **dtype-aware tolerance** (``TOLERANCES``, each with its
   reason); −inf compared equal; candidates compared by *id*, never by position (order is irrelevant);
@@ -12,12 +12,12 @@ Rules (spec §10.14, §10.16):
   different token and are not compared;
 * candidate sets (top-k): an id chosen on one side only must sit at the top-k boundary — its reference base
   logit within the tolerance of the reference's k-th largest — since ties there flip with any rounding
-  (spec §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
+  (docs/dspark.md §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
 
 ``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures,
 and taps with four massive-activation channels at ±3·10⁴ whose K/V must be finite on both sides, for
 every dtype: ``reference/precision.py``), logs the max errors, returns a ``ValidationReport`` and raises
-``cli.common.ValidationMismatch`` (exit 3) on any failure.
+``errors.ValidationMismatch`` (exit 3) on any failure.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ TOLERANCES = {
                       "different points (10-bit mantissa, ~1e-3 per op, grown through layers and lm_head)",
                       min_overlap=0.97, exact_tokens=False),
     "bf16": Tolerance(2.5e-1, 4e-2, "bf16 activations (8-bit mantissa, ~4e-3 per op) on both sides; "
-                      "accumulation order flips roundings (spec §8.3.2: rtol 4e-2, atol 1e-1 per op)",
+                      "accumulation order flips roundings (docs/dspark.md §8.3.2: rtol 4e-2, atol 1e-1 per op)",
                       min_overlap=0.97, exact_tokens=False),
 }
 
@@ -90,7 +90,7 @@ class ValidationReport:
 
     def raise_on_failure(self) -> None:
         if not self.ok:
-            from ..cli.common import ValidationMismatch
+            from ..errors import ValidationMismatch
 
             bad = [c for c in self.checks if not c.ok]
             raise ValidationMismatch(

@@ -247,7 +247,7 @@ class CompiledWalkKernel:
 
 @contextlib.contextmanager
 def _fresh_triton_cache():
-    """A private TRITON_CACHE_DIR for one build: its key ignores the ptxas in use (tensorrt-notes §10)."""
+    """A private TRITON_CACHE_DIR for one build: its key ignores the ptxas in use."""
     old = os.environ.get("TRITON_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="dspark-triton-cache-") as d:
         os.environ["TRITON_CACHE_DIR"] = d
@@ -541,7 +541,8 @@ def _parse_dtypes(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dspark_trt.plugins.aot", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dspark_trt.plugins.aot", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--out", required=True, help="directory for the .ptx files")
     p.add_argument("--n", type=int, default=7, help="num_draft_tokens N (default 7)")
     p.add_argument("--k", type=int, default=512, help="top-k candidates per slot (default 512)")

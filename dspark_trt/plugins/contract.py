@@ -1,6 +1,6 @@
 """The ``DSparkTopKMarkov`` op contract, shared by the ONNX node, the Triton kernel and the TensorRT plugin.
 
-One node per draft round walks the N sequential Markov steps over each slot's k candidates (spec §8.5).
+One node per draft round walks the N sequential Markov steps over each slot's k candidates (docs/dspark.md §8.5).
 The candidates come from a standard ``TopK`` on the base logits in front of the node (TensorRT's native
 TopK handles k ≤ 3840). Large weights are inputs (initializers), never attributes. Shapes are static per
 batch bucket and there are no data-dependent outputs, so the op can sit inside a CUDA graph.
@@ -27,6 +27,7 @@ __all__ = [
     "ATTRIBUTES",
     "TensorContract",
     "reference_op",
+    "parse_topk",
 ]
 
 OP_NAME = "DSparkTopKMarkov"
@@ -35,6 +36,24 @@ PLUGIN_NAMESPACE = "dspark"
 PLUGIN_VERSION = "1"
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{OP_NAME}"  # tensorrt.plugin registration name
 TENSORRT_TOPK_LIMIT = 3840  # ITopKLayer / ONNX TopK in TensorRT: k ≤ 3840
+
+
+def parse_topk(value: int | str) -> int | None:
+    """The one ``--topk`` rule of every command: an integer K >= 1, or ``off`` (→ None: the dense Markov head).
+    (The range check against the drafter's vocabulary comes later, where the checkpoint is known.)"""
+    text = str(value).strip()
+    if text.lower() == "off":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1 or isinstance(value, bool):
+        from ..errors import DSparkTrtError
+
+        raise DSparkTrtError(f"--topk {text}: use an integer K >= 1 (candidates per draft slot) or 'off' (the dense "
+                             f"Markov head)")
+    return k
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The fused top-k Markov walk: one OpenAI Triton program per request walks all N draft steps.
 
-Math (spec §8.1; the oracle is ``reference.markov.walk_candidates`` via ``contract.reference_op``)::
+Math (docs/dspark.md §8.1; the oracle is ``reference.markov.walk_candidates`` via ``contract.reference_op``)::
 
     per request b, with candidates (vals, ids) [N, k] from TopK_k of the base logits, d_0 = anchor:
     for j in 0..N-1:

@@ -224,7 +224,7 @@ class _Step(torch.nn.Module):
 @functools.cache
 def _step_graph(values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
     """The exported single-step model (B, k, V, V_d, r symbolic; N = 1)."""
-    from ..onnx_export import torch_onnx_export
+    from ..torch_to_onnx import torch_onnx_export
 
     B, k, V, Vd, r = 3, 5, 13, 11, 4  # distinct sizes ≥ 2 so no dimension specialises
     i32 = torch.int32

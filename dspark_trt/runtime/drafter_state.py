@@ -1,6 +1,6 @@
 """The drafter's per-request state: its context K/V cache, the anchor and the anchor position.
 
-Per request, at the start of a round (spec §4.1, §9)::
+Per request, at the start of a round (docs/dspark.md §4.1, §9)::
 
     committed target tokens   x_0 … x_{p-1}     their taps are fused into ctx K/V rows 0 … p-1
     anchor                    a = x_p            the last emitted token: not yet seen by the target

@@ -76,10 +76,15 @@ class GenerationStats:
     def summary(self) -> str:
         """One line for humans."""
         t = self.total_seconds or 1.0
-        spec = (f"acceptance {self.mean_acceptance_length:.2f} tok/round ({self.accepted}/{self.drafted} drafts), "
-                if self.speculative else "no drafter, ")
+        if not self.speculative:
+            spec = f"no drafter, {self.rounds} rounds"
+        elif self.rounds == 0:  # e.g. --max-new-tokens 1: the prefill's token is all there is
+            spec = "no draft rounds (every token came from the prefill)"
+        else:
+            spec = (f"acceptance {self.mean_acceptance_length:.2f} tok/round ({self.accepted}/{self.drafted} drafts), "
+                    f"{self.rounds} rounds")
         return (f"{self.generated_tokens} tokens for {self.requests} request(s) in {self.total_seconds:.2f}s "
-                f"({self.tokens_per_second:.1f} tok/s), {spec}{self.rounds} rounds; time: prefill "
+                f"({self.tokens_per_second:.1f} tok/s), {spec}; time: prefill "
                 f"{self.prefill_seconds / t:.0%}, draft {self.draft_seconds / t:.0%}, verify "
                 f"{self.verify_seconds / t:.0%}, other {self.other_seconds / t:.0%}")
 

@@ -71,9 +71,9 @@ class Target(Protocol):
 
 
 def _resolve_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    from ..devices import resolve_device
+
+    return resolve_device(device)
 
 
 class SlotTarget:

@@ -1,11 +1,9 @@
-"""Helpers for tests and demos: tiny deterministic checkpoint pairs, distilled drafters, a scripted drafter."""
+"""Helpers for tests and demos: tiny deterministic checkpoint pairs, distilled drafters."""
 
 from .distill import distill_drafter, distill_tiny_drafter, write_distilled_pair
-from .scripted import ScriptedDrafterBackend
 from .tiny import TinyCheckpoint, tiny_config, write_tiny_checkpoint
 
 __all__ = [
-    "ScriptedDrafterBackend",
     "TinyCheckpoint",
     "distill_drafter",
     "distill_tiny_drafter",

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.nn import functional as F
 
-from ..atomic import atomic_output_dir
+from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
 
 __all__ = [
@@ -78,10 +79,12 @@ def target_sequences(model, *, num: int, length: int, prompt_len: int = 4, seed:
 @single_thread()
 def distill_drafter(drafter, target_model, *, steps: int = 200, num_sequences: int = 48, length: int = 40,
                     batch: int = 12, anchors: int = 8, lr: float = 3e-3, hard_weight: float = 1.0, seed: int = 0,
-                    sequences: torch.Tensor | None = None, corpus: torch.Tensor | None = None) -> dict:
+                    sequences: torch.Tensor | None = None, corpus: torch.Tensor | None = None,
+                    progress: Callable[[], object] | None = None) -> dict:
     """Train ``drafter`` (a reference ``DSparkDrafter``, fp32, CPU) in place on its target's own outputs.
 
     Returns ``{"loss_first": ..., "loss_last": ...}`` (mean cross-entropy of the first / last 10 steps).
+    ``progress`` is called after every step.
     """
     c = drafter.config
     N = c.num_draft_tokens
@@ -132,6 +135,8 @@ def distill_drafter(drafter, target_model, *, steps: int = 200, num_sequences: i
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
+            if progress is not None:
+                progress()
     finally:
         drafter.eval().requires_grad_(False)
     head = losses[: min(10, len(losses))] or [0.0]
@@ -166,6 +171,7 @@ def save_drafter_like(drafter, source_dir: str | Path, out_dir: str | Path, *, f
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text((source_dir / "config.json").read_text())
+        write_marker(tmp, "save_drafter_like", source=str(source_dir))
     return Path(out_dir)
 
 
@@ -224,4 +230,5 @@ def write_distilled_pair(out_dir: str | Path, *, seed: int = 0, vocab_size: int 
         import shutil
 
         shutil.rmtree(tmp / "random")
+        write_marker(tmp, "write_distilled_pair", seed=seed, vocab_size=vocab_size, steps=steps, options=tiny_options)
     return TinyCheckpoint(drafter=out / "drafter", target=out / "target")

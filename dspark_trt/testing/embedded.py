@@ -1,7 +1,7 @@
 """The embedded demo pair: a byte-level tiny target that has read a short text, and a drafter distilled from it.
 
 ``dspark generate`` and ``dspark bench e2e`` run on it when no model is given, so a new user sees real
-speculation offline: text in, text out, acceptance well above 1. Built once (≈ 10–20 s on 2 CPU cores),
+speculation offline: text in, text out, acceptance well above 1. Built once (about a minute on 2 busy CPU cores, with a progress bar),
 then cached under ``$DSPARK_TRT_CACHE`` (default ``~/.cache/dspark-trt``) in a directory keyed by the
 package version and every build option, written atomically under a file lock.
 
@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -92,10 +93,10 @@ def write_byte_tokenizer(directory: str | Path) -> None:
 
 @single_thread()
 def train_tiny_target(target_dir: str | Path, text: str, *, steps: int, seed: int = 0, seq_len: int = 64,
-                      batch: int = 16, lr: float = 3e-3) -> float:
+                      batch: int = 16, lr: float = 3e-3, progress: Callable[[], object] | None = None) -> float:
     """Train the byte-level target at ``target_dir`` on ``text`` (next-byte cross-entropy); save in place.
 
-    Returns the mean loss of the last 10 steps.
+    Returns the mean loss of the last 10 steps. ``progress`` is called after every step.
     """
     from torch.nn import functional as F
     from transformers import AutoModelForCausalLM
@@ -116,14 +117,18 @@ def train_tiny_target(target_dir: str | Path, text: str, *, steps: int, seed: in
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if progress is not None:
+            progress()
     model.eval()
     model.save_pretrained(str(target_dir), safe_serialization=True)
     tail = losses[-10:]
     return sum(tail) / len(tail)
 
 
-def build_embedded_pair(out_dir: str | Path, *, force: bool = False, **options) -> TinyCheckpoint:
-    """Build the demo pair into ``out_dir`` (atomically). Options: ``DEFAULTS`` keys."""
+def build_embedded_pair(out_dir: str | Path, *, force: bool = False, progress: Callable[[], object] | None = None,
+                        **options) -> TinyCheckpoint:
+    """Build the demo pair into ``out_dir`` (atomically). Options: ``DEFAULTS`` keys. ``progress`` is called
+    after every training step (``target_steps + distill_steps`` calls)."""
     from ..loader import load_drafter
     from .distill import distill_drafter, save_drafter_like
 
@@ -132,18 +137,21 @@ def build_embedded_pair(out_dir: str | Path, *, force: bool = False, **options) 
     if unknown:
         raise TypeError(f"unknown embedded-pair options {sorted(unknown)}")
     out = Path(out_dir)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, marker="build.json") as tmp:
         pair = write_tiny_checkpoint(tmp / "random", seed=opts["seed"], vocab_size=EMBEDDED_VOCAB, mask_token_id=256,
                                      block_size=opts["block_size"], sample_from_anchor=opts["sample_from_anchor"])
-        target_loss = train_tiny_target(pair.target, EMBEDDED_TEXT, steps=opts["target_steps"], seed=opts["seed"])
+        log.info("demo pair: training the tiny target (%d steps)", opts["target_steps"])
+        target_loss = train_tiny_target(pair.target, EMBEDDED_TEXT, steps=opts["target_steps"], seed=opts["seed"],
+                                        progress=progress)
         write_byte_tokenizer(pair.target)
         from transformers import AutoModelForCausalLM
 
         target = AutoModelForCausalLM.from_pretrained(pair.target, dtype=torch.float32, local_files_only=True).eval()
         drafter = load_drafter(pair.drafter, target_dir=pair.target)
         corpus = torch.tensor(list(EMBEDDED_TEXT.encode("utf-8")), dtype=torch.int64)
+        log.info("demo pair: distilling the drafter from it (%d steps)", opts["distill_steps"])
         distilled = distill_drafter(drafter, target, steps=opts["distill_steps"], seed=opts["seed"], corpus=corpus,
-                                    length=48)
+                                    length=48, progress=progress)
         save_drafter_like(drafter, pair.drafter, tmp / "drafter")
         os.rename(pair.target, tmp / "target")
         (tmp / "build.json").write_text(json.dumps({
@@ -177,9 +185,15 @@ def embedded_pair(root: str | Path | None = None, **options) -> TinyCheckpoint:
         root.mkdir(parents=True, exist_ok=True)
         with FileLock(str(root / f".{out.name}.lock")):
             if not done.is_file():
-                log.info("building the embedded demo pair in %s (one time, ~10-20 s)", out)
+                log.info("building the embedded demo pair in %s (one time, about a minute on 2 CPU cores)", out)
+                import sys
+
+                from tqdm import tqdm
+
                 from ..hf import no_progress_bars
 
-                with no_progress_bars():
-                    build_embedded_pair(out, force=out.exists(), **opts)
+                with no_progress_bars(), tqdm(total=opts["target_steps"] + opts["distill_steps"], unit="step",
+                                              desc="demo pair", file=sys.stderr, leave=False,
+                                              disable=not sys.stderr.isatty()) as bar:
+                    build_embedded_pair(out, force=out.exists(), progress=bar.update, **opts)
     return TinyCheckpoint(drafter=out / "drafter", target=out / "target")

@@ -18,7 +18,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from ..atomic import atomic_output_dir
+from ..atomic import atomic_output_dir, write_marker
 from ..checkpoint import expected_tensors
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
@@ -102,7 +102,7 @@ def write_tiny_checkpoint(
     """Write ``out_dir/drafter`` and ``out_dir/target``; return their paths.
 
     Args:
-        out_dir: created atomically; an existing non-empty directory is replaced only with ``force``.
+        out_dir: created atomically; an earlier output (it has ``manifest.json``) is replaced only with ``force``.
         format: drafter checkpoint layout, ``"deepseek"`` (self-contained) or ``"speculators"`` (shares
             ``embed_tokens``, and ``lm_head`` when the vocabulary is not reduced, with the target).
         target_family: ``"qwen3"``, ``"qwen2"`` or ``"llama"`` target architecture.
@@ -123,6 +123,8 @@ def write_tiny_checkpoint(
         target_tensors, target_config = _write_target(tmp / "target", config, target_family, seed, target_init_std)
         tensors = _drafter_tensors(config, target_tensors, seed)
         _write_drafter(tmp / "drafter", config, tensors, target_config, format)
+        write_marker(tmp, "write_tiny_checkpoint", format=format, target_family=target_family, seed=seed,
+                     target_init_std=target_init_std, options=options)
     out = Path(out_dir)
     return TinyCheckpoint(drafter=out / "drafter", target=out / "target")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -36,6 +38,8 @@ def test_cpu_rows_time_the_native_round_when_numba_is_there(capsys):
 
 
 def test_table_json_file_and_plot(tmp_path, capsys):
+    mask = os.umask(0)
+    os.umask(mask)
     out, png = tmp_path / "rows.json", tmp_path / "markov.png"
     assert main([*SMALL, "--json", str(out), "--plot", str(png)]) == 0
     assert "speedup" in capsys.readouterr().out  # the table
@@ -44,6 +48,17 @@ def test_table_json_file_and_plot(tmp_path, capsys):
     assert main([*SMALL, "--json", str(out)]) == 1  # nothing the user had is overwritten without --force
     assert "--force" in capsys.readouterr().err
     assert main([*SMALL, "--json", str(out), "--force"]) == 0
+    assert stat.S_IMODE(png.stat().st_mode) == 0o666 & ~mask  # the user's umask, not tempfile's 0600
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--json"])
+def test_a_directory_or_a_path_below_a_file_is_a_one_line_error(tmp_path, capsys, flag):
+    (tmp_path / "notes.txt").write_text("mine")
+    for path, message in [(tmp_path, f"{tmp_path} is a directory; give a file path"),
+                          (tmp_path / "notes.txt" / "x.png", f"{tmp_path / 'notes.txt'} is a file, not a directory")]:
+        assert main([*SMALL, flag, str(path), "--force"]) == 1
+        assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_bad_topk_is_a_one_line_error(capsys):

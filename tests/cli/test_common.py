@@ -25,3 +25,15 @@ def test_threads_reach_torch_and_the_cpu_kernels():
 def test_zero_threads_is_a_one_line_error():
     with pytest.raises(DSparkTrtError, match="--threads must be >= 1"):
         set_cpu_threads(0)
+
+
+@pytest.mark.parametrize("cores, load, expected", [(2, 0.0, 2), (2, 1.0, 1), (2, 7.5, 1), (16, 3.4, 13), (4, 0.6, 3)])
+def test_default_threads_are_the_idle_cores(monkeypatch, cores, load, expected):
+    import os
+
+    from dspark_trt.threads import default_cpu_threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert default_cpu_threads() == expected
+

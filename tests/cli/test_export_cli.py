@@ -58,6 +58,15 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pai
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.rtx
+def test_version_compatible_with_tensorrt_rtx_is_refused_up_front(tiny_pair, tmp_path):
+    """It used to fail after the whole ONNX export with a raw libnvinfer_lean.so.1 error."""
+    proc = dspark("export", tiny_pair.drafter, "--engine", "tensorrt-rtx", "--version-compatible", "-o",
+                  tmp_path / "out")
+    assert proc.returncode == 1 and "--version-compatible is a full-TensorRT option" in one_error_line(proc)
+    assert "exporting ONNX" not in proc.stderr and list(tmp_path.iterdir()) == []
+
+
 def test_engine_tensorrt_without_tensorrt_is_refused(tiny_pair, tmp_path):
     from tests.conftest import have_tensorrt
 
@@ -68,20 +77,42 @@ def test_engine_tensorrt_without_tensorrt_is_refused(tiny_pair, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_existing_output_needs_force_and_force_replaces_it(tiny_pair, tmp_path, capsys):
+FAST = ["--topk", "off", "--dtype", "fp32", "--engine", "none", "--no-validate"]
+
+
+@pytest.mark.slow
+def test_force_replaces_only_an_earlier_export_and_dot_is_the_working_directory(tiny_pair, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "mine.txt").write_text("keep")
-    args = ["export", str(tiny_pair.drafter), "--topk", "16", "--dtype", "fp32", "--engine", "none", "--no-validate",
-            "-o", str(out)]
-    assert main(args) == 1
-    assert "is not empty; pass --force" in capsys.readouterr().err
-    assert (out / "mine.txt").read_text() == "keep"
+    (out / "notes.txt").write_text("keep")
+    args = ["export", str(tiny_pair.drafter), *FAST, "-o", str(out)]
+    for force in ([], ["--force"]):  # the user's directory is refused either way, before any work
+        assert main(args + force) == 1
+        assert "holds no earlier dspark output (no manifest.json); --force replaces only" in capsys.readouterr().err
+        assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "keep"
+    (out / "notes.txt").unlink()
+    # `dspark-export -o .` in an empty working directory: the export lands there, nothing else is left
+    proc = subprocess.run([sys.executable, "-m", "dspark_trt.cli.main", *args[:-1], "."], capture_output=True,
+                          text=True, cwd=out, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    first = (out / "manifest.json").read_text()
+    assert main(args) == 1 and "holds an earlier output; pass --force" in capsys.readouterr().err
     assert main(args + ["--force"]) == 0
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1].startswith("PASSED | ")
-    assert not (out / "mine.txt").exists() and (out / "manifest.json").is_file()
+    assert "no engine was built (--engine none)" in err and "importable" not in err  # it may well be importable
+    assert "[1/2] export ONNX (not validated)" in err and "validate ONNX" not in err  # --no-validate
+    assert (out / "manifest.json").read_text() != first  # (its creation time differs)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or old directories left
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "onnx"]
+
+
+def test_output_below_a_file_is_one_line(tiny_pair, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = dspark("export", tiny_pair.drafter, *FAST, "-o", tmp_path / "notes.txt" / "sub")
+    assert proc.returncode == 1
+    assert f"{tmp_path / 'notes.txt'} is a file, not a directory" in one_error_line(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_validation_mismatch_exits_3_and_writes_nothing(tiny_pair, tmp_path, monkeypatch, capsys):
@@ -105,3 +136,29 @@ def test_dspark_export_entry_point_is_the_export_subcommand(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import sys; from dspark_trt.cli.export_entry import main; "
                            "sys.exit(main(['--help']))"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--topk" in proc.stdout and "--engine" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.rtx
+def test_ctrl_c_during_the_engine_build_stops_cleans_up_and_exits_130(tiny_pair, tmp_path):
+    """A real TensorRT-RTX build of the tiny pair, interrupted by SIGINT once TensorRT reports its first phase:
+    TensorRT's callbacks must not swallow it (the export used to go on and print PASSED)."""
+    import signal
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "export", str(tiny_pair.drafter), "--topk",
+                             "off", "--dtype", "fp32", "--no-validate", "--engine", "tensorrt-rtx", "-o", str(out)],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # [I] engine build: <phase> (n steps) — emitted from inside the build
+        lines.append(line)
+        if "engine build:" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=600)[::-1]
+    stderr = "".join(lines) + rest
+    assert proc.returncode == 130, stderr
+    assert "error: interrupted" in stderr and "PASSED" not in stderr and "Traceback" not in stderr, stderr
+    assert stderr.rstrip().splitlines()[-1].startswith("FAILED | ")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary directory left
+

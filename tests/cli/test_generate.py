@@ -88,7 +88,7 @@ def narrow_drafter(tmp_path_factory):
     ("layers", "target_layer_ids [1, 2, 9]"),
     ("mask", "mask_token_id 300 is outside the vocabulary [0, 257)"),
     ("one-model", "pass both --drafter and --target"),
-    ("topk", "--topk 'many' is not an integer or 'off'"),
+    ("topk", "--topk many: use an integer K >= 1 (candidates per draft slot) or 'off' (the dense Markov head)"),
 ])
 def test_bad_input_is_one_line_and_exit_1(case, message, distilled_pair, random_pair, narrow_drafter, tmp_path,
                                           capsys):

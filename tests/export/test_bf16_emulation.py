@@ -35,7 +35,7 @@ def test_twin_matches_torch_bf16_rounding():
 
     from dspark_trt.export.bf16_emulation import emulate_bf16
     from dspark_trt.export.ort_session import OrtGraph
-    from dspark_trt.onnx_export import torch_onnx_export
+    from dspark_trt.torch_to_onnx import torch_onnx_export
 
     block = Block().to(torch.bfloat16)
     x = torch.randn(5, 37, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -64,7 +64,7 @@ def test_plain_fp32_twin_would_not_match():
 
     from dspark_trt.export.bf16_emulation import emulate_bf16
     from dspark_trt.export.ort_session import OrtGraph
-    from dspark_trt.onnx_export import torch_onnx_export
+    from dspark_trt.torch_to_onnx import torch_onnx_export
 
     block = Block().to(torch.bfloat16)
     x = torch.randn(64, 37, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)

@@ -47,13 +47,21 @@ def test_batch_sizes_are_validated():
     assert EngineBuildConfig("tensorrt-rtx", max_batch_size=8).batch_range == (1, 8, 8)
 
 
+def test_version_compatible_is_full_tensorrt_only():
+    assert EngineBuildConfig("tensorrt", version_compatible=True).describe()["version_compatible"]
+    with pytest.raises(DSparkTrtError, match="--version-compatible is a full-TensorRT option"):
+        EngineBuildConfig("tensorrt-rtx", version_compatible=True)
+
+
 def test_resolve_flavor():
     from tests.conftest import have_module, have_tensorrt
 
     assert resolve_flavor("none") is None
     if not have_tensorrt():
-        with pytest.raises(DSparkTrtError, match="full TensorRT is not importable"):
+        with pytest.raises(DSparkTrtError, match="full TensorRT is not importable.*--engine tensorrt-rtx / --engine none"):
             resolve_flavor("tensorrt")
+        with pytest.raises(DSparkTrtError, match="or use --engine tensorrt-rtx$"):
+            resolve_flavor("tensorrt", none_allowed=False)
     expected = "tensorrt" if have_tensorrt() else ("tensorrt-rtx" if have_module("tensorrt_rtx") else None)
     assert resolve_flavor("auto") == expected
     with pytest.raises(DSparkTrtError, match="unknown engine 'trt'"):

@@ -111,7 +111,7 @@ def test_context_graph_matches_reference(tiny_pair, onnx_export, dtype, B):
 
 
 def test_topk_full_vocab_graph_equals_dense_graph(tiny_pair, onnx_export):
-    """Spec §10.1 at graph level: the custom node with k = V_d drafts what the dense walk drafts."""
+    """docs/dspark.md §10.1 at graph level: the custom node with k = V_d drafts what the dense walk drafts."""
     drafter = _drafter(tiny_pair, "fp32")
     inputs = round_inputs(drafter, 3, seed=11, sampled=True)
     from dspark_trt.export.graphs import run_draft

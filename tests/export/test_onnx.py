@@ -22,8 +22,10 @@ def one_line_error(excinfo, *fragments):
 @pytest.mark.parametrize("options, fragments", [
     (dict(dtype="fp8"), ["unknown dtype 'fp8'", "fp32, fp16, bf16"]),
     (dict(topk=2501), ["top-k 2501", "draft_vocab_size=2500", "--topk <= 2500"]),
-    (dict(topk=-3), ["top-k -3", "--topk"]),
-    (dict(topk="many"), ["'many' is not a number", "'off'"]),
+    (dict(topk=-3), ["--topk -3: use an integer K >= 1", "or 'off'"]),
+    (dict(topk="-5"), ["--topk -5: use an integer K >= 1", "or 'off'"]),  # was "not a number"
+    (dict(topk="0"), ["--topk 0: use an integer K >= 1", "or 'off'"]),  # was silently dense
+    (dict(topk="many"), ["--topk many: use an integer K >= 1", "or 'off'"]),
     (dict(block_size=8), ["block size 8", "block_size 7", "pass 7"]),
     (dict(max_context=1), ["max context 1", "--max-context"]),
     (dict(target="tensorrt-llm"), ["unknown export target", "'tensorrt' or 'onnxruntime'"]),
@@ -43,7 +45,7 @@ def test_topk_above_tensorrt_limit_only_for_tensorrt():
     assert ExportSpec.resolve(config, topk=3840, dtype="fp32").topk == 3840
 
 
-@pytest.mark.parametrize("topk, expected", [(None, None), ("off", None), (0, None), ("16", 16), (2500, 2500)])
+@pytest.mark.parametrize("topk, expected", [(None, None), ("off", None), ("OFF", None), ("16", 16), (2500, 2500)])
 def test_topk_spellings(topk, expected):
     assert ExportSpec.resolve(tiny_config(), topk=topk).topk == expected
 
@@ -84,16 +86,21 @@ def test_save_read_back_and_refuse_to_overwrite(tiny_pair, onnx_export, tmp_path
     assert manifest["num_draft_tokens"] == 7 and manifest["spec"]["topk"] == 16
     assert [i["name"] for i in manifest["graphs"]["draft"]["inputs"]] == ["anchor", "ctx_k", "ctx_v", "ctx_len",
                                                                          "temperature", "seed"]
+    names = sorted(p.name for p in out.iterdir())
     again = OnnxFromDir(out)()
     assert again.config == exported.config and again.spec == exported.spec
 
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
-    with pytest.raises(DSparkTrtError, match="--force"):
-        SaveOnnx(exported, tmp_path / "busy")()
-    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
-    SaveOnnx(exported, tmp_path / "busy", force=True)()
-    assert not (tmp_path / "busy" / "keep.txt").exists() and (tmp_path / "busy" / "draft.onnx").is_file()
+    for force in (False, True):  # not an earlier ONNX export: refused even with force
+        with pytest.raises(DSparkTrtError, match="no onnx_export.json"):
+            SaveOnnx(exported, tmp_path / "busy", force=force)()
+        assert [p.name for p in (tmp_path / "busy").iterdir()] == ["keep.txt"]
+    with pytest.raises(DSparkTrtError, match="holds an earlier output; pass --force"):
+        SaveOnnx(exported, out)()
+    SaveOnnx(exported, out, force=True)()
+    assert sorted(p.name for p in out.iterdir()) == names and OnnxFromDir(out)().spec == exported.spec
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy", "export"]
 
 
 def test_read_back_rejects_other_directories(tmp_path):
@@ -110,7 +117,8 @@ def test_validation_mismatch_raises_and_exits_3(tiny_pair, onnx_export, caplog):
     import argparse
 
     from dspark_trt import load_drafter
-    from dspark_trt.cli.common import EXIT_MISMATCH, ValidationMismatch, run_guarded
+    from dspark_trt.cli.common import EXIT_MISMATCH, run_guarded
+    from dspark_trt.errors import ValidationMismatch
     from dspark_trt.export.ort_session import OrtGraph
     from dspark_trt.export.validate import validate_onnx
 

@@ -113,3 +113,9 @@ def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["engines"] == manifest["engines"]
     with pytest.raises(DSparkTrtError, match="exists; pass --force"):
         build_engines(out, engine="tensorrt-rtx")
+    from tests.conftest import have_tensorrt
+
+    if not have_tensorrt():  # the hint names only flags build-engine has (it has no --engine none)
+        with pytest.raises(DSparkTrtError) as e:
+            build_engines(out, engine="tensorrt")
+        assert "or use --engine tensorrt-rtx" in str(e.value) and "none" not in str(e.value)

@@ -80,3 +80,38 @@ def test_run_onnxrt_random_inputs(tiny_pair, onnx_export):
         result = polygraphy("run", onnx_export(tiny_pair, "fp32", topk) / "draft.onnx", "--onnxrt", "--validate",
                             "--input-shapes", *shapes)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def documented_commands() -> list[str]:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "export.md").read_text()
+    return [line.strip() for line in text.splitlines()
+            if line.startswith("    ") and line.strip().startswith(("polygraphy ", "python -m dspark_trt"))]
+
+
+@pytest.mark.slow
+def test_the_documented_commands_run_on_the_default_bf16_export(tiny_pair, onnx_export, tmp_path):
+    """docs/export.md's Polygraphy commands, verbatim but for the paths, on a bf16 export (the default dtype)."""
+    import shlex
+
+    commands = documented_commands()
+    assert [c.split()[:2] for c in commands] == [["polygraphy", "inspect"], ["python", "-m"], ["polygraphy", "run"]]
+    export = onnx_export(tiny_pair, "bf16", 16)
+    for command in commands:
+        argv = shlex.split(command.replace("out/export/onnx", str(export)).replace("out/", f"{tmp_path}/"))
+        argv[0] = POLYGRAPHY if argv[0] == "polygraphy" else sys.executable
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (command, result.stdout[-3000:] + result.stderr[-2000:])
+    assert "PASSED" in result.stdout + result.stderr
+    shapes = shlex.split(commands[-1])[shlex.split(commands[-1]).index("--input-shapes") + 1:]
+    direct = polygraphy("run", export / "draft.onnx", "--onnxrt", "--input-shapes", *shapes)
+    assert direct.returncode != 0 and "NOT_IMPLEMENTED" in direct.stdout + direct.stderr  # why the twin is needed
+
+
+def test_the_twin_tool_refuses_to_overwrite_and_non_bf16_graphs(tiny_pair, onnx_export, tmp_path):
+    from dspark_trt.export.bf16_emulation import main
+
+    (tmp_path / "t.onnx").write_text("mine")
+    assert main([str(onnx_export(tiny_pair, "bf16", 16) / "draft.onnx"), str(tmp_path / "t.onnx")]) == 1
+    assert (tmp_path / "t.onnx").read_text() == "mine"
+    assert main([str(onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"), str(tmp_path / "u.onnx")]) == 1
+    assert not (tmp_path / "u.onnx").exists()

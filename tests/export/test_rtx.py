@@ -1,5 +1,5 @@
 """TensorRT-RTX (real parser and builder, CPU, SM80 target) takes the exported graphs without our plugin:
-the DSparkTopKMarkov node falls back to its standard-op local function (tensorrt-notes §1, §10)."""
+the DSparkTopKMarkov node falls back to its standard-op local function."""
 
 from __future__ import annotations
 

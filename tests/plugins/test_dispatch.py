@@ -32,6 +32,7 @@ def test_cpu_kernels_are_chosen_on_cpu_when_supported():
     from dspark_trt.plugins.cpu_walk import cpu_markov_walk, cpu_select_candidates, cpu_walk_candidates
 
     assert fallback_reason("cpu", **CASE) is None
+    assert fallback_reason("cpu", **{**CASE, "draft_vocab_size": 151936, "rank": 256}) is None  # Qwen3-8B's head
     assert select_markov_walk("cpu", **CASE) is cpu_markov_walk
     impl = select_markov_impl("cpu", **CASE)
     assert (impl.select, impl.walk) == (cpu_select_candidates, cpu_walk_candidates)
@@ -42,6 +43,7 @@ def test_cpu_kernels_are_chosen_on_cpu_when_supported():
 @pytest.mark.parametrize("change, why", [
     (dict(topk=None), "dense Markov head"),
     (dict(weights_dtype=torch.float16), "float16"),
+    (dict(draft_vocab_size=2560, rank=16), "small Markov head (V_d·r = 40960 < 1048576)"),  # the demo pair
 ])
 def test_cpu_fallback_reasons(change, why):
     pytest.importorskip("numba")

@@ -9,7 +9,7 @@ from tests.runtime.runtime_helpers import make_decoder, random_prompts
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime import SpeculativeDecoder
 from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
-from dspark_trt.testing import ScriptedDrafterBackend
+from dspark_trt.runtime.backends.scripted import ScriptedDrafterBackend
 
 MASK = 256  # mask token of the vocabulary-257 distilled pairs
 

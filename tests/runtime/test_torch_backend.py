@@ -76,6 +76,10 @@ def test_default_on_cpu_is_the_numba_kernels_else_the_reference(drafter, monkeyp
 
     backend = TorchDrafterBackend(drafter)
     assert backend.walk_fn is None  # chosen per round by plugins.dispatch
+    c = drafter.config
+    assert c.draft_vocab_size * c.markov_rank < dispatch.CPU_KERNEL_MIN_HEAD
+    assert backend._auto_impl(16) is dispatch.REFERENCE  # a tiny head: the PyTorch walk, no kernel loading
+    monkeypatch.setattr(dispatch, "CPU_KERNEL_MIN_HEAD", 0)  # as if the head were large
     impl = backend._auto_impl(16)
     assert impl.select is cpu_select_candidates and impl.walk is cpu_walk_candidates
     assert backend._auto_impl(None) is dispatch.REFERENCE  # dense: the GEMM is already the fast path

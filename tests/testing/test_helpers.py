@@ -1,4 +1,4 @@
-"""dspark_trt.testing helpers: distillation, the scripted drafter, the byte tokenizer."""
+"""dspark_trt.testing helpers: distillation, the byte tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from dspark_trt import load_drafter
 from dspark_trt.errors import DSparkTrtInternalError
-from dspark_trt.testing import ScriptedDrafterBackend, distill_drafter, write_tiny_checkpoint
+from dspark_trt.testing import distill_drafter, write_tiny_checkpoint
 from dspark_trt.testing.distill import save_drafter_like
 
 
@@ -31,16 +31,6 @@ def test_distillation_lowers_the_loss_and_saves_loadable_weights(pair, tmp_path)
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
     assert not drafter.training and not any(p.requires_grad for p in drafter.parameters())
-
-
-def test_scripted_drafter_detects_a_drifted_anchor(pair):
-    drafter = load_drafter(pair.drafter, target_dir=pair.target)
-    scripted = ScriptedDrafterBackend(drafter.config, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]],
-                                      wrong=lambda r, pos: pos == 4)
-    res = scripted.draft(torch.tensor([3]), None, None, torch.tensor([2]), topk=None, temperature=None, seed=None)
-    assert res.tokens.tolist() == [[4, 5 + 1, 6, 7]] and scripted.rounds[-1]["expected_accepted"] == 1
-    with pytest.raises(DSparkTrtInternalError, match="drifted"):
-        scripted.draft(torch.tensor([9]), None, None, torch.tensor([2]), topk=None, temperature=None, seed=None)
 
 
 def test_byte_tokenizer_ids_are_utf8_bytes(tmp_path):

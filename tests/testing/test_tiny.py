@@ -99,7 +99,7 @@ def test_existing_output_is_kept_unless_forced(tmp_path):
     out = tmp_path / "pair"
     write_tiny_checkpoint(out, seed=1, **SMALL)
     before = (out / "drafter" / "model.safetensors").read_bytes()
-    with pytest.raises(DSparkTrtError, match="not empty; pass --force"):
+    with pytest.raises(DSparkTrtError, match="holds an earlier output; pass --force"):
         write_tiny_checkpoint(out, seed=2, **SMALL)
     assert (out / "drafter" / "model.safetensors").read_bytes() == before
     write_tiny_checkpoint(out, seed=2, force=True, **SMALL)

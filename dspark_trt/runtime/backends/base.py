@@ -69,8 +69,12 @@ def backend_class(name: str) -> type["DrafterBackend"]:
     try:
         return getattr(importlib.import_module(module), cls)
     except ModuleNotFoundError as e:
-        raise DSparkTrtError(f"drafter backend {name!r} needs the optional package {e.name!r}: "
-                             f"pip install 'dspark-trt[onnx]'") from None
+        from ...optional import from_import_error
+
+        hint = from_import_error(e, purpose=f"the {name} drafter backend")
+        if hint is None:
+            raise
+        raise hint from None
 
 
 class DrafterBackend(abc.ABC):

@@ -70,7 +70,9 @@ class TorchDrafterBackend(DrafterBackend):
                         device=None, **kwargs) -> "TorchDrafterBackend":
         from ...loader import load_drafter
 
-        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        from ...devices import resolve_device
+
+        device = resolve_device(device)
         dtype = dtype if dtype is not None else ("bf16" if device.type == "cuda" else "fp32")
         return cls(load_drafter(drafter_dir, dtype=dtype, device=device, target_dir=target_dir), **kwargs)
 
@@ -127,4 +129,5 @@ class TorchDrafterBackend(DrafterBackend):
 
         c = self.config
         return select_markov_impl(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
-                                  logits_dtype=torch.float32, weights_dtype=self.dtype)
+                                  logits_dtype=torch.float32, weights_dtype=self.dtype,
+                                  draft_vocab_size=c.draft_vocab_size)

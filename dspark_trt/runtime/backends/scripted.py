@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..errors import DSparkTrtInternalError
-from ..reference.markov import MarkovWalkResult
-from ..runtime.backends.base import DrafterBackend
+from ...errors import DSparkTrtInternalError
+from ...reference.markov import MarkovWalkResult
+from .base import DrafterBackend
 
 __all__ = ["ScriptedDrafterBackend"]
 

@@ -1,0 +1,60 @@
+"""The package's layering: lower layers never import upper ones (read from the source, no imports run).
+
+Order, bottom to top: reference → plugins → export → runtime → testing/bench → cli. ``errors``, ``config``,
+``atomic`` and the other top-level modules sit below all of them. A test helper (``testing/``) builds
+checkpoints and must not depend on the runtime; a GPU check or benchmark is a tool, not part of the op.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import dspark_trt
+
+ROOT = Path(dspark_trt.__file__).resolve().parent
+
+FORBIDDEN = {
+    "reference": {"plugins", "export", "runtime", "testing", "bench", "cli"},
+    "plugins": {"export", "runtime", "testing", "bench", "cli"},
+    "export": {"runtime", "testing", "bench", "cli"},
+    "runtime": {"testing", "bench", "cli"},
+    "testing": {"runtime", "bench", "cli"},
+    "bench": {"cli"},
+}
+# Known, tracked exceptions (remove an entry when its import goes): the GPU check leaves plugins/ for a
+# `dspark gpu-check` tool; bench e2e still borrows generate's argument parser.
+KNOWN = {("plugins/gpu_check.py", "bench"), ("plugins/gpu_check.py", "testing"), ("bench/e2e.py", "cli")}
+
+
+def _imported_subpackages(path: Path) -> set[str]:
+    """The ``dspark_trt.<name>`` first components that ``path`` imports (absolute or relative)."""
+    package = ["dspark_trt", *path.relative_to(ROOT).parent.parts]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            names = ".".join(base + ([node.module] if node.module else [])).split(".")
+            if names[0] == "dspark_trt" and len(names) > 1:
+                found.add(names[1])
+            elif names == ["dspark_trt"]:
+                found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("dspark_trt."))
+    return found
+
+
+def test_no_layer_imports_a_layer_above_it():
+    violations = []
+    for layer, forbidden in FORBIDDEN.items():
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for name in sorted(_imported_subpackages(path) & forbidden):
+                if (rel, name) not in KNOWN:
+                    violations.append(f"{rel} imports dspark_trt.{name}")
+    assert not violations, violations
+
+
+def test_the_checker_sees_relative_imports():
+    assert {"errors", "reference"} <= _imported_subpackages(ROOT / "export" / "validate.py")
+    assert "base" not in _imported_subpackages(ROOT / "runtime" / "backends" / "scripted.py")
