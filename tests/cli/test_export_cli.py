@@ -162,3 +162,17 @@ def test_ctrl_c_during_the_engine_build_stops_cleans_up_and_exits_130(tiny_pair,
     assert stderr.rstrip().splitlines()[-1].startswith("FAILED | ")
     assert list(tmp_path.iterdir()) == []  # nothing written, no temporary directory left
 
+
+@pytest.mark.slow
+def test_target_validation_mismatch_exits_3_and_writes_nothing(tiny_pair, tmp_path, monkeypatch, capsys):
+    """Zero tolerance: onnxruntime's fp32 sums differ from torch's by ~1e-7, so the target check must fail."""
+    from dspark_trt.export import validate_target
+    from dspark_trt.export.validate import Tolerance
+
+    monkeypatch.setitem(validate_target.TARGET_TOLERANCES, "fp32", Tolerance(0.0, 0.0, "zero, to fail"))
+    out = tmp_path / "out"
+    status = main(["export", str(tiny_pair.drafter), "--target", str(tiny_pair.target), "--topk", "off", "--dtype",
+                   "fp32", "--engine", "none", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 3 and "the exported target graph disagrees with transformers" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []

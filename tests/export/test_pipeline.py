@@ -90,8 +90,8 @@ def test_tensorrt_rtx_engines_were_built(exported):
         path = exported.out_dir / entry["file"]
         assert path.stat().st_size == entry["bytes"] > 10_000
         assert entry["build"]["compute_capability"] == "SM80"
-        graph = exported.manifest["target"] if entry["graph"] == "target" else exported.manifest["graphs"][entry["graph"]]
-        inputs = graph["io"]["inputs"] if entry["graph"] == "target" else graph["inputs"]
+        m = exported.manifest
+        inputs = m["target"]["io"]["inputs"] if entry["graph"] == "target" else m["graphs"][entry["graph"]]["inputs"]
         assert list(entry["profile"]) == [i["name"] for i in inputs]
         for i in inputs:  # batch 1..8 (the default max batch), context/new/past 1..max_context (past from 0)
             profile = entry["profile"][i["name"]]

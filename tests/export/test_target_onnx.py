@@ -109,6 +109,14 @@ def test_qwen2_target_exports_and_validates(tmp_path, dtype):
     assert validate_target_onnx(path, model, [-1, 2], dtype=dtype).ok
 
 
+def test_unsupported_architectures_are_refused_with_the_way_out():
+    from dspark_trt.export.target_graph import check_architecture
+
+    assert check_architecture({"architectures": ["LlamaForCausalLM"]}) == "LlamaForCausalLM"
+    with pytest.raises(DSparkTrtError, match="GPT2LMHeadModel is not supported.*--skip-target"):
+        check_architecture({"architectures": ["GPT2LMHeadModel"]})
+
+
 def test_the_pairing_is_checked_before_anything_runs(random_pair, tmp_path):
     from dspark_trt.export.pipeline import ExportOptions, export_model
     from dspark_trt.testing import write_tiny_checkpoint
