@@ -7,7 +7,9 @@ What DSpark needs from a target model, per batch of independent requests:
 * ``verify(tokens)`` — score ``Q = n+1`` new tokens per request (the anchor and n drafts) on top of the
   committed sequence; return their logits ``[B, Q, V]`` and taps ``[B, Q, m·d]``;
 * ``commit(keep)`` — keep the first ``keep[b]`` of those Q tokens per request and roll the rest of the KV
-  cache back (the rejected drafts); ``select(rows)`` drops finished requests.
+  cache back (the rejected drafts); ``select(rows)`` drops finished requests;
+* ``extend(prompts)`` (needed by ``RequestScheduler`` only) — like ``prefill``, but the new requests join
+  the running batch after the existing ones, between rounds, without changing them.
 
 Taps are the outputs of the drafter's ``target_layer_ids`` (DeepSeek convention: id i = output of decoder
 layer i, -1 = embeddings), concatenated in that order. ``HFTarget`` converts them to
@@ -187,6 +189,32 @@ class HFTarget:
         return TargetOutput(logits=logits, taps=self._taps(out.hidden_states))
 
     @torch.inference_mode()
+    def extend(self, prompts: Sequence[torch.Tensor]) -> TargetOutput:
+        """Add requests after the current ones (at a round boundary): prefill them alone, then join the caches.
+
+        Returns what ``prefill`` returns for the new prompts; the existing requests are untouched.
+        """
+        if self.cache is None or self._lengths is None or not self._lengths.numel():
+            return self.prefill(prompts)
+        if self._pending:
+            raise DSparkTrtError("HFTarget.extend called between verify and commit; commit the round first")
+        old_cache, old_valid, old_lengths = self.cache, self.valid, self._lengths
+        out = self.prefill(prompts)
+        old_layers, new_layers = _layers(old_cache), _layers(self.cache)
+        if old_layers is None or new_layers is None:
+            raise DSparkTrtError("this transformers version's KV cache has no per-layer keys/values, so requests "
+                                 "cannot join a running batch; upgrade transformers")
+        S = max(old_valid.shape[1], self.valid.shape[1])
+        for old, new in zip(old_layers, new_layers):
+            old.keys = torch.cat((_pad_slots(old.keys, S), _pad_slots(new.keys, S)), dim=0)  # [B+Bn, H, S, D]
+            old.values = torch.cat((_pad_slots(old.values, S), _pad_slots(new.values, S)), dim=0)
+        pad = lambda m: torch.nn.functional.pad(m, (0, S - m.shape[1]), value=False)  # noqa: E731
+        self.valid = torch.cat((pad(old_valid), pad(self.valid)), dim=0)  # [B+Bn, S]
+        self._lengths = torch.cat((old_lengths, self._lengths))
+        self.cache = old_cache
+        return out
+
+    @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, *, with_taps: bool = True) -> TargetOutput:
         """Score ``tokens`` [B, Q] at positions ``lengths … lengths+Q-1``; they stay pending until ``commit``."""
         if self._pending:
@@ -243,6 +271,11 @@ class HFTarget:
     def cached_slots(self) -> int:
         """Slots currently held by the KV cache (committed tokens + holes)."""
         return int(self.valid.shape[1])
+
+
+def _pad_slots(x: torch.Tensor, slots: int) -> torch.Tensor:
+    """[B, H, S, D] → [B, H, slots, D] with zero slots appended (masked holes)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, slots - x.shape[2])) if x.shape[2] < slots else x
 
 
 def _layers(cache):
