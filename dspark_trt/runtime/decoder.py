@@ -49,6 +49,28 @@ def check_pair(config, target: Target) -> None:
     target.set_taps(config.target_layer_ids)  # rejects ids beyond the target's depth
 
 
+def check_sampling(temperature: torch.Tensor, seed: torch.Tensor) -> None:
+    """Per-request sampling settings: temperature [B] finite and ≥ 0, seed [B] ≥ 0; one-line errors."""
+    if not bool(torch.isfinite(temperature).all()) or bool((temperature < 0).any()):
+        raise DSparkTrtError("temperature must be finite and >= 0 (0 = greedy)")
+    if bool((seed < 0).any()):
+        raise DSparkTrtError("seed must be >= 0")
+
+
+def resolve_draft_options(c, topk: int | None, confidence_threshold: float | None):
+    """(top-k, threshold) for drafter config ``c``: ``None`` → the config's top-k, 0 → dense; checked."""
+    topk = c.draft_topk if topk is None else (None if int(topk) == 0 else int(topk))
+    if topk is not None and not 1 <= topk <= c.draft_vocab_size:
+        raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
+                             f"--topk or 'off'")
+    if confidence_threshold is not None:
+        if not 0.0 <= float(confidence_threshold) <= 1.0:
+            raise DSparkTrtError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+        if not c.enable_confidence_head:
+            raise DSparkTrtError("this drafter has no confidence head; drop confidence_threshold")
+    return topk, confidence_threshold
+
+
 class SpeculativeDecoder:
     """Speculative decoding with a DSpark drafter, lossless with respect to the target.
 
@@ -147,26 +169,14 @@ class SpeculativeDecoder:
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
         """
-        c = self.config
         prompts = self._prompts(inputs)
         B = len(prompts)
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         temp = self._per_request(temperature, B, "temperature", torch.float32)
-        if not bool(torch.isfinite(temp).all()) or bool((temp < 0).any()):
-            raise DSparkTrtError("temperature must be finite and >= 0 (0 = greedy)")
         seeds = self._per_request(seed, B, "seed", torch.int64)
-        if bool((seeds < 0).any()):
-            raise DSparkTrtError("seed must be >= 0")
-        topk = c.draft_topk if topk is None else (None if int(topk) == 0 else int(topk))
-        if topk is not None and not 1 <= topk <= c.draft_vocab_size:
-            raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
-                                 f"--topk or 'off'")
-        if confidence_threshold is not None:
-            if not 0.0 <= float(confidence_threshold) <= 1.0:
-                raise DSparkTrtError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
-            if not c.enable_confidence_head:
-                raise DSparkTrtError("this drafter has no confidence head; drop confidence_threshold")
+        check_sampling(temp, seeds)
+        topk, confidence_threshold = resolve_draft_options(self.config, topk, confidence_threshold)
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
         requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos)
