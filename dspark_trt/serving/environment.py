@@ -75,7 +75,7 @@ class ServerEnvironment:
 
 
 def _key(requirements: list[str]) -> str:
-    text = "\n".join([sys.version, sys.executable, *requirements])
+    text = "\n".join([sys.version, sys.base_prefix, *requirements])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
