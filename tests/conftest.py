@@ -1,6 +1,6 @@
 """Shared fixtures and capability gates (markers are declared in pyproject.toml).
 
-Tests marked ``gpu``, ``tensorrt``, ``rtx``, ``triton`` or ``onnx`` are skipped automatically when the
+Tests marked ``gpu``, ``tensorrt``, ``rtx``, ``triton``, ``onnx`` or ``tritonserver`` are skipped automatically when the
 capability is missing, so the CPU suite passes on a machine without a GPU or TensorRT.
 """
 
@@ -42,6 +42,8 @@ GATES = {
     "rtx": (lambda: have_module("tensorrt_rtx"), "TensorRT-RTX not installed"),
     "triton": (lambda: have_module("triton"), "OpenAI Triton not installed"),
     "onnx": (lambda: have_module("onnx") and have_module("onnxruntime"), "onnx/onnxruntime not installed"),
+    "tritonserver": (lambda: have_module("tritonclient") and have_module("grpc"),
+                     "tritonclient not installed (pip install 'dspark-trt[serve]')"),
 }
 
 

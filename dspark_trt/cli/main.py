@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),
     "bench": ("bench", "benchmarks: the Markov round, end to end"),
     "env": ("env", "versions of everything a bug report needs"),
+    "triton-repo": ("triton_repo", "write a Triton model repository serving an export (or a checkpoint pair)"),
+    "serve": ("serve", "serve a Triton model repository with tritonserver until Ctrl-C"),
 }
 
 

@@ -97,8 +97,8 @@ def choose_runtime(*, export_dir: str | None, forced: str | None = None) -> str:
         return "torch"
     from ..jsonfile import read_json
 
-    manifest_path = Path(export_dir) / "manifest.json"
-    manifest = read_json(manifest_path) if manifest_path.is_file() else {}
+    manifest = read_json(Path(export_dir) / "manifest.json", missing=f"{export_dir} has no manifest.json: pass a "
+                         f"dspark-export output directory", fix="re-export it with dspark-export")
     engines = manifest.get("engines") or (manifest.get("target") or {}).get("engines")
     return "tensorrt" if engines and have_tensorrt() else "onnxruntime"
 
