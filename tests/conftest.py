@@ -177,3 +177,47 @@ def onnx_export(onnx_cache_dir, request):
         for pair, dtype, topk in STANDARD_ONNX_EXPORTS[index::count]:
             export(request.getfixturevalue(pair), dtype, topk)
     return export
+
+
+# -- dspark-export directories with the target graph (runtime from_export, CLI --export) ---------------------
+def export_once(tmp_path_factory, name: str, pair, **options):
+    """``export_model(pair.drafter, ..., target_dir=pair.target)`` once per run (shared by xdist workers, file
+    lock), no engine; ~30-60 s on 2 cores (the target graph export dominates)."""
+    from filelock import FileLock
+
+    from dspark_trt.export.pipeline import ExportOptions, export_model
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (out / "manifest.json").is_file():
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                export_model(pair.drafter, out, ExportOptions(engine="none", **options), target_dir=pair.target,
+                             force=True)
+            finally:
+                torch.set_num_threads(before)
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen3_topk_export(tmp_path_factory, random_pair):
+    """DeepSeek-format drafter + Qwen3 target, top-k 16, fp32, target exported."""
+    return export_once(tmp_path_factory, "export-qwen3-topk16-fp32", random_pair, topk=16, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def speculators_llama_pair(tmp_path_factory):
+    """A speculators-format drafter with a Llama target that taps its last layer (id 5 of 6: pre-norm)."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return build_once(tmp_path_factory, "speculators-llama", lambda out: write_tiny_checkpoint(
+        out, seed=5, format="speculators", target_family="llama", target_layer_ids=(0, 3, 5)))
+
+
+@pytest.fixture(scope="session")
+def llama_dense_export(tmp_path_factory, speculators_llama_pair):
+    """The speculators/Llama pair, dense walk, fp32, target exported."""
+    return export_once(tmp_path_factory, "export-llama-dense-fp32", speculators_llama_pair, topk="off", dtype="fp32")

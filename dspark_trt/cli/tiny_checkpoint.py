@@ -11,7 +11,8 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", help="directory to create (refused if non-empty unless --force)")
     p.add_argument("--format", choices=("deepseek", "speculators"), default=None, help="drafter layout (default deepseek)")
-    p.add_argument("--target-family", choices=("qwen3", "llama"), default=None, help="target architecture (default qwen3)")
+    p.add_argument("--target-family", choices=("qwen3", "qwen2", "llama"), default=None,
+                   help="target architecture (default qwen3)")
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--draft-vocab-size", type=int, default=None, help="reduced draft vocabulary (writes d2t)")
     p.add_argument("--hidden-size", type=int, default=None)

@@ -157,7 +157,8 @@ class RequestScheduler:
         if int(max_batch_size) < 1:
             raise DSparkTrtError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.decoder = decoder
-        self.topk, self.confidence_threshold = resolve_draft_options(decoder.config, topk, confidence_threshold)
+        self.topk, self.confidence_threshold = resolve_draft_options(
+            decoder.config, topk, confidence_threshold, default_topk=getattr(decoder, "default_topk", None))
         self.draft = draft
         self.max_batch_size = int(max_batch_size)
         self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)

@@ -1,6 +1,6 @@
 """Tiny, deterministic DSpark drafter + Hugging Face target pairs, so the whole pipeline runs offline.
 
-``write_tiny_checkpoint(out)`` writes ``out/target/`` (a random ``transformers`` Qwen3 or Llama causal LM,
+``write_tiny_checkpoint(out)`` writes ``out/target/`` (a random ``transformers`` Qwen3, Qwen2 or Llama causal LM,
 ``save_pretrained``) and ``out/drafter/`` (random weights in the exact DeepSeek or speculators layout, with
 ``embed_tokens`` / ``lm_head`` copied from the target as the real checkpoints do). Defaults are small
 enough for fast CPU tests yet exercise the real structure: vocabulary 2500 (≥ 2048 for ``--topk 512``),
@@ -23,7 +23,10 @@ from ..checkpoint import expected_tensors
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 
-__all__ = ["TinyCheckpoint", "write_tiny_checkpoint", "tiny_config"]
+__all__ = ["TinyCheckpoint", "write_tiny_checkpoint", "tiny_config", "TARGET_FAMILIES"]
+
+#: target family → transformers config class (Qwen2: q/k/v biases; Llama: no q/k norm; Qwen3: q/k norm)
+TARGET_FAMILIES = {"qwen3": "Qwen3Config", "qwen2": "Qwen2Config", "llama": "LlamaConfig"}
 
 
 class TinyCheckpoint(NamedTuple):
@@ -84,7 +87,7 @@ def write_tiny_checkpoint(
     out_dir: str | Path,
     *,
     format: Literal["deepseek", "speculators"] = "deepseek",
-    target_family: Literal["qwen3", "llama"] = "qwen3",
+    target_family: Literal["qwen3", "qwen2", "llama"] = "qwen3",
     seed: int = 0,
     force: bool = False,
     target_init_std: float = 0.02,
@@ -96,7 +99,7 @@ def write_tiny_checkpoint(
         out_dir: created atomically; an existing non-empty directory is replaced only with ``force``.
         format: drafter checkpoint layout, ``"deepseek"`` (self-contained) or ``"speculators"`` (shares
             ``embed_tokens``, and ``lm_head`` when the vocabulary is not reduced, with the target).
-        target_family: ``"qwen3"`` or ``"llama"`` target architecture.
+        target_family: ``"qwen3"``, ``"qwen2"`` or ``"llama"`` target architecture.
         seed: the only source of randomness.
         target_init_std: the target's ``initializer_range`` (larger → peakier target distributions).
         **options: ``tiny_config`` fields (vocab_size, hidden_size, markov_rank, block_size, num_layers,
@@ -107,8 +110,8 @@ def write_tiny_checkpoint(
     """
     if format not in ("deepseek", "speculators"):
         raise DSparkTrtError(f"unknown checkpoint format {format!r}: use 'deepseek' or 'speculators'")
-    if target_family not in ("qwen3", "llama"):
-        raise DSparkTrtError(f"unknown target family {target_family!r}: use 'qwen3' or 'llama'")
+    if target_family not in TARGET_FAMILIES:
+        raise DSparkTrtError(f"unknown target family {target_family!r}: use one of {', '.join(TARGET_FAMILIES)}")
     config = tiny_config(**options)
     with atomic_output_dir(out_dir, force=force) as tmp:
         target_tensors, target_config = _write_target(tmp / "target", config, target_family, seed, target_init_std)
@@ -137,8 +140,7 @@ def _write_target(path: Path, c: DSparkConfig, family: str, seed: int, init_std:
         eos_token_id=None,
         pad_token_id=None,
     )
-    cls = transformers.Qwen3Config if family == "qwen3" else transformers.LlamaConfig
-    cfg = cls(**common)
+    cfg = getattr(transformers, TARGET_FAMILIES[family])(**common)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
