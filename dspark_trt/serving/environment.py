@@ -36,7 +36,7 @@ log = logging.getLogger("dspark")
 #: what the server venv needs besides the calling environment's pinned runtime packages
 BASE_REQUIREMENTS = ("numpy<2", "nvidia-pytriton>=0.7")
 #: runtime packages pinned to the calling environment's versions when installed there
-MIRRORED = ("torch", "transformers", "safetensors", "tokenizers", "onnxruntime", "filelock")
+MIRRORED = ("torch", "transformers", "safetensors", "tokenizers", "onnxruntime", "onnx", "onnx-ir", "filelock")
 COMPLETE = ".dspark-complete"
 
 

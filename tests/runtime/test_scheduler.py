@@ -218,3 +218,21 @@ def test_hf_target_extend_leaves_the_running_requests_alone(distilled_decoder):
     torch.testing.assert_close(both.logits[:1], solo_a.logits)
     torch.testing.assert_close(both.logits[1:], solo_b.logits)
     torch.testing.assert_close(both.taps[1:], solo_b.taps)
+
+
+@pytest.mark.onnx
+@pytest.mark.slow
+def test_exported_target_joins_requests_mid_way_too(qwen3_topk_export):
+    dec = SpeculativeDecoder.from_export(qwen3_topk_export, backend="onnxruntime", device="cpu")
+    prompts = random_prompts(4, dec.target.vocab_size, seed=51, min_len=1, max_len=16)
+    settings = [(0.0, 0), (1.0, 3), (1.0, 9), (0.0, 0)]
+    sched = RequestScheduler(dec)
+    handles = [sched.submit(prompts[0], 14, temperature=settings[0][0], seed=settings[0][1])]
+    sched.step()
+    sched.step()
+    handles += [sched.submit(p, 10 + i, temperature=t, seed=s) for i, (p, (t, s)) in enumerate(zip(prompts[1:], settings[1:]))]
+    sched.run_until_idle()
+    budgets = [14, 10, 11, 12]
+    assert sched.stats.max_batch == 4
+    for p, (t, s), n, h in zip(prompts, settings, budgets, handles):
+        assert h.tokens == alone(dec, p, n, t, s)
