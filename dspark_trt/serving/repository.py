@@ -66,7 +66,8 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                            drafter_dir: str | Path | None = None, target_dir: str | Path | None = None,
                            runtime: str | None = None, device: str | None = None, topk: int | None = None,
                            confidence_threshold: float | None = None, max_batch_size: int = 64,
-                           max_context: int | None = None, threads: int = 0, force: bool = False) -> Path:
+                           max_context: int | None = None, threads: int = 0, model_name: str = MODEL_NAME,
+                           force: bool = False) -> Path:
     """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``)."""
     from google.protobuf import text_format
 
@@ -78,24 +79,24 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                              target_dir=resolve(target_dir), runtime=runtime, device=device, topk=topk,
                              confidence_threshold=confidence_threshold, max_batch_size=max_batch_size,
                              max_context=max_context, threads=threads).check()
-    config = build_model_config(settings)
+    config = build_model_config(settings, name=model_name)
     with atomic_output_dir(out, force=force) as tmp:
-        model = tmp / MODEL_NAME
+        model = tmp / model_name
         (model / "1").mkdir(parents=True)
         (model / "config.pbtxt").write_text(text_format.MessageToString(config))
         (model / "1" / "model.py").write_text(MODEL_PY)
-        (tmp / "README.md").write_text(_readme(settings))
+        (tmp / "README.md").write_text(_readme(settings, model_name))
     return Path(out)
 
 
-def _readme(s: ModelSettings) -> str:
+def _readme(s: ModelSettings, name: str) -> str:
     source = f"the export `{s.export_dir}`" if s.export_dir else (
         f"the checkpoint pair drafter `{s.drafter_dir}` + target `{s.target_dir}`")
     return f"""# dspark Triton model repository
 
-Model `{MODEL_NAME}`: a decoupled Python-backend model serving {source} with runtime `{s.runtime}` on
+Model `{name}`: a decoupled Python-backend model serving {source} with runtime `{s.runtime}` on
 `{s.device}` (in-flight batching of up to {s.max_batch_size} requests). Written by `dspark triton-repo`;
-`dspark/config.pbtxt` holds the parameters (paths, runtime, top-k, confidence threshold, batch size).
+`{name}/config.pbtxt` holds the parameters (paths, runtime, top-k, confidence threshold, batch size).
 
 ## Launch on a CPU host
 
@@ -119,7 +120,7 @@ or `dspark serve REPO`, which uses a `tritonserver` found on PATH before the bun
 
 ## Requests
 
-HTTP: `curl -d '{{"text_input": "Speculative decoding", "max_tokens": 32}}' localhost:8000/v2/models/dspark/generate`
+HTTP: `curl -d '{{"text_input": "Speculative decoding", "max_tokens": 32}}' localhost:8000/v2/models/{name}/generate`
 answers `{{"text_output": ...}}`; `/generate_stream` with `"stream": true` streams each round's tokens (SSE).
 gRPC: stream inference (`tritonclient.grpc` `start_stream` / `async_stream_infer`).
 

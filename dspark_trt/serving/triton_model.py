@@ -88,6 +88,7 @@ class TritonPythonModel:
             return
         if handle.finish_reason == "cancelled" and sender.is_cancelled():
             sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._maybe_log_summary()
             return
         if stream:
             piece = text.push(new) if text is not None else ""

@@ -71,3 +71,10 @@ def test_cli_writes_a_repository(tmp_path, tiny_pair, capsys):
     assert "dspark serve" in capsys.readouterr().out
     assert main(["triton-repo", str(tmp_path), "--drafter", str(tiny_pair.drafter), "-o", str(tmp_path / "r")]) == 1
     assert "not both" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_directory_that_is_not_a_repository(tmp_path, capsys):
+    from dspark_trt.cli.main import main
+
+    assert main(["serve", str(tmp_path)]) == 1
+    assert "not a Triton model repository" in capsys.readouterr().err
