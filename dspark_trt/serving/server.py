@@ -123,7 +123,7 @@ class TritonServer:
         e = self.endpoints
         cmd += ["--model-repository", str(self.repository), "--http-address", e.host, "--grpc-address", e.host,
                 "--metrics-address", e.host, "--http-port", str(e.http_port), "--grpc-port", str(e.grpc_port),
-                "--metrics-port", str(e.metrics_port), "--exit-timeout-secs", "5", "--strict-readiness", "true"]
+                "--metrics-port", str(e.metrics_port), "--exit-timeout-secs", "30", "--strict-readiness", "true"]
         if self.verbose:
             cmd += ["--log-verbose", str(self.verbose)]
         return cmd, env
