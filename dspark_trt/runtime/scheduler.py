@@ -217,6 +217,9 @@ class RequestScheduler:
     def step(self) -> bool:
         """One iteration: cancellations out, new requests in, one round, tokens delivered. False when idle."""
         with self._lock:
+            if self._stopping:
+                for h in [*self._pending, *self._active.values()]:
+                    h.cancel()
             joining_cancelled = [h for h in self._pending if h.cancelled]
             waiting = [h for h in self._pending if not h.cancelled]
             room = max(self.max_batch_size - len(self._active), 0)
@@ -281,13 +284,13 @@ class RequestScheduler:
     def stop(self, timeout: float | None = None) -> None:
         """Cancel everything not finished, let the loop drain, and stop the thread."""
         with self._lock:
-            self._stopping = True
-            for h in [*self._pending, *self._active.values()]:
-                h.cancel()
+            self._stopping = True  # the loop cancels every request at its next step
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        else:
+            self.run_until_idle()
 
     def _serve(self) -> None:
         while True:
