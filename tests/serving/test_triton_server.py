@@ -199,3 +199,35 @@ def test_the_log_shows_batched_rounds(server):
                  and "batch mean" in line]
     assert summaries
     assert max(int(line.rsplit("max ", 1)[1].split()[0].strip('"')) for line in summaries) > 1
+
+
+def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_topk_export, decoders):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from dspark_trt.serving.repository import write_model_repository
+    from dspark_trt.serving.server import PACKAGE_ROOT
+
+    repo = write_model_repository(tmp_path / "repo", export_dir=qwen3_topk_export, threads=1)
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "serve", str(repo), "--http-port", "0",
+                             "--grpc-port", "0", "--metrics-port", "0"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 600
+        while "ready" not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()
+        grpc = re.search(r"gRPC (\S+?),", line)
+        assert grpc, f"no endpoints line: {line!r}"
+        (answer,) = grpc_generate(grpc.group(1), "dspark", [request_inputs([3, 1, 4], 6)])
+        assert answer.ids == alone(decoders, "tiny", [3, 1, 4], 6)[0]
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=120)[0]
+        assert proc.returncode == 0 and "stopped (exit code 0)" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
