@@ -208,15 +208,12 @@ class TargetForExport:
     @classmethod
     def check(cls, config: DSparkConfig, target_dir, **kwargs) -> "TargetForExport":
         from ..loader import read_target_config
-        from .target_graph import SUPPORTED_ARCHITECTURES
+        from .target_graph import check_architecture
         from .target_onnx import check_target_pairing
 
         target_config = read_target_config(target_dir)
         check_target_pairing(config, target_config)
-        arch = (target_config.get("architectures") or ["?"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise DSparkTrtError(f"target architecture {arch} is not supported by the target export (supported: "
-                                 f"{', '.join(SUPPORTED_ARCHITECTURES)}); pass --skip-target to export the drafter only")
+        check_architecture(target_config)
         return cls(config, Path(target_dir), target_config, **kwargs)
 
     def __call__(self, export_dir: Path) -> dict:

@@ -99,7 +99,9 @@ class TargetGraph(torch.nn.Module):
 
 
 def check_architecture(config) -> str:
-    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+    """The target's architecture (a transformers config or its config.json dict), refused when not supported."""
+    raw = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    arch = (raw or ["?"])[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise DSparkTrtError(f"target architecture {arch} is not supported by the target export (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)}); pass --skip-target to export the drafter only")

@@ -141,13 +141,11 @@ def _config_sha256(target_dir: str | Path) -> str:
 def new_target_section(*, target_dir: str | Path, target_config: dict, config: DSparkConfig, dtype: str,
                        io: dict, tokenizer: list[str], max_context: int, validation: list[str] | None) -> dict:
     """The manifest's ``target`` section (CONTRACT: docs/export.md, "Target graph")."""
+    from types import SimpleNamespace
+
     from .target_graph import target_shape
 
-    class _Cfg:  # target_shape reads attributes
-        def __init__(self, d):
-            self.__dict__.update(d)
-
-    shape = target_shape(_Cfg(target_config))
+    shape = target_shape(SimpleNamespace(**target_config))
     return {
         "onnx": TARGET_ONNX,
         "io": io,

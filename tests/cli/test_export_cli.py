@@ -105,3 +105,18 @@ def test_dspark_export_entry_point_is_the_export_subcommand(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import sys; from dspark_trt.cli.export_entry import main; "
                            "sys.exit(main(['--help']))"], capture_output=True, text=True)
     assert proc.returncode == 0 and "--topk" in proc.stdout and "--engine" in proc.stdout
+
+
+@pytest.mark.slow
+def test_target_validation_mismatch_exits_3_and_writes_nothing(tiny_pair, tmp_path, monkeypatch, capsys):
+    """Zero tolerance: onnxruntime's fp32 sums differ from torch's by ~1e-7, so the target check must fail."""
+    from dspark_trt.export import validate_target
+    from dspark_trt.export.validate import Tolerance
+
+    monkeypatch.setitem(validate_target.TARGET_TOLERANCES, "fp32", Tolerance(0.0, 0.0, "zero, to fail"))
+    out = tmp_path / "out"
+    status = main(["export", str(tiny_pair.drafter), "--target", str(tiny_pair.target), "--topk", "off", "--dtype",
+                   "fp32", "--engine", "none", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 3 and "the exported target graph disagrees with transformers" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -33,6 +33,11 @@ def test_onnx_is_valid_and_validated(exported):
     report = exported.manifest["validation"]
     assert report and all(line.strip().startswith(("validation", "ok")) for line in report)
     assert sum("ok" in line for line in report) >= 10
+    target = exported.manifest["target"]  # the README's job exports the target too, bf16 like the drafter
+    assert target["dtype"] == "bf16" and target["io"]["inputs"][3]["dtype"] == "bfloat16"
+    assert target["validation"][0].startswith("target validation") and "(bf16:" in target["validation"][0] and all(
+        line.strip().startswith("ok") for line in target["validation"][1:])
+    onnx.checker.check_model(str(exported.out_dir / target["onnx"]), full_check=True)
 
 
 def test_manifest_is_complete_and_consistent_with_the_files(exported):
@@ -78,25 +83,28 @@ def test_ptx_files_match_their_records(exported):
 @pytest.mark.rtx
 def test_tensorrt_rtx_engines_were_built(exported):
     engines = exported.manifest["engines"]
-    assert set(engines) == {"context.tensorrt-rtx", "draft.tensorrt-rtx"}
+    assert set(engines) == {"context.tensorrt-rtx", "draft.tensorrt-rtx", "target.tensorrt-rtx"}
+    assert exported.manifest["target"]["engines"] == ["engines/target.rtx.plan"]
+    T = exported.manifest["max_context"]
     for entry in engines.values():
         path = exported.out_dir / entry["file"]
         assert path.stat().st_size == entry["bytes"] > 10_000
         assert entry["build"]["compute_capability"] == "SM80"
-        inputs = exported.manifest["graphs"][entry["graph"]]["inputs"]
+        m = exported.manifest
+        inputs = m["target"]["io"]["inputs"] if entry["graph"] == "target" else m["graphs"][entry["graph"]]["inputs"]
         assert list(entry["profile"]) == [i["name"] for i in inputs]
-        for i in inputs:  # batch 1..8 (the default max batch), context 1..max_context, static dims as exported
+        for i in inputs:  # batch 1..8 (the default max batch), context/new/past 1..max_context (past from 0)
             profile = entry["profile"][i["name"]]
             for dim, (lo, hi) in enumerate(zip(profile["min"], profile["max"])):
-                want = {"B": (1, 8), "T": (1, exported.manifest["max_context"])}.get(i["shape"][dim])
+                want = {"B": (1, 8), "T": (1, T), "Q": (1, T), "P": (0, T), "S": (1, T)}.get(i["shape"][dim])
                 assert (lo, hi) == (want or (i["shape"][dim], i["shape"][dim]))
 
 
 @pytest.mark.rtx
 def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
     out = tmp_path / "out"
-    result = export_model(tiny_pair.drafter, out, ExportOptions(topk=16, dtype="fp32", engine="none", validate=False),
-                          target_dir=tiny_pair.target)
+    result = export_model(tiny_pair.drafter, out, ExportOptions(topk=16, dtype="fp32", engine="none", validate=False,
+                                                            export_target=False), target_dir=tiny_pair.target)
     assert result.manifest["engines"] == {} and not (out / "engines").exists()
     assert any("dspark build-engine" in note for note in result.notes)
     manifest = build_engines(out, engine="tensorrt-rtx", options=ExportOptions(max_batch_size=2))

@@ -95,17 +95,26 @@ def test_the_last_layer_tap_is_pre_norm_in_the_graph(llama_dense_export, specula
     torch.testing.assert_close(out["taps"][..., :64], hs[1], atol=1e-5, rtol=1e-5)
 
 
-def test_qwen2_target_exports_and_validates(tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_qwen2_target_exports_and_validates(tmp_path, dtype):
     from dspark_trt.export.target_onnx import export_target_onnx, load_target_model
     from dspark_trt.export.validate_target import validate_target_onnx
     from dspark_trt.testing import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(tmp_path / "pair", target_family="qwen2", vocab_size=301, num_target_layers=3,
                                  seed=4)
-    model = load_target_model(pair.target, torch.float32)
+    model = load_target_model(pair.target, {"fp32": torch.float32, "fp16": torch.float16}[dtype])
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.model.layers[0].self_attn.q_proj.bias is not None
     path = export_target_onnx(model, [-1, 2], tmp_path / "target.onnx")  # embeddings and the last layer
-    assert validate_target_onnx(path, model, [-1, 2], dtype="fp32").ok
+    assert validate_target_onnx(path, model, [-1, 2], dtype=dtype).ok
+
+
+def test_unsupported_architectures_are_refused_with_the_way_out():
+    from dspark_trt.export.target_graph import check_architecture
+
+    assert check_architecture({"architectures": ["LlamaForCausalLM"]}) == "LlamaForCausalLM"
+    with pytest.raises(DSparkTrtError, match="GPT2LMHeadModel is not supported.*--skip-target"):
+        check_architecture({"architectures": ["GPT2LMHeadModel"]})
 
 
 def test_the_pairing_is_checked_before_anything_runs(random_pair, tmp_path):

@@ -1,0 +1,111 @@
+"""OnnxRuntimeTarget side by side with HFTarget (same model): right-padded prefill, verify/commit rollback with
+per-request rejections, holes, compaction, select, buffer growth; and its one-line errors."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.runtime import HFTarget
+from dspark_trt.runtime.ort_target import OnnxRuntimeTarget
+
+pytestmark = [pytest.mark.onnx, pytest.mark.slow]
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def pair_of_targets(qwen3_topk_export, random_pair):
+    ort = OnnxRuntimeTarget.from_export(qwen3_topk_export, threads=1)
+    hf = HFTarget.from_pretrained(random_pair.target, dtype="fp32", device="cpu")
+    for t in (ort, hf):
+        t.set_taps([1, 2, 4])
+    return ort, hf
+
+
+def test_from_export_reads_the_manifest(pair_of_targets):
+    ort, hf = pair_of_targets
+    assert (ort.vocab_size, ort.hidden_size, ort.num_layers) == (hf.vocab_size, hf.hidden_size, hf.num_layers)
+    assert ort.eos_token_ids == hf.eos_token_ids and ort.dtype == torch.float32
+
+
+def test_right_padded_prefill_matches_hf(pair_of_targets):
+    ort, hf = pair_of_targets
+    prompts = [torch.tensor(p) for p in ([5, 6, 7, 8, 9, 10], [100], [42, 43, 44])]
+    a, b = ort.prefill(prompts), hf.prefill(prompts)
+    assert ort.lengths.tolist() == hf.lengths.tolist() == [6, 1, 3]
+    torch.testing.assert_close(a.logits, b.logits, **TOL)
+    valid = hf.valid.unsqueeze(-1).expand_as(b.taps)
+    torch.testing.assert_close(a.taps[valid], b.taps[valid], **TOL)
+
+
+@pytest.mark.parametrize("compact_ratio", [2.0, 1.0])
+def test_rounds_with_rejections_match_hf(pair_of_targets, compact_ratio):
+    """Verify + partial commit, different keeps per request (holes), a request dropped halfway; ratio 1.0
+    compacts after nearly every round."""
+    ort, hf = pair_of_targets
+    ort.compact_ratio = hf.compact_ratio = compact_ratio
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.tensor(p) for p in ([5, 6, 7], [9], [11, 12, 13, 14, 15])]
+    ort.prefill(prompts), hf.prefill(prompts)
+    for round_ in range(7):
+        B = ort.lengths.numel()
+        Q = 2 + round_ % 3
+        fed = torch.randint(0, 2400, (B, Q), generator=g)  # [B, Q]
+        a, b = ort.verify(fed), hf.verify(fed)
+        torch.testing.assert_close(a.logits, b.logits, **TOL)
+        torch.testing.assert_close(a.taps, b.taps, **TOL)
+        keep = torch.tensor([(round_ + i) % (Q + 1) for i in range(B)])  # 0 … Q kept, per request
+        ort.commit(keep), hf.commit(keep)
+        assert ort.lengths.tolist() == hf.lengths.tolist()
+        assert ort.cached_slots() == hf.cached_slots()
+        if round_ == 3:
+            rows = torch.tensor([0, 2])
+            ort.select(rows), hf.select(rows)
+    ort.compact_ratio = hf.compact_ratio = 2.0
+
+
+def test_single_request_rollback_is_by_length(pair_of_targets):
+    ort, _ = pair_of_targets
+    ort.prefill([torch.tensor([1, 2, 3])])
+    ort.verify(torch.tensor([[4, 5, 6, 7]]))
+    ort.commit(torch.tensor([2]))
+    assert ort.cached_slots() == 5 and ort.lengths.tolist() == [5]  # exact rollback, no holes
+    logits = ort.verify(torch.tensor([[8]])).logits
+    ort.commit(torch.tensor([1]))
+    fresh = OnnxRuntimeTarget.from_export(ort.onnx_path.parents[1], threads=1)
+    fresh.set_taps([1, 2, 4])
+    torch.testing.assert_close(fresh.prefill([torch.tensor([1, 2, 3, 4, 5, 8])]).logits[0], logits[0, 0], **TOL)
+
+
+def test_buffers_grow_past_their_capacity(pair_of_targets):
+    ort, hf = pair_of_targets
+    prompt = [torch.arange(60) + 3]
+    ort.prefill(prompt), hf.prefill(prompt)
+    capacity = ort.k.shape[3]
+    fed = torch.arange(12).view(1, 12) + 500
+    torch.testing.assert_close(ort.verify(fed).logits, hf.verify(fed).logits, **TOL)
+    assert ort.k.shape[3] > capacity
+    ort.commit(torch.tensor([12])), hf.commit(torch.tensor([12]))
+
+
+def test_the_taps_are_the_graphs(pair_of_targets):
+    ort, _ = pair_of_targets
+    with pytest.raises(DSparkTrtError, match=r"exported target taps layers \[1, 2, 4\] but the drafter needs "
+                                             r"\[0, 2, 4\]"):
+        ort.set_taps([0, 2, 4])
+    with pytest.raises(DSparkTrtError, match="verify called twice"):
+        ort.prefill([torch.tensor([1, 2])])
+        ort.verify(torch.tensor([[3]]))
+        ort.verify(torch.tensor([[3]]))
+
+
+def test_a_truncated_graph_is_a_one_line_error(qwen3_topk_export, tmp_path):
+    out = tmp_path / "export"
+    shutil.copytree(qwen3_topk_export, out)
+    path = out / "onnx" / "target.onnx"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(DSparkTrtError, match="target.onnx .*damaged or incomplete: re-export it"):
+        OnnxRuntimeTarget.from_export(out)
