@@ -1,6 +1,6 @@
 """Shared fixtures and capability gates (markers are declared in pyproject.toml).
 
-Tests marked ``gpu``, ``tensorrt``, ``rtx``, ``triton`` or ``onnx`` are skipped automatically when the
+Tests marked ``gpu``, ``tensorrt``, ``rtx``, ``triton``, ``onnx`` or ``tritonserver`` are skipped automatically when the
 capability is missing, so the CPU suite passes on a machine without a GPU or TensorRT.
 """
 
@@ -44,6 +44,8 @@ GATES = {
     "onnx": (lambda: have_module("onnx") and have_module("onnxruntime"), "onnx/onnxruntime not installed"),
     "speculators": (lambda: have_module("speculators"),
                     "speculators not installed (it pins an older transformers: .ci/run runs these in .venv-interop)"),
+    "tritonserver": (lambda: have_module("tritonclient") and have_module("grpc"),
+                     "tritonclient not installed (pip install 'dspark-trt[serve]')"),
 }
 
 

@@ -2,6 +2,7 @@
 
   dspark bench markov   one draft round of the Markov walk: dense vs top-k (and the fused kernel on CUDA)
   dspark bench e2e      tokens/s with and without speculation on the embedded tiny pair
+  dspark bench serve    a Triton repository: tokens/s, p50/p99 latency at 1/4/16 clients vs in-process
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from .common import import_optional
 BENCHMARKS = {
     "markov": ("markov", "one draft round of the Markov walk, dense vs top-k"),
     "e2e": ("e2e", "end-to-end tokens/s with and without speculation"),
+    "serve": ("serve", "Triton serving: tokens/s and latency at 1/4/16 clients vs in-process generate"),
 }
 
 

@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-capability", default=None, help="TensorRT-RTX target GPU (default SM80)")
     p.add_argument("--no-validate", action="store_true", help="skip the onnxruntime-vs-reference validation")
     p.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+    p.add_argument("--triton-repo", metavar="REPO", default=None,
+                   help="also write a Triton model repository serving the export (see dspark triton-repo)")
 
 
 def options_from_args(args: argparse.Namespace):
@@ -91,4 +93,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  engine {entry['file']} ({entry['flavor']} {entry['version']}, {entry['bytes']} bytes)")
     for note in result.notes:
         log.warning(note)
+    if args.triton_repo:
+        from ..serving.repository import write_model_repository
+
+        repo = write_model_repository(args.triton_repo, export_dir=result.out_dir, force=args.force)
+        print(f"Triton model repository {repo}: launch with `dspark serve {repo}`")
     return 0

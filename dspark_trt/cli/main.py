@@ -17,6 +17,8 @@ SUBCOMMANDS = {
     "bench": ("bench", "benchmarks: the Markov round, end to end"),
     "env": ("env", "versions of everything a bug report needs"),
     "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),
+    "triton-repo": ("triton_repo", "write a Triton model repository serving an export (or a checkpoint pair)"),
+    "serve": ("serve", "serve a Triton model repository with tritonserver until Ctrl-C"),
 }
 
 

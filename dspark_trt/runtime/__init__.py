@@ -7,6 +7,7 @@
 
 from .decoder import SpeculativeDecoder, check_pair, load_tokenizer
 from .drafter_state import DrafterState
+from .scheduler import RequestHandle, RequestScheduler, SchedulerStats
 from .stats import GenerationResult, GenerationStats
 from .target import HFTarget, Target, TargetOutput
 
@@ -15,6 +16,9 @@ __all__ = [
     "GenerationResult",
     "GenerationStats",
     "HFTarget",
+    "RequestHandle",
+    "RequestScheduler",
+    "SchedulerStats",
     "SpeculativeDecoder",
     "Target",
     "TargetOutput",

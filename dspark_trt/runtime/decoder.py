@@ -50,6 +50,28 @@ def check_pair(config, target: Target) -> None:
     target.set_taps(config.target_layer_ids)  # rejects ids beyond the target's depth
 
 
+def check_sampling(temperature: torch.Tensor, seed: torch.Tensor) -> None:
+    """Per-request sampling settings: temperature [B] finite and ≥ 0, seed [B] ≥ 0; one-line errors."""
+    if not bool(torch.isfinite(temperature).all()) or bool((temperature < 0).any()):
+        raise DSparkTrtError("temperature must be finite and >= 0 (0 = greedy)")
+    if bool((seed < 0).any()):
+        raise DSparkTrtError("seed must be >= 0")
+
+
+def resolve_draft_options(c, topk: int | None, confidence_threshold: float | None, *, default_topk: int | None):
+    """(top-k, threshold) for drafter config ``c``: ``None`` → ``default_topk``, 0 → dense; checked."""
+    topk = default_topk if topk is None else (None if int(topk) == 0 else int(topk))
+    if topk is not None and not 1 <= topk <= c.draft_vocab_size:
+        raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
+                             f"--topk or 'off'")
+    if confidence_threshold is not None:
+        if not 0.0 <= float(confidence_threshold) <= 1.0:
+            raise DSparkTrtError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
+        if not c.enable_confidence_head:
+            raise DSparkTrtError("this drafter has no confidence head; drop confidence_threshold")
+    return topk, confidence_threshold
+
+
 class SpeculativeDecoder:
     """Speculative decoding with a DSpark drafter, lossless with respect to the target.
 
@@ -183,95 +205,140 @@ class SpeculativeDecoder:
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
         """
-        c = self.config
         prompts = self._prompts(inputs)
         B = len(prompts)
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         temp = self._per_request(temperature, B, "temperature", torch.float32)
-        if not bool(torch.isfinite(temp).all()) or bool((temp < 0).any()):
-            raise DSparkTrtError("temperature must be finite and >= 0 (0 = greedy)")
         seeds = self._per_request(seed, B, "seed", torch.int64)
-        if bool((seeds < 0).any()):
-            raise DSparkTrtError("seed must be >= 0")
-        topk = self.default_topk if topk is None else (None if int(topk) == 0 else int(topk))
-        if topk is not None and not 1 <= topk <= c.draft_vocab_size:
-            raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
-                                 f"--topk or 'off'")
-        if confidence_threshold is not None:
-            if not 0.0 <= float(confidence_threshold) <= 1.0:
-                raise DSparkTrtError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
-            if not c.enable_confidence_head:
-                raise DSparkTrtError("this drafter has no confidence head; drop confidence_threshold")
+        check_sampling(temp, seeds)
+        topk, confidence_threshold = resolve_draft_options(self.config, topk, confidence_threshold,
+                                                           default_topk=self.default_topk)
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
-        run = _Run(self, prompts, int(max_new_tokens), temp, seeds, topk, eos, confidence_threshold, draft)
-        stats = run.loop()
+        requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos)
+                    for i, (p, t, s) in enumerate(zip(prompts, temp.tolist(), seeds.tolist()))]
+        stats = _Run(self, topk, confidence_threshold, draft, requests=B).loop(requests)
+        out = [r.out for r in requests]
         texts = None
         if self.tokenizer is not None:
-            texts = [self.tokenizer.decode(t, skip_special_tokens=False) for t in run.out]
-        return GenerationResult(tokens=run.out, stats=stats, texts=texts)
+            texts = [self.tokenizer.decode(t, skip_special_tokens=False) for t in out]
+        return GenerationResult(tokens=out, stats=stats, texts=texts)
+
+
+class _Request:
+    """One request inside a ``_Run``: its settings and the tokens it has emitted so far."""
+
+    def __init__(self, rid: int, prompt: torch.Tensor, max_new: int, temperature: float, seed: int, eos):
+        self.id, self.prompt, self.max_new, self.temperature, self.seed = rid, prompt, max_new, temperature, seed
+        self.eos = set(eos)
+        self.out: list[int] = []
+        self.rounds = self.drafted = self.accepted = 0  # this request's share of the stats
+        self.max_batch = 0  # the most requests decoded together in a round while this one was active
+
+    def emit(self, tokens: list[int]) -> bool:
+        """Append new tokens (up to EOS / the budget); True when the request is finished."""
+        for t in tokens:
+            self.out.append(t)
+            if t in self.eos or len(self.out) >= self.max_new:
+                return True
+        return False
 
 
 class _Run:
-    """The state of one ``generate`` call (kept out of the decoder so the decoder stays reusable)."""
+    """A batch of requests being decoded: the round logic shared by ``generate`` and ``RequestScheduler``.
 
-    def __init__(self, dec: SpeculativeDecoder, prompts, max_new, temp, seeds, topk, eos, threshold, draft):
-        self.dec, self.prompts, self.max_new, self.topk, self.threshold, self.speculative = (
-            dec, prompts, max_new, topk, threshold, draft)
-        self.eos = set(eos)
-        self.B = len(prompts)
-        self.temp_all, self.seed_all = temp, seeds
-        self.greedy_only = bool((temp < 1e-5).all())
-        self.out: list[list[int]] = [[] for _ in prompts]
-        self.rows = torch.arange(self.B)  # request index of each active batch row
-        self.stats = GenerationStats(speculative=draft, num_draft_tokens=dec.config.num_draft_tokens, requests=self.B)
+    ``admit`` prefills new requests into the batch (at a round boundary), ``step`` runs one round for every
+    active request, finished requests leave the batch; ``loop`` runs until the batch is empty.
+    """
+
+    def __init__(self, dec: SpeculativeDecoder, topk, threshold, draft, *, requests: int = 0):
+        self.dec, self.topk, self.threshold, self.speculative = dec, topk, threshold, draft
+        self.requests: dict[int, _Request] = {}  # active requests by id
+        self.rows = torch.zeros(0, dtype=torch.int64)  # request id of each active batch row
+        self.temp_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row
+        self.seed_rows = torch.zeros(0, dtype=torch.int64, device=dec.target.device)  # [B] per row
+        self.anchor = torch.zeros(0, dtype=torch.int64)  # [B] last emitted token: the next round's anchor
+        self.state: DrafterState | None = None
+        self.stats = GenerationStats(speculative=draft, num_draft_tokens=dec.config.num_draft_tokens,
+                                     requests=requests)
         self.clock = Stopwatch(self.stats, dec.target.device)
         self.monitor = NonFiniteMonitor(dec.config, drafter_dtype=getattr(dec.backend, "dtype", None))
 
     # per-row views of the per-request settings
     @property
     def temp(self):
-        return None if self.greedy_only else self.temp_all[self.rows.to(self.temp_all.device)]
+        return None if bool((self.temp_rows < 1e-5).all()) else self.temp_rows
 
     @property
     def seed(self):
-        return self.seed_all[self.rows.to(self.seed_all.device)]
+        return self.seed_rows
 
     def _emit(self, row: int, tokens: list[int]) -> bool:
         """Append a request's new tokens (up to EOS / the budget); True when the request is finished."""
-        out = self.out[int(self.rows[row])]
-        for t in tokens:
-            out.append(t)
-            if t in self.eos or len(out) >= self.max_new:
-                return True
-        return False
+        return self.requests[int(self.rows[row])].emit(tokens)
 
-    def loop(self) -> GenerationStats:
+    def _record(self, n: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Stats of one round: n, accepted [B] per row."""
+        self.stats.record_round(n, accepted)
+        B = len(self.rows)
+        for rid, d, a in zip(self.rows.tolist(), n.tolist(), accepted.tolist()):
+            r = self.requests[rid]
+            r.rounds, r.drafted, r.accepted, r.max_batch = r.rounds + 1, r.drafted + d, r.accepted + a, max(r.max_batch, B)
+
+    def loop(self, requests: list[_Request]) -> GenerationStats:
         import time
 
         start = time.perf_counter()
-        target, backend, c = self.dec.target, self.dec.backend, self.dec.config
-        self._notify()
-        with self.clock("prefill"):
-            pre = target.prefill(self.prompts)
-            lens = target.lengths.clone()  # [B] = position of the first new token
-            first = sample_tokens(pre.logits, self.temp, self.seed, lens)  # [B]
-            if self.speculative:
-                cap = int(lens.max()) + self.max_new + c.num_draft_tokens + 2
-                kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(self.B, -1))
-                self.monitor.context(pre.taps, kv[0], kv[1], lens, self.rows)
-                self.state = DrafterState(c.num_hidden_layers, self.B, cap, c.num_key_value_heads, c.head_dim,
-                                          dtype=kv[0].dtype, device=kv[0].device)
-                self.state.append(kv[0], kv[1], lens)
-        anchor = self._drop(first, [self._emit(b, [int(first[b])]) for b in range(self.B)])
+        finished = self.admit(requests)
         while self.rows.numel():
-            anchor, done = self._speculative_step(anchor) if self.speculative else self._target_step(anchor)
-            with self.clock("other"):
-                anchor = self._drop(anchor, done)
-        self.stats.generated_tokens = sum(len(o) for o in self.out)
+            finished += self.step()
+        self.stats.generated_tokens = sum(len(r.out) for r in finished)
         self.stats.total_seconds = time.perf_counter() - start
         return self.stats
+
+    def admit(self, requests: list[_Request]) -> list[_Request]:
+        """Prefill ``requests`` into the batch (after the active rows); returns those finished at once."""
+        target, backend, c = self.dec.target, self.dec.backend, self.dec.config
+        prompts = [r.prompt for r in requests]
+        dev = target.device
+        temp = torch.tensor([r.temperature for r in requests], dtype=torch.float32, device=dev)  # [Bn]
+        seed = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=dev)  # [Bn]
+        joining = bool(self.rows.numel())
+        with self.clock("prefill"):
+            pre = target.extend(prompts) if joining else target.prefill(prompts)
+            lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)  # first new positions
+            first = sample_tokens(pre.logits, None if bool((temp < 1e-5).all()) else temp, seed, lens)  # [Bn]
+            if self.speculative:
+                Bn = len(requests)
+                cap = int(lens.max()) + max(r.max_new for r in requests) + c.num_draft_tokens + 2
+                kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(Bn, -1))
+                self.monitor.context(pre.taps, kv[0], kv[1], lens, [r.id for r in requests])
+                state = DrafterState(c.num_hidden_layers, Bn, cap, c.num_key_value_heads, c.head_dim,
+                                     dtype=kv[0].dtype, device=kv[0].device)
+                state.append(kv[0], kv[1], lens)
+                self.state = self.state.join(state) if joining else state
+        self.requests.update((r.id, r) for r in requests)
+        self.rows = torch.cat((self.rows, torch.tensor([r.id for r in requests], dtype=torch.int64)))
+        self.temp_rows = torch.cat((self.temp_rows, temp))
+        self.seed_rows = torch.cat((self.seed_rows, seed))
+        self.anchor = torch.cat((self.anchor.to(first.device), first))
+        B0 = len(self.rows) - len(requests)
+        done = [False] * B0 + [r.emit([int(t)]) for r, t in zip(requests, first.tolist())]
+        self._notify()
+        return self._drop(done)
+
+    def step(self) -> list[_Request]:
+        """One round for every active request; returns the requests that finished (they left the batch)."""
+        anchor, done = self._speculative_step(self.anchor) if self.speculative else self._target_step(self.anchor)
+        self.anchor = anchor
+        with self.clock("other"):
+            return self._drop(done)
+
+    def remove(self, ids) -> list[_Request]:
+        """Take requests out of the batch at a round boundary (e.g. cancelled); returns them."""
+        ids = set(ids)
+        return self._drop([rid in ids for rid in self.rows.tolist()])
 
     def _target_step(self, anchor: torch.Tensor):
         target = self.dec.target
@@ -281,7 +348,7 @@ class _Run:
             nxt = sample_tokens(logits[:, 0], self.temp, self.seed, p + 1)  # [B]
         with self.clock("other"):
             target.commit(torch.ones_like(p))
-            self.stats.record_round(torch.zeros_like(p), torch.zeros_like(p))
+            self._record(torch.zeros_like(p), torch.zeros_like(p))
             done = [self._emit(b, [t]) for b, t in enumerate(nxt.tolist())]
         return nxt, done
 
@@ -318,7 +385,7 @@ class _Run:
                 emitted[rows, : m + 1] = r.tokens
         with self.clock("other"):
             target.commit(accepted + 1)  # the anchor and the accepted drafts stay; rejected drafts roll back
-            self.stats.record_round(n, accepted)
+            self._record(n, accepted)
             nxt = emitted.gather(1, accepted.view(-1, 1)).squeeze(1)  # [B] the correction / bonus token
             done = [self._emit(b, row[: a + 1]) for b, (row, a) in enumerate(zip(emitted.tolist(), accepted.tolist()))]
         with self.clock("draft"):
@@ -329,18 +396,22 @@ class _Run:
             state.append(k, v, (accepted + 1).to(state.ctx_len.device))
         return nxt, done
 
-    def _drop(self, anchor: torch.Tensor, done: list[bool]) -> torch.Tensor:
-        """Remove finished requests from the target, the drafter state and the batch; returns their anchors."""
+    def _drop(self, done: list[bool]) -> list[_Request]:
+        """Remove finished requests from the target, the drafter state and the batch; returns them."""
         if not any(done):
-            return anchor
+            return []
+        finished = [self.requests.pop(int(rid)) for rid, d in zip(self.rows.tolist(), done) if d]
         keep = torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.int64)
         self.rows = self.rows[keep]
+        self.temp_rows = self.temp_rows[keep.to(self.temp_rows.device)]
+        self.seed_rows = self.seed_rows[keep.to(self.seed_rows.device)]
+        self.anchor = self.anchor[keep.to(self.anchor.device)]
         if keep.numel():
             self.dec.target.select(keep)
             if self.speculative:
                 self.state.select(keep)
         self._notify()
-        return anchor[keep.to(anchor.device)]
+        return finished
 
     def _notify(self) -> None:
         """Optional backend hook: backends that keep per-request state learn which requests are active."""

@@ -68,3 +68,14 @@ class DrafterState:
         shape[2] = pad
         self.k = torch.cat((self.k, self.k.new_zeros(shape)), dim=2)
         self.v = torch.cat((self.v, self.v.new_zeros(shape)), dim=2)
+
+    def join(self, other: "DrafterState") -> "DrafterState":
+        """This batch followed by ``other``'s requests (new requests joining at a round boundary)."""
+        cap = max(self.capacity, other.capacity)
+        for s in (self, other):
+            if s.capacity < cap:
+                s._grow(cap)
+        self.k, self.v = torch.cat((self.k, other.k), dim=1), torch.cat((self.v, other.v), dim=1)
+        self.ctx_len = torch.cat((self.ctx_len, other.ctx_len.to(self.ctx_len.device)))
+        self.anchor = torch.cat((self.anchor, other.anchor.to(self.anchor.device)))
+        return self

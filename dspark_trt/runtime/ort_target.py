@@ -160,6 +160,20 @@ class OnnxRuntimeTarget(SlotTarget):
     def _select_rows(self, rows: torch.Tensor) -> None:
         self.k, self.v = self.k[:, rows], self.v[:, rows]  # [L, B', H, capacity, D]
 
+    def _storage(self):
+        return self.k, self.v
+
+    def _join_rows(self, old, old_slots: int, slots: int) -> None:
+        (ok, ov), new_slots = old, self.valid.shape[1]
+        cap = max(slots, ok.shape[3], self.k.shape[3])
+        L, _, H, _, D = ok.shape
+        B = ok.shape[1] + self.k.shape[1]
+        k, v = torch.zeros((L, B, H, cap, D), dtype=self.dtype), torch.zeros((L, B, H, cap, D), dtype=self.dtype)
+        Bo = ok.shape[1]
+        k[:, :Bo, :, :old_slots], v[:, :Bo, :, :old_slots] = ok[:, :, :, :old_slots], ov[:, :, :, :old_slots]
+        k[:, Bo:, :, :new_slots], v[:, Bo:, :, :new_slots] = self.k[:, :, :, :new_slots], self.v[:, :, :, :new_slots]
+        self.k, self.v = k, v  # [L, B + Bn, H, capacity, D]
+
     def _gather_slots(self, order: torch.Tensor) -> None:
         B, longest = order.shape
         L, _, H, _, D = self.k.shape

@@ -7,7 +7,9 @@ What DSpark needs from a target model, per batch of independent requests:
 * ``verify(tokens)`` — score ``Q = n+1`` new tokens per request (the anchor and n drafts) on top of the
   committed sequence; return their logits ``[B, Q, V]`` and taps ``[B, Q, m·d]``;
 * ``commit(keep)`` — keep the first ``keep[b]`` of those Q tokens per request and roll the rest of the KV
-  cache back (the rejected drafts); ``select(rows)`` drops finished requests.
+  cache back (the rejected drafts); ``select(rows)`` drops finished requests;
+* ``extend(prompts)`` (needed by ``RequestScheduler`` only) — like ``prefill``, but the new requests join
+  the running batch after the existing ones, between rounds, without changing them.
 
 Taps are the outputs of the drafter's ``target_layer_ids`` (DeepSeek convention: id i = output of decoder
 layer i, -1 = embeddings), concatenated in that order. ``runtime/taps.py`` converts them to
@@ -81,8 +83,9 @@ class SlotTarget:
     batch whose slots may be holes, a slot mask ``valid [B, S]``, committed ``lengths``, pending verify
     slots, rollback by cropping to the last used slot, compaction when holes outgrow ``compact_ratio``.
 
-    Subclasses hold the K/V and implement ``_crop_slots(end)``, ``_select_rows(rows)`` and
-    ``_gather_slots(order)`` (order [B, S'] slot indices to keep, per request).
+    Subclasses hold the K/V and implement ``_crop_slots(end)``, ``_select_rows(rows)``,
+    ``_gather_slots(order)`` (order [B, S'] slot indices to keep, per request) and, for ``extend`` (requests
+    joining a running batch), ``_storage()`` / ``_join_rows(old, old_slots, slots)``.
     """
 
     compact_ratio: float = 2.0
@@ -159,6 +162,24 @@ class SlotTarget:
         """Slots currently held by the KV cache (committed tokens + holes)."""
         return int(self.valid.shape[1])
 
+    def extend(self, prompts: Sequence[torch.Tensor]) -> TargetOutput:
+        """Add requests after the current ones, between rounds: prefill them alone, then join the caches
+        (both padded with hole slots to the longer one). Returns ``prefill``'s output for the new prompts;
+        the running requests' slots, lengths and K/V are untouched."""
+        if self.valid is None or self._lengths is None or not self._lengths.numel():
+            return self.prefill(prompts)
+        if self._pending:
+            raise DSparkTrtError(f"{type(self).__name__}.extend called between verify and commit; commit the round "
+                                 f"first")
+        old_storage, old_valid, old_lengths = self._storage(), self.valid, self._lengths
+        out = self.prefill(prompts)
+        S = max(old_valid.shape[1], self.valid.shape[1])
+        self._join_rows(old_storage, old_valid.shape[1], S)
+        pad = lambda m: torch.nn.functional.pad(m, (0, S - m.shape[1]), value=False)  # noqa: E731
+        self.valid = torch.cat((pad(old_valid), pad(self.valid)), dim=0)  # [B + Bn, S]
+        self._lengths = torch.cat((old_lengths, self._lengths))
+        return out
+
     # -- storage (subclasses) -------------------------------------------------------------------------
     def _crop_slots(self, end: int) -> None:
         raise NotImplementedError
@@ -171,6 +192,14 @@ class SlotTarget:
 
     def _can_compact(self) -> bool:
         return True
+
+    def _storage(self):
+        """The K/V storage object, kept aside by ``extend`` while the new requests are prefilled."""
+        raise NotImplementedError
+
+    def _join_rows(self, old, old_slots: int, slots: int) -> None:
+        """Storage = ``old``'s rows (``old_slots`` used) then the current rows, ``slots`` slots each."""
+        raise NotImplementedError
 
 
 class HFTarget(SlotTarget):
@@ -289,12 +318,30 @@ class HFTarget(SlotTarget):
     def _can_compact(self) -> bool:
         return _layers(self.cache) is not None
 
+    def _storage(self):
+        return self.cache
+
+    def _join_rows(self, old, old_slots: int, slots: int) -> None:
+        old_layers, new_layers = _layers(old), _layers(self.cache)
+        if old_layers is None or new_layers is None:
+            raise DSparkTrtError("this transformers version's KV cache has no per-layer keys/values, so requests "
+                                 "cannot join a running batch; upgrade transformers")
+        for o, n in zip(old_layers, new_layers):
+            o.keys = torch.cat((_pad_slots(o.keys, slots), _pad_slots(n.keys, slots)), dim=0)  # [B+Bn, H, S, D]
+            o.values = torch.cat((_pad_slots(o.values, slots), _pad_slots(n.values, slots)), dim=0)
+        self.cache = old
+
     def _gather_slots(self, order: torch.Tensor) -> None:
         B, longest = order.shape
         for layer in _layers(self.cache):
             idx = order.view(B, 1, longest, 1).expand(B, layer.keys.shape[1], longest, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, idx)
             layer.values = layer.values.gather(2, idx)
+
+
+def _pad_slots(x: torch.Tensor, slots: int) -> torch.Tensor:
+    """[B, H, S, D] → [B, H, slots, D] with zero slots appended (masked holes)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, slots - x.shape[2])) if x.shape[2] < slots else x
 
 
 def _layers(cache):

@@ -1,0 +1,44 @@
+"""Write a Triton model repository serving a DSpark export directory (or a checkpoint pair).
+
+  dspark triton-repo OUT -o REPO                         an export (runtime: tensorrt where importable, else onnxruntime)
+  dspark triton-repo --drafter D --target T -o REPO      a checkpoint pair (runtime torch, or --runtime onnxruntime)
+
+Then `dspark serve REPO`. The repository's README.md says how to launch it on CPU and GPU hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("export_dir", metavar="OUT", nargs="?", default=None, help="export directory (dspark-export -o OUT)")
+    p.add_argument("-o", "--output", required=True, metavar="REPO", help="the model repository to write")
+    p.add_argument("--drafter", metavar="DIR", default=None, help="drafter checkpoint (instead of OUT)")
+    p.add_argument("--target", metavar="DIR", default=None, help="target checkpoint (with --drafter)")
+    p.add_argument("--runtime", choices=("tensorrt", "onnxruntime", "torch"), default=None,
+                   help="force the runtime (default: tensorrt / onnxruntime for an export, torch for a pair)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for tensorrt, else cpu)")
+    p.add_argument("--topk", type=int, default=None, help="draft top-k (default: the drafter's; 0 = dense)")
+    p.add_argument("--confidence-threshold", type=float, default=None,
+                   help="verify only drafts whose confidence is at least this")
+    p.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (default 64)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="refuse prompt + max_tokens beyond this (default: the target's context)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads of the model (default: library default)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty REPO")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import DSparkTrtError
+    from ..serving.repository import write_model_repository
+
+    if (args.export_dir is None) == (args.drafter is None and args.target is None):
+        raise DSparkTrtError("give an export directory OUT, or --drafter and --target (not both)")
+    repo = write_model_repository(args.output, export_dir=args.export_dir, drafter_dir=args.drafter,
+                                  target_dir=args.target, runtime=args.runtime, device=args.device, topk=args.topk,
+                                  confidence_threshold=args.confidence_threshold,
+                                  max_batch_size=args.max_batch_size, max_context=args.max_context,
+                                  threads=args.threads, force=args.force)
+    print(f"wrote Triton model repository {repo} (model 'dspark'); launch it with: dspark serve {repo}")
+    return 0

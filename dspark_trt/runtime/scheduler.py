@@ -1,0 +1,306 @@
+"""In-flight batching: requests join a running ``SpeculativeDecoder`` batch between rounds and leave when done.
+
+    sched = RequestScheduler(decoder)                      # topk / confidence threshold: scheduler-wide
+    h = sched.submit([1, 2, 3], max_new_tokens=32, temperature=1.0, seed=7, on_update=callback)
+    sched.start()                                          # a background thread runs rounds while work exists
+    h.wait(); h.tokens, h.finish_reason                    # or stream: callback(h, new_tokens, finished)
+    h.cancel()                                             # leaves at the next round boundary
+
+One iteration of the loop (``step``): take the requests cancelled since the last round out of the batch,
+prefill the requests submitted since then into it (``Target.extend``, ``DrafterState.join``), run one
+round of the decoder (the same ``_Run`` code as ``SpeculativeDecoder.generate``), then hand every
+request its newly committed tokens; finished requests (EOS, ``max_new_tokens``) leave the batch.
+
+Requests are independent — own lengths, temperatures, seeds; noise keyed by (seed, position, token); a
+hole-masked target cache — so each request gets exactly the tokens ``generate`` gives it alone, whoever
+else shares its rounds. Callbacks run on the loop thread: keep them short (queue or send, never block).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import DSparkTrtError
+from .decoder import SpeculativeDecoder, _Request, _Run, check_sampling, resolve_draft_options
+
+__all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
+
+log = logging.getLogger("dspark")
+
+#: on_update(handle, new_tokens, finished): the tokens committed for this request in the last round
+UpdateCallback = Callable[["RequestHandle", list, bool], None]
+
+
+class RequestHandle:
+    """A submitted request: its tokens so far, how it ended, its acceptance statistics; ``cancel()``."""
+
+    def __init__(self, rid: int, request: _Request, on_update: UpdateCallback | None):
+        self.id = rid
+        self._request = request
+        self._on_update = on_update
+        self._sent = 0
+        self._done = threading.Event()
+        self.cancelled = False
+        self.finish_reason: str | None = None  # "stop" (EOS), "length" (max_new_tokens), "cancelled", "error"
+        self.error: BaseException | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._request.out)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self._request.prompt)
+
+    @property
+    def rounds(self) -> int:
+        return self._request.rounds
+
+    @property
+    def drafted(self) -> int:
+        return self._request.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self._request.accepted
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        r = self._request
+        return (r.accepted + r.rounds) / r.rounds if r.rounds else 0.0
+
+    @property
+    def max_batch(self) -> int:
+        """The most requests decoded together in one round while this request was in the batch."""
+        return self._request.max_batch
+
+    def cancel(self) -> None:
+        """Leave the batch at the next round boundary (no effect once finished)."""
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def _deliver(self, finished: bool) -> None:
+        out = self._request.out
+        new, self._sent = out[self._sent:], len(out)
+        if finished:
+            r = self._request
+            self.finish_reason = self.finish_reason or ("stop" if out and out[-1] in r.eos else "length")
+        if (new or finished) and self._on_update is not None:
+            try:
+                self._on_update(self, new, finished)
+            except Exception:  # a client's callback must not stop the batch
+                log.exception("request %d: on_update callback failed", self.id)
+        if finished:
+            self._done.set()
+
+
+@dataclass
+class SchedulerStats:
+    """What the loop did: iterations, requests, and how many requests shared each round."""
+
+    steps: int = 0
+    requests: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    failed: int = 0
+    generated_tokens: int = 0
+    batch_sizes: Counter = field(default_factory=Counter)  # batch size → rounds run with it
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.batch_sizes, default=0)
+
+    @property
+    def mean_batch(self) -> float:
+        n = sum(self.batch_sizes.values())
+        return sum(b * c for b, c in self.batch_sizes.items()) / n if n else 0.0
+
+    def summary(self) -> str:
+        return (f"{self.requests} requests ({self.finished} finished, {self.cancelled} cancelled, {self.failed} "
+                f"failed), {self.generated_tokens} tokens in {self.steps} rounds, batch mean {self.mean_batch:.2f} "
+                f"max {self.max_batch}")
+
+
+class RequestScheduler:
+    """Continuous batching over one ``SpeculativeDecoder`` (see the module docstring).
+
+    Args:
+        decoder: the decoder; its target must implement ``extend`` (``HFTarget`` does).
+        topk (*optional*): candidates per draft slot, as in ``generate`` (``None``: the drafter's default).
+        confidence_threshold (*optional*): as in ``generate``.
+        draft (bool, defaults to True): ``False`` decodes with the target alone (the baseline).
+        max_batch_size (int, defaults to 64): requests decoded together; later ones wait for a free row.
+        max_context (*optional*): refuse requests whose prompt + ``max_new_tokens`` exceeds this
+            (default: the target's ``max_context`` when it has one).
+    """
+
+    def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
+                 confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
+                 max_context: int | None = None):
+        if not callable(getattr(decoder.target, "extend", None)):
+            raise DSparkTrtError(f"{type(decoder.target).__name__} has no extend(prompts): in-flight batching needs "
+                                 f"a target that can add requests to a running batch (HFTarget can)")
+        if int(max_batch_size) < 1:
+            raise DSparkTrtError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.decoder = decoder
+        self.topk, self.confidence_threshold = resolve_draft_options(
+            decoder.config, topk, confidence_threshold, default_topk=getattr(decoder, "default_topk", None))
+        self.draft = draft
+        self.max_batch_size = int(max_batch_size)
+        self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
+        self.stats = SchedulerStats()
+        self._run: _Run | None = None
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: list[RequestHandle] = []  # submitted, not yet in the batch
+        self._active: dict[int, RequestHandle] = {}  # in the batch
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- submitting ---------------------------------------------------------------------------------------
+    def submit(self, prompt, max_new_tokens: int = 64, *, temperature: float = 0.0, seed: int = 0,
+               eos_token_id: int | Sequence[int] | None = None,
+               on_update: UpdateCallback | None = None) -> RequestHandle:
+        """Queue one request (thread-safe); it joins the batch at the next round boundary.
+
+        Args as in ``SpeculativeDecoder.generate`` for one request (``prompt``: token ids, or text with a
+        tokenizer). Invalid requests raise ``DSparkTrtError`` here, before anything runs.
+        """
+        dec = self.decoder
+        nested = isinstance(prompt, (list, tuple)) and any(isinstance(t, (list, tuple, str)) for t in prompt)
+        prompts = dec._prompts([prompt] if isinstance(prompt, (list, tuple)) and not nested else prompt)
+        if len(prompts) != 1 or nested:
+            raise DSparkTrtError(f"submit takes one prompt, got {len(prompts)}; submit each request separately")
+        tokens = prompts[0]
+        if int(max_new_tokens) < 1:
+            raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_sampling(torch.tensor([float(temperature)]), torch.tensor([int(seed)]))
+        if self.max_context is not None and len(tokens) + int(max_new_tokens) > self.max_context:
+            raise DSparkTrtError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({int(max_new_tokens)}) exceeds the "
+                                 f"model's context of {self.max_context} tokens; shorten the prompt or ask for fewer "
+                                 f"tokens")
+        eos = dec.target.eos_token_ids if eos_token_id is None else (
+            (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
+        rid = next(self._ids)
+        handle = RequestHandle(rid, _Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos),
+                               on_update)
+        with self._lock:
+            if self._stopping:
+                raise DSparkTrtError("the scheduler is stopped; create a new one")
+            self._pending.append(handle)
+            self.stats.requests += 1
+            self._wake.notify()
+        return handle
+
+    @property
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._pending or self._active)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> bool:
+        """One iteration: cancellations out, new requests in, one round, tokens delivered. False when idle."""
+        with self._lock:
+            if self._stopping:
+                for h in [*self._pending, *self._active.values()]:
+                    h.cancel()
+            joining_cancelled = [h for h in self._pending if h.cancelled]
+            waiting = [h for h in self._pending if not h.cancelled]
+            room = max(self.max_batch_size - len(self._active), 0)
+            joining, self._pending = waiting[:room], waiting[room:]
+        run = self._run
+        cancelled = [h for h in self._active.values() if h.cancelled]
+        try:
+            if cancelled:
+                run.remove([h.id for h in cancelled])
+            for h in cancelled + joining_cancelled:
+                self._active.pop(h.id, None)
+                self._finish(h, "cancelled")
+            if joining:
+                if run is None or not self._active:
+                    run = self._run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft)
+                self._active.update((h.id, h) for h in joining)
+                self._collect(run.admit([h._request for h in joining]))
+            if not self._active:
+                return bool(self._pending)
+            self.stats.batch_sizes[len(self._active)] += 1
+            self.stats.steps += 1
+            self._collect(run.step())
+        except Exception as e:  # a failed round fails its requests, never the loop
+            log.exception("decoding round failed; failing %d request(s)", len(self._active))
+            for h in list(self._active.values()):
+                h.error = e
+                self._finish(h, "error")
+            self._active.clear()
+            self._run = None
+            return bool(self._pending)
+        for h in self._active.values():
+            h._deliver(False)
+        return True
+
+    def _collect(self, finished) -> None:
+        for r in finished:
+            h = self._active.pop(r.id)
+            self.stats.finished += 1
+            self.stats.generated_tokens += len(r.out)
+            h._deliver(True)
+
+    def _finish(self, h: RequestHandle, reason: str) -> None:
+        h.finish_reason = reason
+        if reason == "cancelled":
+            self.stats.cancelled += 1
+        elif reason == "error":
+            self.stats.failed += 1
+        h._deliver(True)
+
+    def run_until_idle(self) -> None:
+        """Run rounds on this thread until no request is pending or active."""
+        while self.step():
+            pass
+
+    def start(self) -> None:
+        """Run the loop on a background thread: rounds while there is work, asleep otherwise."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._serve, name="dspark-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Cancel everything not finished, let the loop drain, and stop the thread."""
+        with self._lock:
+            self._stopping = True  # the loop cancels every request at its next step
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        else:
+            self.run_until_idle()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._pending or self._active or self._stopping):
+                    self._wake.wait()
+                if self._stopping and not (self._pending or self._active):
+                    return
+            try:
+                self.step()
+            except Exception:  # never let the loop thread die
+                log.exception("scheduler step failed")
+                time.sleep(0.01)

@@ -1,0 +1,132 @@
+"""``dspark triton-repo``: a Triton model repository serving a DSpark export (or a checkpoint pair).
+
+    REPO/
+      README.md                how to launch it (CPU host, GPU host with engines)
+      dspark/config.pbtxt      Python backend, decoupled, instance kind from the runtime, parameters
+      dspark/1/model.py        one import: dspark_trt.serving.triton_model.TritonPythonModel
+
+``config.pbtxt`` is a ``ModelConfig`` protobuf message (``tritonclient.grpc.model_config_pb2``) printed in
+the text format, never a string template; ``read_model_config`` parses one back. The model directory
+references the export (or checkpoint) by absolute path; the server's Python environment must import
+``dspark_trt`` (``dspark serve`` arranges that).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..atomic import atomic_output_dir
+from ..errors import DSparkTrtError
+from .engine import ModelSettings, choose_runtime
+from .protocol import INPUTS, OUTPUTS
+
+__all__ = ["build_model_config", "read_model_config", "write_model_repository", "MODEL_NAME"]
+
+MODEL_NAME = "dspark"
+MODEL_PY = '''"""dspark-trt's decoupled Python-backend model (written by `dspark triton-repo`): the logic is in the library."""
+
+from dspark_trt.serving.triton_model import TritonPythonModel  # noqa: F401
+'''
+
+
+def _pb():
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as e:
+        raise DSparkTrtError(f"writing a Triton model repository needs tritonclient ({e.name} missing): "
+                             f"pip install 'dspark-trt[serve]'") from None
+    return model_config_pb2
+
+
+def build_model_config(settings: ModelSettings, *, name: str = MODEL_NAME):
+    """The ``ModelConfig`` message for the served model."""
+    pb = _pb()
+    config = pb.ModelConfig(name=name, backend="python", max_batch_size=0)
+    config.model_transaction_policy.decoupled = True
+    for key, (dtype, dims, optional) in INPUTS.items():
+        config.input.append(pb.ModelInput(name=key, data_type=pb.DataType.Value(dtype), dims=dims, optional=optional))
+    for key, (dtype, dims) in OUTPUTS.items():
+        config.output.append(pb.ModelOutput(name=key, data_type=pb.DataType.Value(dtype), dims=dims))
+    gpu = settings.runtime == "tensorrt" or settings.device.startswith("cuda")
+    kind = pb.ModelInstanceGroup.Kind.Value("KIND_GPU" if gpu else "KIND_CPU")
+    config.instance_group.append(pb.ModelInstanceGroup(count=1, kind=kind))
+    for key, value in settings.to_parameters().items():
+        config.parameters[key].string_value = value
+    return config
+
+
+def read_model_config(path: str | Path):
+    """Parse a ``config.pbtxt`` back into a ``ModelConfig`` message."""
+    from google.protobuf import text_format
+
+    return text_format.Parse(Path(path).read_text(), _pb().ModelConfig())
+
+
+def write_model_repository(out: str | Path, *, export_dir: str | Path | None = None,
+                           drafter_dir: str | Path | None = None, target_dir: str | Path | None = None,
+                           runtime: str | None = None, device: str | None = None, topk: int | None = None,
+                           confidence_threshold: float | None = None, max_batch_size: int = 64,
+                           max_context: int | None = None, threads: int = 0, model_name: str = MODEL_NAME,
+                           force: bool = False) -> Path:
+    """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``)."""
+    from google.protobuf import text_format
+
+    resolve = lambda p: str(Path(p).resolve()) if p else ""  # noqa: E731
+    runtime = choose_runtime(export_dir=resolve(export_dir), forced=runtime)
+    if device is None:
+        device = "cuda" if runtime == "tensorrt" else "cpu"
+    settings = ModelSettings(export_dir=resolve(export_dir), drafter_dir=resolve(drafter_dir),
+                             target_dir=resolve(target_dir), runtime=runtime, device=device, topk=topk,
+                             confidence_threshold=confidence_threshold, max_batch_size=max_batch_size,
+                             max_context=max_context, threads=threads).check()
+    config = build_model_config(settings, name=model_name)
+    with atomic_output_dir(out, force=force) as tmp:
+        model = tmp / model_name
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text(text_format.MessageToString(config))
+        (model / "1" / "model.py").write_text(MODEL_PY)
+        (tmp / "README.md").write_text(_readme(settings, model_name))
+    return Path(out)
+
+
+def _readme(s: ModelSettings, name: str) -> str:
+    source = f"the export `{s.export_dir}`" if s.export_dir else (
+        f"the checkpoint pair drafter `{s.drafter_dir}` + target `{s.target_dir}`")
+    return f"""# dspark Triton model repository
+
+Model `{name}`: a decoupled Python-backend model serving {source} with runtime `{s.runtime}` on
+`{s.device}` (in-flight batching of up to {s.max_batch_size} requests). Written by `dspark triton-repo`;
+`{name}/config.pbtxt` holds the parameters (paths, runtime, top-k, confidence threshold, batch size).
+
+## Launch on a CPU host
+
+    pip install 'dspark-trt[serve]'
+    dspark serve REPO --http-port 8000 --grpc-port 8001 --metrics-port 8002
+
+`dspark serve` starts the `tritonserver` bundled with PyTriton (`nvidia-pytriton`), which runs the Python
+backend on the CPU. Its Python environment is a separate venv (numpy < 2, the same torch, transformers and
+onnxruntime as yours) that `dspark serve` builds on first use under `~/.cache/dspark-trt/` (a few minutes,
+once). Ctrl-C stops the server.
+
+## Launch on a GPU host with TensorRT engines
+
+Write the repository on that host with `--runtime tensorrt` (the default where TensorRT is importable and
+the export has engines); the instance group is then `KIND_GPU`. In NVIDIA's Triton container
+(`nvcr.io/nvidia/tritonserver:<yy.mm>-py3`, with `pip install dspark-trt tensorrt` inside):
+
+    tritonserver --model-repository REPO
+
+or `dspark serve REPO`, which uses a `tritonserver` found on PATH before the bundled one.
+
+## Requests
+
+HTTP: `curl -d '{{"text_input": "Speculative decoding", "max_tokens": 32}}' localhost:8000/v2/models/{name}/generate`
+answers `{{"text_output": ...}}`; `/generate_stream` with `"stream": true` streams each round's tokens (SSE).
+gRPC: stream inference (`tritonclient.grpc` `start_stream` / `async_stream_infer`).
+
+Inputs: `text_input` (BYTES [1]) or `input_ids` (INT64 [-1]), `max_tokens` (INT32 [1]), optional
+`temperature` (FP32 [1], 0 = greedy), `seed` (INT64 [1]), `stream` (BOOL [1]), `end_id` (INT64 [-1]: stop
+token ids, replacing the model's EOS). Outputs: `text_output`, `output_ids`, `finish_reason`
+(stop / length / cancelled), `mean_acceptance_length`, `drafted`, `accepted`, `batch_size` (the largest
+batch this request was decoded in).
+"""

@@ -1,0 +1,145 @@
+"""The Triton Python-backend model (decoupled): tensors in, ``RequestScheduler`` calls, responses out.
+
+The repository's ``model.py`` re-exports ``TritonPythonModel`` from here. No decoding logic: ``execute``
+checks each request (``protocol.parse_request``), submits it to the library's scheduler and returns at
+once; the scheduler's own thread runs the rounds (in-flight batching: requests join between rounds) and
+calls back with each request's newly committed tokens, which become responses — one per round with
+``stream=true``, else one at the end. A closed stream is polled (``is_cancelled``) on every callback and
+cancels the request. Errors are responses, never exceptions that take the instance down.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+
+from ..errors import DSparkTrtError
+from .protocol import INPUTS, IncrementalText, parse_request
+
+__all__ = ["TritonPythonModel"]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+
+        from .engine import ModelSettings, build_scheduler
+
+        self.pb = pb_utils
+        self.log = pb_utils.Logger
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException(
+                "the dspark model is decoupled: set model_transaction_policy { decoupled: true } in config.pbtxt "
+                "(dspark triton-repo writes it)")
+        params = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
+        try:
+            self.settings = ModelSettings.from_parameters(params)
+            self.scheduler = build_scheduler(self.settings)
+        except DSparkTrtError as e:
+            raise pb_utils.TritonModelException(f"dspark: {e}") from None
+        self.decoder = self.scheduler.decoder
+        self.vocab_size = self.decoder.target.vocab_size
+        self.scheduler.start()
+        self._last_summary = 0.0
+        self._lock = threading.Lock()
+        self.log.log_info(f"dspark: serving {self.settings.export_dir or self.settings.drafter_dir} with runtime "
+                          f"{self.settings.runtime} on {self.settings.device}, max batch "
+                          f"{self.settings.max_batch_size}, context limit {self.scheduler.max_context}")
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except DSparkTrtError as e:
+                self._fail(sender, str(e), invalid=True)
+            except Exception as e:  # never let one request take the instance down
+                self.log.log_error(f"dspark: request failed before decoding: {type(e).__name__}: {e}")
+                self._fail(sender, f"internal error: {type(e).__name__}: {e}", invalid=False)
+        return None
+
+    def _submit(self, request, sender) -> None:
+        tensors = {}
+        for name in INPUTS:
+            t = self.pb.get_input_tensor_by_name(request, name)
+            if t is not None:
+                tensors[name] = t.as_numpy()
+        req = parse_request(tensors, vocab_size=self.vocab_size)
+        tokenizer = self.decoder.tokenizer
+        if isinstance(req.prompt, str) and tokenizer is None:
+            raise DSparkTrtError("this model has no tokenizer: send input_ids instead of text_input")
+        text = IncrementalText(tokenizer) if tokenizer is not None else None
+        self.scheduler.submit(req.prompt, **req.submit_kwargs(),
+                              on_update=lambda handle, new, finished: self._on_update(
+                                  sender, req.stream, text, handle, new, finished))
+
+    def _on_update(self, sender, stream: bool, text, handle, new, finished: bool) -> None:
+        """Scheduler thread: after each round with this request's new tokens (streaming / final answer)."""
+        if not finished and sender.is_cancelled():
+            handle.cancel()
+            return
+        if handle.finish_reason == "error":
+            self._fail(sender, f"decoding failed: {handle.error}", invalid=False)
+            return
+        if handle.finish_reason == "cancelled" and sender.is_cancelled():
+            sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self._maybe_log_summary()
+            return
+        if stream:
+            piece = text.push(new) if text is not None else ""
+            if finished and text is not None:
+                piece += text.finish()
+            if not finished and not new:
+                return
+            response = self._response(new, piece, handle if finished else None)
+        elif finished:
+            tokens = handle.tokens
+            full = self.decoder.tokenizer.decode(tokens, skip_special_tokens=False) if text is not None else ""
+            response = self._response(tokens, full, handle)
+        else:
+            return
+        sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if finished else 0)
+        if finished:
+            self._maybe_log_summary()
+
+    def _response(self, ids, text: str, handle):
+        pb = self.pb
+        outputs = [pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)),
+                   pb.Tensor("output_ids", np.asarray(list(ids), dtype=np.int64))]
+        if handle is not None:
+            outputs += [
+                pb.Tensor("finish_reason", np.array([handle.finish_reason.encode()], dtype=np.object_)),
+                pb.Tensor("mean_acceptance_length", np.array([handle.mean_acceptance_length], dtype=np.float32)),
+                pb.Tensor("drafted", np.array([handle.drafted], dtype=np.int64)),
+                pb.Tensor("accepted", np.array([handle.accepted], dtype=np.int64)),
+                pb.Tensor("batch_size", np.array([handle.max_batch], dtype=np.int32)),
+            ]
+        return pb.InferenceResponse(output_tensors=outputs)
+
+    def _fail(self, sender, message: str, *, invalid: bool) -> None:
+        pb = self.pb
+        code = pb.TritonError.INVALID_ARG if invalid else pb.TritonError.INTERNAL
+        try:
+            sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as e:  # the client may be gone
+            self.log.log_warn(f"dspark: could not send an error response: {e}")
+
+    def _maybe_log_summary(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_summary < 5.0 and self.scheduler.busy:
+                return
+            self._last_summary = now
+        self.log.log_info(f"dspark: {self.scheduler.stats.summary()}")
+
+    def finalize(self):
+        scheduler = getattr(self, "scheduler", None)
+        if scheduler is not None:
+            scheduler.stop(timeout=30)
+            self.log.log_info(f"dspark: stopped; {scheduler.stats.summary()}")

@@ -1,0 +1,238 @@
+"""RequestScheduler: requests joining and leaving a running batch get exactly the tokens they get alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tests.runtime.runtime_helpers import random_prompts
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.runtime import RequestScheduler, SpeculativeDecoder
+from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+
+
+def prompts_for(dec, n, seed, **kw):
+    return random_prompts(n, dec.target.vocab_size, seed=seed, avoid=(dec.config.mask_token_id,), **kw)
+
+
+def alone(dec, prompt, max_new, temperature=0.0, seed=0, eos=None, draft=True):
+    return dec.generate([prompt], max_new, temperature=temperature, seed=seed, eos_token_id=eos, draft=draft).tokens[0]
+
+
+class Recorder:
+    """on_update callback: every delivery, in order, per request."""
+
+    def __init__(self):
+        self.calls: dict[int, list[tuple[list[int], bool]]] = {}
+
+    def __call__(self, handle, tokens, finished):
+        self.calls.setdefault(handle.id, []).append((list(tokens), finished))
+
+    def streamed(self, handle) -> list[int]:
+        return [t for chunk, _ in self.calls[handle.id] for t in chunk]
+
+
+@pytest.mark.parametrize("draft", [True, False], ids=["speculative", "target-only"])
+def test_requests_joining_mid_way_get_their_tokens_alone(distilled_decoder, draft):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 6, seed=3, min_len=1, max_len=14)
+    settings = [(0.0, 0), (1.0, 11), (0.0, 0), (1.0, 5), (0.7, 2), (1.0, 11)]
+    budgets = [18, 9, 14, 20, 5, 12]
+    rec = Recorder()
+    sched = RequestScheduler(dec, draft=draft)
+    handles = [sched.submit(prompts[i], budgets[i], temperature=settings[i][0], seed=settings[i][1], on_update=rec)
+               for i in range(2)]
+    for _ in range(2):
+        assert sched.step()
+    handles += [sched.submit(prompts[i], budgets[i], temperature=settings[i][0], seed=settings[i][1], on_update=rec)
+                for i in range(2, 5)]
+    assert sched.step()
+    handles.append(sched.submit(prompts[5], budgets[5], temperature=settings[5][0], seed=settings[5][1],
+                                on_update=rec))
+    sched.run_until_idle()
+    assert not sched.busy and sched.stats.finished == 6 and sched.stats.max_batch >= 4
+    for i, h in enumerate(handles):
+        expected = alone(dec, prompts[i], budgets[i], *settings[i], draft=draft)
+        assert h.done and h.tokens == expected, f"request {i}"
+        assert rec.streamed(h) == expected  # the streamed chunks concatenate to the result
+        assert [f for _, f in rec.calls[h.id]] == [False] * (len(rec.calls[h.id]) - 1) + [True]
+        assert h.finish_reason == "length" and h.rounds >= 1 and h.max_batch >= 2
+    if draft:
+        assert sum(h.accepted for h in handles) > 0
+        assert all(h.drafted >= h.accepted for h in handles)
+
+
+def test_per_request_eos_and_a_request_finishing_on_its_first_token(distilled_decoder):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 3, seed=8)
+    ref = [alone(dec, p, 16) for p in prompts]
+    eos = [ref[0][4], ref[1][0], None]  # request 1 stops on its very first (prefill) token
+    sched = RequestScheduler(dec)
+    first = sched.submit(prompts[2], 16)
+    sched.step()
+    handles = [sched.submit(p, 16, eos_token_id=[] if e is None else [e]) for p, e in zip(prompts[:2], eos)]
+    sched.run_until_idle()
+    assert first.tokens == ref[2]
+    for p, e, h in zip(prompts, eos, handles):
+        assert h.tokens == alone(dec, p, 16, eos=[] if e is None else [e])
+    assert handles[1].tokens == [ref[1][0]] and handles[1].finish_reason == "stop"
+    assert handles[0].finish_reason == "stop" and handles[0].tokens[-1] == eos[0]
+
+
+def test_cancelled_requests_leave_and_the_others_are_unchanged(distilled_decoder):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 4, seed=19)
+    rec = Recorder()
+    sched = RequestScheduler(dec)
+    handles = [sched.submit(p, 24, temperature=1.0, seed=i, on_update=rec) for i, p in enumerate(prompts)]
+    sched.step()
+    sched.step()
+    handles[1].cancel()
+    waiting = sched.submit(prompts[0], 24)
+    waiting.cancel()  # cancelled before it ever joined
+    sched.run_until_idle()
+    assert handles[1].finish_reason == "cancelled" and waiting.finish_reason == "cancelled" and not waiting.tokens
+    full = alone(dec, prompts[1], 24, 1.0, 1)
+    assert 0 < len(handles[1].tokens) < 24 and handles[1].tokens == full[: len(handles[1].tokens)]
+    assert rec.streamed(handles[1]) == handles[1].tokens and rec.calls[handles[1].id][-1][1]
+    for i in (0, 2, 3):
+        assert handles[i].tokens == alone(dec, prompts[i], 24, 1.0, i)
+    assert sched.stats.cancelled == 2 and sched.stats.finished == 3
+
+
+def test_max_batch_size_queues_the_rest(distilled_decoder):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 5, seed=23)
+    sched = RequestScheduler(dec, max_batch_size=2)
+    handles = [sched.submit(p, 8 + i) for i, p in enumerate(prompts)]
+    sched.run_until_idle()
+    assert sched.stats.max_batch == 2
+    assert [h.tokens for h in handles] == [alone(dec, p, 8 + i) for i, p in enumerate(prompts)]
+
+
+def test_background_thread_serves_concurrent_submitters(distilled_decoder):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 8, seed=31, min_len=1, max_len=20)
+    sched = RequestScheduler(dec)
+    sched.start()
+    handles = [None] * len(prompts)
+
+    def client(i):
+        handles[i] = sched.submit(prompts[i], 10, temperature=float(i % 2), seed=i)
+        handles[i].wait(120)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    sched.stop(timeout=30)
+    for i, h in enumerate(handles):
+        assert h.done and h.tokens == alone(dec, prompts[i], 10, float(i % 2), i)
+    with pytest.raises(DSparkTrtError, match="stopped"):
+        sched.submit(prompts[0], 4)
+
+
+@pytest.mark.parametrize("prompt, kwargs, message", [
+    ([1, 2], {"max_new_tokens": 0}, "max_new_tokens"),
+    ([1, 2], {"temperature": -1.0}, "temperature"),
+    ([1, 2], {"temperature": float("nan")}, "temperature"),
+    ([1, 2], {"seed": -3}, "seed"),
+    ([1, 257], {}, "outside the target vocabulary"),
+    ([], {}, "empty"),
+    ([[1, 2], [3]], {}, "one prompt"),
+    (list(range(40)), {"max_new_tokens": 30}, "context of 64 tokens"),
+])
+def test_bad_requests_raise_before_anything_runs(distilled_decoder, prompt, kwargs, message):
+    sched = RequestScheduler(distilled_decoder, max_context=64)
+    with pytest.raises(DSparkTrtError, match=message):
+        sched.submit(prompt, **kwargs)
+    assert not sched.busy and sched.stats.requests == 0
+
+
+class FailingBackend(TorchDrafterBackend):
+    """The torch backend, raising in ``draft`` while ``fail`` is set (a broken round)."""
+
+    fail = False
+
+    def draft(self, *args, **kw):
+        if self.fail:
+            raise RuntimeError("injected failure")
+        return super().draft(*args, **kw)
+
+
+def test_a_failed_round_fails_its_requests_and_the_next_ones_are_served(distilled_decoder):
+    dec = distilled_decoder
+    backend = FailingBackend(dec.backend.drafter)
+    sched = RequestScheduler(SpeculativeDecoder(dec.target, backend))
+    prompts = prompts_for(dec, 3, seed=41)
+    doomed = [sched.submit(p, 12) for p in prompts[:2]]
+    sched.step()
+    backend.fail = True
+    sched.step()
+    backend.fail = False
+    assert all(h.done and h.finish_reason == "error" and "injected" in str(h.error) for h in doomed)
+    after = sched.submit(prompts[2], 12, temperature=1.0, seed=4)
+    sched.run_until_idle()
+    assert after.tokens == alone(dec, prompts[2], 12, 1.0, 4)
+    assert sched.stats.failed == 2
+
+
+def test_a_target_without_extend_is_refused(distilled_decoder):
+    class NoExtend:
+        def __getattr__(self, name):
+            if name == "extend":
+                raise AttributeError(name)
+            return getattr(distilled_decoder.target, name)
+
+    dec = SpeculativeDecoder.__new__(SpeculativeDecoder)
+    dec.target, dec.backend, dec.config = NoExtend(), distilled_decoder.backend, distilled_decoder.config
+    with pytest.raises(DSparkTrtError, match="extend"):
+        RequestScheduler(dec)
+
+
+def test_hf_target_extend_leaves_the_running_requests_alone(distilled_decoder):
+    target = distilled_decoder.target
+    target.set_taps(distilled_decoder.config.target_layer_ids)
+    a, b = torch.tensor([5, 6, 7, 8, 9]), torch.tensor([3, 4])
+
+    def a_until_next_round(join):
+        target.prefill([a])
+        target.verify(torch.tensor([[10, 11, 12]]))
+        target.commit(torch.tensor([2]))  # one draft rejected: a hole the new request must not see
+        pre = target.extend([b]) if join else None
+        tokens = torch.tensor([[13, 14], [20, 21]]) if join else torch.tensor([[13, 14]])
+        return pre, target.verify(tokens)
+
+    _, solo_a = a_until_next_round(join=False)
+    target.commit(torch.tensor([0]))
+    pre_b, both = a_until_next_round(join=True)
+    assert target.lengths.tolist() == [7, 2]
+    target.commit(torch.tensor([0, 0]))
+    solo_pre_b = target.prefill([b])
+    solo_b = target.verify(torch.tensor([[20, 21]]))
+    target.commit(torch.tensor([0]))
+    torch.testing.assert_close(pre_b.logits, solo_pre_b.logits)
+    torch.testing.assert_close(both.logits[:1], solo_a.logits)
+    torch.testing.assert_close(both.logits[1:], solo_b.logits)
+    torch.testing.assert_close(both.taps[1:], solo_b.taps)
+
+
+@pytest.mark.onnx
+@pytest.mark.slow
+def test_exported_target_joins_requests_mid_way_too(qwen3_topk_export):
+    dec = SpeculativeDecoder.from_export(qwen3_topk_export, backend="onnxruntime", device="cpu")
+    prompts = random_prompts(4, dec.target.vocab_size, seed=51, min_len=1, max_len=16)
+    settings = [(0.0, 0), (1.0, 3), (1.0, 9), (0.0, 0)]
+    sched = RequestScheduler(dec)
+    handles = [sched.submit(prompts[0], 14, temperature=settings[0][0], seed=settings[0][1])]
+    sched.step()
+    sched.step()
+    handles += [sched.submit(p, 10 + i, temperature=t, seed=s) for i, (p, (t, s)) in enumerate(zip(prompts[1:], settings[1:]))]
+    sched.run_until_idle()
+    budgets = [14, 10, 11, 12]
+    assert sched.stats.max_batch == 4
+    for p, (t, s), n, h in zip(prompts, settings, budgets, handles):
+        assert h.tokens == alone(dec, p, n, t, s)

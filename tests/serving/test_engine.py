@@ -1,0 +1,49 @@
+"""Served-model settings: round trip through config parameters, checks, runtime choice."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.serving.engine import ModelSettings, choose_runtime, have_tensorrt
+
+
+def test_settings_round_trip_through_string_parameters(tmp_path):
+    s = ModelSettings(export_dir=str(tmp_path), runtime="onnxruntime", topk=16, confidence_threshold=0.25,
+                      max_batch_size=8, max_context=None, threads=2)
+    params = s.to_parameters()
+    assert all(isinstance(v, str) for v in params.values()) and "max_context" not in params
+    assert ModelSettings.from_parameters(params) == s.check()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(runtime="torch"), "either export_dir"),
+    (dict(export_dir="X", drafter_dir="Y", runtime="onnxruntime"), "either export_dir"),
+    (dict(drafter_dir="Y", runtime="torch"), "both drafter_dir and target_dir"),
+    (dict(export_dir="X", runtime="torch"), "checkpoint pair"),
+    (dict(drafter_dir="X", target_dir="Y", runtime="tensorrt"), "engines"),
+    (dict(export_dir="X", runtime="vllm"), "unknown runtime"),
+    (dict(export_dir="/nonexistent/dir", runtime="onnxruntime"), "does not exist"),
+])
+def test_bad_settings_are_one_line_errors(tmp_path, kwargs, message):
+    kwargs = {k: (str(tmp_path) if v in ("X", "Y") else v) for k, v in kwargs.items()}
+    with pytest.raises(DSparkTrtError, match=message):
+        ModelSettings(**kwargs).check()
+
+
+def test_non_numeric_parameter_is_refused():
+    with pytest.raises(DSparkTrtError, match="topk='many'"):
+        ModelSettings.from_parameters({"topk": "many"})
+
+
+def test_runtime_choice(tmp_path):
+    assert choose_runtime(export_dir=None) == "torch"
+    (tmp_path / "manifest.json").write_text('{"engines": {"tensorrt": {"file": "x.engine"}}}')
+    assert choose_runtime(export_dir=str(tmp_path)) == ("tensorrt" if have_tensorrt() else "onnxruntime")
+    (tmp_path / "manifest.json").write_text('{"engines": {}}')
+    assert choose_runtime(export_dir=str(tmp_path)) == "onnxruntime"
+    assert choose_runtime(export_dir=str(tmp_path), forced="tensorrt") == "tensorrt"
+    with pytest.raises(DSparkTrtError, match="no manifest.json"):
+        choose_runtime(export_dir=str(tmp_path / "nothing"))
+    with pytest.raises(DSparkTrtError, match="unknown runtime"):
+        choose_runtime(export_dir=None, forced="tgi")
