@@ -251,12 +251,12 @@ def check_checkpoint(
     if "d2t" in present and tensor_shapes["d2t"][1] not in ("I64", "I32", "int64", "int32"):
         violations.append(f"d2t has dtype {tensor_shapes['d2t'][1]}, expected an integer offset table (int64)")
     if config.num_target_layers is not None:
-        bad = [i for i in config.target_layer_ids if not -1 <= i <= config.num_target_layers - 2]
+        bad = [i for i in config.target_layer_ids if not -1 <= i <= config.num_target_layers - 1]
         if bad:
             violations.append(
                 f"target_layer_ids {list(config.target_layer_ids)} contain {bad} outside [-1, "
-                f"{config.num_target_layers - 2}] for num_target_layers={config.num_target_layers} (the last "
-                f"target layer may not be tapped)"
+                f"{config.num_target_layers - 1}] for num_target_layers={config.num_target_layers} (DeepSeek "
+                f"convention: id i = output of target decoder layer i)"
             )
     if violations:
         raise CheckpointContractError(model_dir, violations)

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from .errors import DSparkTrtError
 from .jsonfile import read_json
 
-__all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture_ids"]
+__all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture_ids", "check_layer_ids"]
 
 SUPPORTED_MARKOV_HEADS = ("vanilla",)
 
@@ -37,6 +37,16 @@ SUPPORTED_MARKOV_HEADS = ("vanilla",)
 def hf_hidden_state_indices(target_layer_ids: tuple[int, ...] | list[int]) -> list[int]:
     """DeepSeek layer ids → indices into transformers' ``output_hidden_states`` (index 0 = embeddings)."""
     return [i + 1 for i in target_layer_ids]
+
+
+def check_layer_ids(ids, num_layers: int) -> None:
+    """DeepSeek ids must lie in [-1, L-1] (-1 = embeddings; L-1 = the last layer, tapped before the final norm)."""
+    bad = [i for i in ids if not -1 <= i <= num_layers - 1]
+    if bad:
+        raise DSparkTrtError(
+            f"target_layer_ids {list(ids)} are invalid for this {num_layers}-layer target: {bad} outside "
+            f"[-1, {num_layers - 1}] (DeepSeek convention: id i = output of decoder layer i); use a drafter "
+            f"trained for this target")
 
 
 def deepseek_ids_from_capture_ids(capture_ids: list[int]) -> list[int]:
@@ -136,14 +146,8 @@ class DSparkConfig:
         return dataclasses.replace(self, **changes)
 
     def check_target_layers(self, num_target_layers: int) -> None:
-        """Tapped ids must lie in [-1, L_t - 2]: the last target layer may not be tapped (spec §3.3)."""
-        bad = [i for i in self.target_layer_ids if not -1 <= i <= num_target_layers - 2]
-        if bad:
-            raise DSparkTrtError(
-                f"target_layer_ids {list(self.target_layer_ids)} are invalid for a {num_target_layers}-layer "
-                f"target: {bad} outside [-1, {num_target_layers - 2}] (DeepSeek convention; the last layer may "
-                f"not be tapped); use a drafter trained for this target"
-            )
+        """Tapped ids must lie in [-1, L_t - 1] (id L_t - 1: the last layer's output before the final norm)."""
+        check_layer_ids(self.target_layer_ids, num_target_layers)
 
     # -- loading ----------------------------------------------------------------------------------
     @classmethod

@@ -111,8 +111,8 @@ def test_shared_weights_absent_need_the_target(pairs, tmp_path):
 
 
 def test_target_layer_ids_out_of_range(pairs, tmp_path):
-    path = edited(pairs["full"], tmp_path, config=lambda c: c.update(target_layer_ids=[1, 2, 5]))
-    assert "target_layer_ids [1, 2, 5] contain [5] outside [-1, 4]" in violation(path)
+    path = edited(pairs["full"], tmp_path, config=lambda c: c.update(target_layer_ids=[1, 2, 6]))
+    assert "target_layer_ids [1, 2, 6] contain [6] outside [-1, 5]" in violation(path)
 
 
 def test_pickle_weights_are_refused(tmp_path, pairs):

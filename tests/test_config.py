@@ -83,11 +83,11 @@ def test_layer_id_conventions():
     assert c.hf_hidden_state_indices == [2, 10, 18, 26, 34]
 
 
-def test_tapping_the_last_target_layer_is_refused():
-    c = DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "target_layer_ids": [1, 9, 35]})
-    with pytest.raises(DSparkTrtError, match=r"\[35\] outside \[-1, 34\]"):
+def test_tapping_beyond_the_last_target_layer_is_refused():
+    c = DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "target_layer_ids": [1, 9, 36]})
+    with pytest.raises(DSparkTrtError, match=r"\[36\] outside \[-1, 35\]"):
         c.check_target_layers(36)
-    c.replace(target_layer_ids=(-1, 34)).check_target_layers(36)  # embedding output and layer 34 are fine
+    c.replace(target_layer_ids=(-1, 35)).check_target_layers(36)  # embeddings and the last layer (pre-norm) are fine
 
 
 def test_dspark_target_layer_ids_is_accepted():

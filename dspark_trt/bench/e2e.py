@@ -6,6 +6,7 @@ each, their ratio, and the acceptance of the speculative runs. Reported, never a
 
   dspark bench e2e
   dspark bench e2e --drafter DRAFTER --target TARGET --input-ids "1 2 3" --max-new-tokens 256 --json
+  dspark bench e2e --export OUT     the exported (onnxruntime) target next to the transformers one, same drafter
 """
 
 from __future__ import annotations
@@ -22,30 +23,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..cli.generate import build_decoder, generation_options, requests
-    from ..errors import DSparkTrtError
-
-    if args.no_draft:
-        raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")
-    if args.max_new_tokens is None:
-        args.max_new_tokens = 128
-    decoder = build_decoder(args)
-    prompts = requests(args, decoder)
-    prompts = prompts[: args.batch_size] if args.batch_size else prompts  # one batch of exactly that size
-    options = generation_options(args, len(prompts))
+def _measure(decoder, prompts, options, repeats: int):
+    """Warm up, then ``repeats`` × (speculative, target-only) back to back → the two lists of results."""
     decoder.generate(prompts, **{**options, "max_new_tokens": 8})  # warm-up (allocations, lazy inits)
     decoder.generate(prompts, draft=False, **{**options, "max_new_tokens": 8})
     spec, base = [], []
-    for _ in range(max(1, args.repeats)):
+    for _ in range(max(1, repeats)):
         spec.append(decoder.generate(prompts, **options))
         base.append(decoder.generate(prompts, draft=False, **options))
+    return spec, base
+
+
+def _report(decoder, prompts, args, spec, base) -> dict:
     spec_tps = statistics.median(r.stats.tokens_per_second for r in spec)
     base_tps = statistics.median(r.stats.tokens_per_second for r in base)
     last = spec[-1].stats
-    report = {
+    return {
         "device": str(decoder.target.device),
         "backend": decoder.backend.name,
+        "target": type(decoder.target).__name__,
         "requests": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": last.num_draft_tokens,
@@ -58,16 +54,68 @@ def run(args: argparse.Namespace) -> int:
                        ("prefill", "draft", "verify", "other")} if last.total_seconds else {},
         "same_tokens": all(s.tokens == b.tokens for s, b in zip(spec, base)),
     }
+
+
+def _transformers_twin(decoder, export_dir):
+    """The export's drafter beside the transformers model it was exported from (the manifest's target source)."""
+    from pathlib import Path
+
+    from ..errors import DSparkTrtError
+    from ..export.target_onnx import target_section
+    from ..runtime import HFTarget, SpeculativeDecoder
+
+    section = target_section(export_dir)
+    source = Path(section.get("source") or "")
+    if not (source / "config.json").is_file():
+        raise DSparkTrtError(f"the export's target source {source} is gone; the transformers comparison needs it "
+                             f"(re-export, or run dspark bench e2e with --drafter/--target)")
+    target = HFTarget.from_pretrained(source, dtype=section["dtype"], device="cpu")
+    twin = SpeculativeDecoder(target, decoder.backend, tokenizer=decoder.tokenizer)
+    twin.default_topk = decoder.default_topk
+    return twin
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli.generate import build_decoder, generation_options, requests
+    from ..errors import DSparkTrtError
+
+    if args.no_draft:
+        raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128
+    decoder = build_decoder(args)
+    prompts = requests(args, decoder)
+    prompts = prompts[: args.batch_size] if args.batch_size else prompts  # one batch of exactly that size
+    options = generation_options(args, len(prompts))
+    decoders = {"exported target (onnxruntime)" if args.export else "target": decoder}
+    if args.export:
+        decoders["transformers target"] = _transformers_twin(decoder, args.export)
+    reports, results = {}, {}
+    for name, dec in decoders.items():
+        results[name] = _measure(dec, prompts, options, args.repeats)
+        reports[name] = _report(dec, prompts, args, *results[name])
+    if args.export:
+        names = list(reports)
+        reports[names[0]]["same_tokens_as_transformers"] = all(
+            a.tokens == b.tokens for a, b in zip(results[names[0]][0], results[names[1]][0]))
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(reports if args.export else next(iter(reports.values()))))
         return 0
-    print(f"device {report['device']}, backend {report['backend']}, {len(prompts)} request(s) x "
-          f"{args.max_new_tokens} tokens, N = {last.num_draft_tokens}, median of {len(spec)}")
-    print(f"  speculative : {spec_tps:8.1f} tok/s   acceptance {last.mean_acceptance_length:.2f} tok/round, "
-          f"per slot {' '.join(f'{a:.2f}' for a in last.per_position_acceptance)}")
-    print(f"  target only : {base_tps:8.1f} tok/s")
-    print(f"  speedup     : {report['speedup']:.2f}x   time split (speculative): "
-          + ", ".join(f"{k} {v:.0%}" for k, v in report["time_split"].items()))
-    if not (args.temperature or 0) > 0:
-        print(f"  greedy outputs identical with and without speculation: {report['same_tokens']}")
+    first = next(iter(reports.values()))
+    last_stats = results[next(iter(results))][0][-1].stats
+    print(f"device {first['device']}, drafter backend {first['backend']}, {len(prompts)} request(s) x "
+          f"{args.max_new_tokens} tokens, N = {last_stats.num_draft_tokens}, median of {max(1, args.repeats)}")
+    for name, report in reports.items():
+        if args.export:
+            print(f"{name}:")
+        print(f"  speculative : {report['speculative_tokens_per_second']:8.1f} tok/s   acceptance "
+              f"{report['mean_acceptance_length']:.2f} tok/round, per slot "
+              f"{' '.join(f'{a:.2f}' for a in report['per_position_acceptance'])}")
+        print(f"  target only : {report['target_only_tokens_per_second']:8.1f} tok/s")
+        print(f"  speedup     : {report['speedup']:.2f}x   time split (speculative): "
+              + ", ".join(f"{k} {v:.0%}" for k, v in report["time_split"].items()))
+        if not (args.temperature or 0) > 0:
+            print(f"  greedy outputs identical with and without speculation: {report['same_tokens']}")
+    if args.export:
+        print(f"  same tokens with the exported and the transformers target: {first['same_tokens_as_transformers']}")
     return 0

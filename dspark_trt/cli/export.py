@@ -1,7 +1,7 @@
 """Export a DSpark drafter checkpoint: ONNX (validated against the PyTorch reference in onnxruntime), the
 DSparkTopKMarkov plugin's PTX, and a TensorRT or TensorRT-RTX engine when one is importable.
 
-  dspark-export --topk 512 MODEL_DIR -o OUT          (MODEL_DIR omitted: the embedded tiny demo pair)
+  dspark-export --topk 512 MODEL_DIR --target TARGET -o OUT   (MODEL_DIR omitted: the embedded tiny demo pair)
 
 Exit codes: 0 ok, 1 bad input (one line), 2 usage, 3 the exported graphs disagree with the reference.
 """
@@ -29,7 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opt-batch-size", type=int, default=None, help="engine profile opt batch (default: max)")
     p.add_argument("--max-context", type=int, default=None, help="longest context the engine accepts (default 8192)")
     p.add_argument("--target", default=None, metavar="DIR",
-                   help="target model directory (needed when the drafter shares embed_tokens/lm_head with it)")
+                   help="target model directory: exported too (onnx/target.onnx, its engine, tokenizer/), and needed "
+                        "when the drafter shares embed_tokens/lm_head with it")
+    p.add_argument("--skip-target", action="store_true", help="export the drafter only (the target stays a "
+                   "transformers model at run time)")
     p.add_argument("--version-compatible", action="store_true", default=None,
                    help="TensorRT: engine runs on later TensorRT runtimes of the same major version")
     p.add_argument("--compute-capability", default=None, help="TensorRT-RTX target GPU (default SM80)")
@@ -54,6 +57,8 @@ def options_from_args(args: argparse.Namespace):
     options = {k: v for k, v in given.items() if v is not None}
     if getattr(args, "no_validate", False):
         options["validate"] = False
+    if getattr(args, "skip_target", False):
+        options["export_target"] = False
     return ExportOptions(**options)
 
 
@@ -72,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
                           target_dir=target_dir, force=args.force)
     m = result.manifest
     print(f"exported {result.out_dir}: top-k {m['topk'] or 'off'}, {m['dtype']}, N={m['num_draft_tokens']}")
+    if m.get("target"):
+        t = m["target"]
+        print(f"  target {t['onnx']} ({t['architecture']}, {t['num_layers']} layers, taps {t['layer_ids']}, "
+              f"tokenizer {t['tokenizer'] or 'none'})")
     for entry in m["engines"].values():
         print(f"  engine {entry['file']} ({entry['flavor']} {entry['version']}, {entry['bytes']} bytes)")
     for note in result.notes:

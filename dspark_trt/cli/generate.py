@@ -6,6 +6,7 @@ text and a drafter distilled from it), built once into ~/.cache/dspark-trt, offl
   dspark generate --prompt "Speculative decoding"
   dspark generate --drafter DRAFTER --target TARGET --input-ids "1 2 3" --max-new-tokens 64 --json
   dspark generate --prompt "The verifier" --temperature 1 --seed 7 --batch-size 4 --no-draft
+  dspark generate --export OUT --prompt "The verifier"     (the exported target + drafter, no transformers model)
 
 Request i of a batch uses seed S + i. Text needs a tokenizer in the target directory; --input-ids works always.
 """
@@ -23,7 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("models (default: the embedded demo pair)")
     m.add_argument("--drafter", metavar="DIR", default=None, help="DSpark drafter checkpoint directory")
     m.add_argument("--target", metavar="DIR", default=None, help="Hugging Face causal-LM directory (the target)")
-    m.add_argument("--backend", default=None, help="drafter backend: torch (default) or onnxruntime")
+    m.add_argument("--export", metavar="OUT", default=None,
+                   help="run the exported target and drafter of a dspark-export directory (tokenizer from "
+                        "OUT/tokenizer; no transformers model loaded)")
+    m.add_argument("--backend", default=None, help="drafter backend: torch (default) or onnxruntime; with --export "
+                   "the backend of both graphs (default onnxruntime)")
     m.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available)")
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="model dtype (default: fp32 on CPU, bf16 on CUDA)")
@@ -92,6 +97,13 @@ def build_decoder(args: argparse.Namespace):
 
     if args.threads is not None:
         set_cpu_threads(args.threads)
+    if getattr(args, "export", None) is not None:
+        if args.drafter is not None or args.target is not None:
+            raise DSparkTrtError("--export runs the exported drafter and target; drop --drafter/--target")
+        if args.dtype is not None:
+            raise DSparkTrtError("--dtype cannot change an export's dtype; export again with dspark-export --dtype")
+        options = {k: v for k, v in dict(device=args.device, threads=args.threads).items() if v is not None}
+        return SpeculativeDecoder.from_export(args.export, backend=args.backend or "onnxruntime", **options)
     drafter, target = resolve_pair(args)
     options = {k: v for k, v in dict(backend=args.backend, device=args.device, dtype=args.dtype).items()
                if v is not None}

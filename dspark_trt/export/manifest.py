@@ -122,6 +122,16 @@ def check_manifest(export_dir: str | Path, manifest: dict[str, Any] | None = Non
         for side in ("inputs", "outputs"):
             if actual[side] != graph[side]:
                 problems.append(f"graph {name}: manifest {side} differ from {graph['file']}")
+    target = manifest.get("target")
+    if target:
+        path = export_dir / target["onnx"]
+        if not path.is_file():
+            problems.append(f"target graph {target['onnx']} is missing")
+        elif {k: graph_io(path)[k] for k in ("inputs", "outputs")} != {k: target["io"][k] for k in ("inputs", "outputs")}:
+            problems.append(f"target: manifest io differs from {target['onnx']}")
+        for name in target.get("tokenizer_files") or []:
+            if not (export_dir / target["tokenizer"] / name).is_file():
+                problems.append(f"target tokenizer file {target['tokenizer']}/{name} is missing")
     for name, engine in manifest.get("engines", {}).items():
         if not (export_dir / engine["file"]).is_file():
             problems.append(f"engine {name}: {engine['file']} is missing")

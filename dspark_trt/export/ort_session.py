@@ -71,8 +71,13 @@ class OrtGraph:
             import onnx
 
             if proto is None:  # types only: the weights stay on disk unless there is bf16 to emulate
-                proto = onnx.load(source, load_external_data=False)
-                proto = model_proto(source) if _has_bf16(proto) else None
+                try:
+                    proto = onnx.load(source, load_external_data=False)
+                    proto = model_proto(source) if _has_bf16(proto) else None
+                except Exception as e:  # truncated or corrupt file (protobuf DecodeError, missing external data)
+                    first = (str(e).splitlines() or [type(e).__name__])[0]
+                    raise DSparkTrtError(f"cannot read {source} ({first or type(e).__name__}); the file is damaged "
+                                         f"or incomplete: re-export it") from None
             if proto is not None and _has_bf16(proto):
                 from .bf16_emulation import emulate_bf16
 

@@ -13,6 +13,8 @@ Export directory::
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
     onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1)
+    onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
+    tokenizer/                     the target's tokenizer files
     onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
     plugin/*.ptx, *.json           top-k: the walk kernel's PTX for sm_80 / sm_90 (embedded by TensorRT)
     engines/<graph>.<flavor>.plan  when an engine flavor is available (else: ``dspark build-engine OUT``)
@@ -20,6 +22,7 @@ Export directory::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -35,7 +38,7 @@ from .engine import FLAVORS, EngineBuildConfig, build_engine, onnx_inputs, profi
 from .manifest import MANIFEST_FILE, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
-           "Phases"]
+           "TargetForExport", "Phases"]
 
 log = logging.getLogger("dspark.export")
 
@@ -59,6 +62,7 @@ class ExportOptions:
     compute_capability: str = "SM80"  # TensorRT-RTX target (it builds without a GPU)
     validate: bool = True
     ptx_archs: tuple[int, ...] = (80, 90)
+    export_target: bool = True  # with target_dir: also export the target graph (--skip-target: False)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -155,8 +159,17 @@ class EnginesForExport:
         engines_dir = self.export_dir / "engines"
         engines_dir.mkdir(exist_ok=True)
         entries = {}
-        for graph in GRAPHS:
-            onnx_file = self.manifest["graphs"][graph]["file"]
+        target = self.manifest.get("target")
+        for graph in GRAPHS + (("target",) if target else ()):
+            config = self.config
+            if graph == "target":
+                from .target_onnx import target_dynamic_ranges
+
+                onnx_file = target["onnx"]
+                config = dataclasses.replace(config, register_plugins=None,
+                                             dynamic_ranges=target_dynamic_ranges(int(target["max_context"])))
+            else:
+                onnx_file = self.manifest["graphs"][graph]["file"]
             if graph == "draft" and flavor == "tensorrt" and self.manifest.get("topk") is not None:
                 onnx_file = self.manifest["plugin_graph"]  # the plugin picks up the walk; PTX inside the engine
             name = f"{graph}.{ENGINE_SUFFIX[flavor]}"
@@ -164,10 +177,12 @@ class EnginesForExport:
             if path.exists() and not self.force:
                 raise DSparkTrtError(f"{path} exists; pass --force to rebuild it")
             log.info("building the %s %s engine from %s", flavor, graph, onnx_file)
-            plan = build_engine(self.export_dir / onnx_file, self.config)
+            plan = build_engine(self.export_dir / onnx_file, config)
             atomic_write_bytes(path, plan)
-            shapes = profile_shapes(onnx_inputs(self.export_dir / onnx_file), self.config.batch_range,
-                                    self.config.dynamic_ranges, self.config.batch_dim)
+            shapes = profile_shapes(onnx_inputs(self.export_dir / onnx_file), config.batch_range,
+                                    config.dynamic_ranges, config.batch_dim)
+            if graph == "target":
+                target["engines"] = sorted({*target.get("engines", []), f"engines/{name}"})
             entries[f"{graph}.{flavor}"] = {
                 "graph": graph,
                 "file": f"engines/{name}",
@@ -176,9 +191,51 @@ class EnginesForExport:
                 "version": trt_version,
                 "bytes": len(plan),
                 "profile": {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()},
-                "build": self.config.describe(),
+                "build": config.describe(),
             }
         return entries
+
+
+class TargetForExport:
+    """Lazy: export the target model into ``<export>/onnx/target.onnx``, validate it against transformers, copy
+    its tokenizer → the manifest's ``target`` section. ``check`` runs the pairing checks first (one-line errors)."""
+
+    def __init__(self, config: DSparkConfig, target_dir: Path, target_config: dict, *, dtype: str, max_context: int,
+                 validate: bool):
+        self.config, self.target_dir, self.target_config = config, Path(target_dir), target_config
+        self.dtype, self.max_context, self.validate = dtype, max_context, validate
+
+    @classmethod
+    def check(cls, config: DSparkConfig, target_dir, **kwargs) -> "TargetForExport":
+        from ..loader import read_target_config
+        from .target_graph import SUPPORTED_ARCHITECTURES
+        from .target_onnx import check_target_pairing
+
+        target_config = read_target_config(target_dir)
+        check_target_pairing(config, target_config)
+        arch = (target_config.get("architectures") or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise DSparkTrtError(f"target architecture {arch} is not supported by the target export (supported: "
+                                 f"{', '.join(SUPPORTED_ARCHITECTURES)}); pass --skip-target to export the drafter only")
+        return cls(config, Path(target_dir), target_config, **kwargs)
+
+    def __call__(self, export_dir: Path) -> dict:
+        from ..loader import resolve_dtype
+        from .manifest import graph_io
+        from .target_onnx import (TARGET_ONNX, TOKENIZER_DIR, copy_tokenizer, export_target_onnx, load_target_model,
+                                  new_target_section)
+
+        model = load_target_model(self.target_dir, resolve_dtype(self.dtype))
+        path = export_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
+        report = None
+        if self.validate:
+            from .validate_target import validate_target_onnx
+
+            report = validate_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines()
+        tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
+        return new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
+                                  dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
+                                  max_context=self.max_context, validation=report)
 
 
 def _module_version(module: str) -> str | None:
@@ -220,20 +277,28 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt")
     flavor = resolve_flavor(options.engine)
+    target = None
+    if target_dir is not None and options.export_target:
+        target = TargetForExport.check(config, target_dir, dtype=spec.dtype, max_context=spec.max_context,
+                                       validate=options.validate)
     check_output_dir(out_dir, force=force)
 
-    names = ["export + validate ONNX"] + (["plugin graph + PTX"] if spec.topk else []) + \
-            ([f"{flavor} engines"] if flavor else []) + ["manifest"]
+    names = ["export + validate ONNX"] + (["target ONNX + validation"] if target else []) + \
+            (["plugin graph + PTX"] if spec.topk else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
+    if target_dir is not None and target is None:
+        notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:
-        manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force)
+        manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
+                               target)
     finally:
         phases.close()
     return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
 
 
-def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force) -> dict:
+def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
+                target: "TargetForExport | None" = None) -> dict:
     from .onnx import OnnxFromCheckpoint, SaveOnnx
     from .plugin_graph import plugin_graph
 
@@ -242,6 +307,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
         exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
                                       max_context=spec.max_context, target="tensorrt", validate=options.validate)
         phases.run(names[0], SaveOnnx(exported, tmp / "onnx"))
+        target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}
         if spec.topk:
@@ -259,6 +325,8 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
                                 plugin=plugin, kernel=kernel, extra=extra)
         onnx_record = json.loads((tmp / "onnx" / "onnx_export.json").read_text())
         manifest["validation"] = onnx_record.get("validation")
+        if target_record is not None:
+            manifest["target"] = target_record
         if flavor is not None:
             build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk)
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))

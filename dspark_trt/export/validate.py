@@ -74,6 +74,7 @@ class ValidationReport:
     dtype: str
     tolerance: Tolerance
     checks: list[Check] = field(default_factory=list)
+    title: str = "validation"
 
     @property
     def ok(self) -> bool:
@@ -81,7 +82,7 @@ class ValidationReport:
 
     def lines(self) -> list[str]:
         t = self.tolerance
-        head = f"validation ({self.dtype}: atol {t.atol:g}, rtol {t.rtol:g} — {t.reason})"
+        head = f"{self.title} ({self.dtype}: atol {t.atol:g}, rtol {t.rtol:g} — {t.reason})"
         return [head] + ["  " + c.line() for c in self.checks]
 
     def raise_on_failure(self) -> None:

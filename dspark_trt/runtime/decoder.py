@@ -68,6 +68,7 @@ class SpeculativeDecoder:
         self.backend = backend
         self.config = backend.config
         self.tokenizer = tokenizer
+        self.default_topk = self.config.draft_topk  # generate(topk=None); an export's own top-k in from_export
         check_pair(self.config, target)
         if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
             raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
@@ -82,6 +83,31 @@ class SpeculativeDecoder:
         drafter = backend_class(backend).from_pretrained(drafter_dir, target_dir=target_dir, device=target.device,
                                                          dtype=dtype, **backend_options)
         return cls(target, drafter, tokenizer=load_tokenizer(target_dir) if tokenizer else None)
+
+    @classmethod
+    def from_export(cls, export_dir: str | Path, *, backend: str = "onnxruntime", device=None, tokenizer: bool = True,
+                    **backend_options) -> "SpeculativeDecoder":
+        """The exported target and drafter of a ``dspark-export`` directory, run by ``backend``
+        (``onnxruntime``: the ONNX graphs), with the tokenizer from ``OUT/tokenizer/``; no transformers model."""
+        from ..export.manifest import read_manifest
+        from ..export.target_onnx import target_section
+        from .backends.base import target_backend_class
+
+        export_dir = Path(export_dir)
+        manifest = read_manifest(export_dir)
+        section = target_section(export_dir, manifest)  # one line saying how to add it when absent
+        target = target_backend_class(backend).from_export(export_dir, device=device, **backend_options)
+        drafter_cls = backend_class(backend)
+        if not hasattr(drafter_cls, "from_export"):
+            raise DSparkTrtError(f"drafter backend {backend!r} cannot run from an export directory; use "
+                                 f"backend='onnxruntime'")
+        drafter = drafter_cls.from_export(export_dir, device=device, **backend_options)
+        tok = None
+        if tokenizer and section.get("tokenizer"):
+            tok = load_tokenizer(export_dir / section["tokenizer"])
+        decoder = cls(target, drafter, tokenizer=tok)
+        decoder.default_topk = manifest.get("topk")  # the graphs draft with the export's top-k
+        return decoder
 
     @property
     def _d2t(self) -> torch.Tensor | None:
@@ -141,7 +167,8 @@ class SpeculativeDecoder:
                 (a string or list of strings) when a tokenizer is available.
             temperature: < 1e-5 is greedy; one value or one per request.
             topk (*optional*): candidates per draft slot for the top-k Markov head; ``None`` uses the drafter
-                config's ``draft_topk`` (dense when unset), ``0`` forces dense.
+                config's ``draft_topk`` (dense when unset; an export's own top-k with ``from_export``), ``0``
+                forces dense.
             seed: noise key, ≥ 0; one value or one per request. Results do not depend on the batch.
             eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
@@ -158,7 +185,7 @@ class SpeculativeDecoder:
         seeds = self._per_request(seed, B, "seed", torch.int64)
         if bool((seeds < 0).any()):
             raise DSparkTrtError("seed must be >= 0")
-        topk = c.draft_topk if topk is None else (None if int(topk) == 0 else int(topk))
+        topk = self.default_topk if topk is None else (None if int(topk) == 0 else int(topk))
         if topk is not None and not 1 <= topk <= c.draft_vocab_size:
             raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
                                  f"--topk or 'off'")

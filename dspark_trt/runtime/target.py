@@ -10,9 +10,10 @@ What DSpark needs from a target model, per batch of independent requests:
   cache back (the rejected drafts); ``select(rows)`` drops finished requests.
 
 Taps are the outputs of the drafter's ``target_layer_ids`` (DeepSeek convention: id i = output of decoder
-layer i, -1 = embeddings), concatenated in that order. ``HFTarget`` converts them to
+layer i, -1 = embeddings), concatenated in that order. ``runtime/taps.py`` converts them to
 ``output_hidden_states`` indices with ``config.hf_hidden_state_indices`` — the one place the conventions
-meet — and checks them against the model's depth.
+meet — and checks them against the model's depth; id L-1 (the last layer) is its output before the final
+norm, captured explicitly.
 
 ``HFTarget`` runs any local ``transformers`` causal LM with full attention (Qwen3, Llama, ...). Batching
 with different lengths uses one ``DynamicCache`` whose slots may be *holes*: padding after a short prompt,
@@ -25,6 +26,7 @@ When holes pile up past ``compact_ratio`` the cache is compacted (valid slots ga
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +34,10 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
-from ..config import hf_hidden_state_indices
 from ..errors import DSparkTrtError
+from .taps import LayerTaps
 
-__all__ = ["Target", "TargetOutput", "HFTarget"]
+__all__ = ["Target", "TargetOutput", "SlotTarget", "HFTarget"]
 
 
 @dataclass
@@ -74,7 +76,104 @@ def _resolve_device(device) -> torch.device:
     return torch.device(device)
 
 
-class HFTarget:
+class SlotTarget:
+    """The slot bookkeeping every target shares (``HFTarget``, ``OnnxRuntimeTarget``): one KV cache for the
+    batch whose slots may be holes, a slot mask ``valid [B, S]``, committed ``lengths``, pending verify
+    slots, rollback by cropping to the last used slot, compaction when holes outgrow ``compact_ratio``.
+
+    Subclasses hold the K/V and implement ``_crop_slots(end)``, ``_select_rows(rows)`` and
+    ``_gather_slots(order)`` (order [B, S'] slot indices to keep, per request).
+    """
+
+    compact_ratio: float = 2.0
+    valid: torch.Tensor | None = None  # [B, S] bool: slot holds a committed token of that request
+    _lengths: torch.Tensor | None = None  # [B] int64 committed tokens per request
+    _pending: int = 0  # slots appended by the last verify, not yet committed
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    def _start(self, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A new batch of prompts with lengths ``lens`` [B]: slot mask [B, T] and positions [B, T]."""
+        B, T = lens.numel(), int(lens.max())
+        slots = torch.arange(T, device=lens.device)
+        self.valid = slots.view(1, T) < lens.view(B, 1)  # [B, T]
+        self._lengths = lens
+        self._pending = 0
+        return self.valid, slots.expand(B, T)
+
+    def _begin_verify(self, Q: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [B, Q] of ``Q`` new tokens and the slot mask [B, S + Q] they attend over."""
+        if self._pending:
+            raise DSparkTrtError(f"{type(self).__name__}.verify called twice without commit; commit the previous "
+                                 f"round first")
+        B = self._lengths.numel()
+        positions = self._lengths.view(B, 1) + torch.arange(Q, device=self._lengths.device)  # [B, Q]
+        mask = torch.cat((self.valid, torch.ones(B, Q, dtype=torch.bool, device=self.valid.device)), dim=1)
+        return positions, mask
+
+    def _end_verify(self, mask: torch.Tensor, Q: int) -> None:
+        self.valid = mask
+        self._pending = Q
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """Keep the first ``keep[b]`` ∈ [0, Q] pending tokens of each request; roll back the rest."""
+        B, S = self.valid.shape
+        Q = self._pending
+        keep = keep.to(self.valid.device, torch.int64)
+        new = torch.arange(Q, device=self.valid.device).view(1, Q) < keep.view(B, 1)  # [B, Q]
+        self.valid = torch.cat((self.valid[:, : S - Q], new), dim=1)
+        self._lengths = self._lengths + keep
+        self._pending = 0
+        self._trim()
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the requests at ``rows`` (e.g. drop finished ones)."""
+        rows = rows.to(self.valid.device, torch.int64)
+        self._select_rows(rows)
+        self.valid = self.valid[rows]
+        self._lengths = self._lengths[rows]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Crop slots no request uses any more; compact when holes outgrow ``compact_ratio``."""
+        S = self.valid.shape[1]
+        used = self.valid.any(0).nonzero()
+        end = int(used.max()) + 1 if used.numel() else 0
+        if end < S:
+            self._crop_slots(end)
+            self.valid = self.valid[:, :end]
+        longest = int(self._lengths.max()) if self._lengths.numel() else 0
+        if end > self.compact_ratio * max(longest, 1) and self._can_compact():
+            self._compact(longest)
+
+    def _compact(self, longest: int) -> None:
+        """Move every request's committed slots to the front (order kept); the rest becomes padding."""
+        B, S = self.valid.shape
+        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :longest]  # [B, longest]
+        self._gather_slots(order)
+        self.valid = torch.arange(longest, device=self.valid.device).view(1, longest) < self._lengths.view(B, 1)
+
+    def cached_slots(self) -> int:
+        """Slots currently held by the KV cache (committed tokens + holes)."""
+        return int(self.valid.shape[1])
+
+    # -- storage (subclasses) -------------------------------------------------------------------------
+    def _crop_slots(self, end: int) -> None:
+        raise NotImplementedError
+
+    def _select_rows(self, rows: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _gather_slots(self, order: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _can_compact(self) -> bool:
+        return True
+
+
+class HFTarget(SlotTarget):
     """A local ``transformers`` causal LM as a DSpark target.
 
     Args:
@@ -97,13 +196,9 @@ class HFTarget:
         self.dtype = next(model.parameters()).dtype
         self.eos_token_ids = _eos_ids(model)
         self.compact_ratio = compact_ratio
-        self._layer_ids: tuple[int, ...] | None = None
-        self._hs_indices: list[int] | None = None
+        self._taps_of: LayerTaps | None = None
         self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.cache = None
-        self.valid: torch.Tensor | None = None  # [B, S] bool: slot holds a committed token of that request
-        self._lengths: torch.Tensor | None = None  # [B] int64 committed tokens per request
-        self._pending = 0  # slots appended by the last verify, not yet committed
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, dtype=None, device=None, attn_implementation: str | None = None,
@@ -133,31 +228,23 @@ class HFTarget:
 
     # -- taps -----------------------------------------------------------------------------------------
     def set_taps(self, target_layer_ids: Sequence[int]) -> None:
-        """Tap these layers (DeepSeek ids); rejects ids outside [-1, L-2] (the last layer may not be tapped)."""
-        ids = tuple(int(i) for i in target_layer_ids)
-        bad = [i for i in ids if not -1 <= i <= self.num_layers - 2]
-        if bad:
-            raise DSparkTrtError(
-                f"target_layer_ids {list(ids)} are invalid for this {self.num_layers}-layer target: {bad} outside "
-                f"[-1, {self.num_layers - 2}] (DeepSeek convention; the last layer may not be tapped); use a "
-                f"drafter trained for this target")
-        self._layer_ids = ids
-        self._hs_indices = hf_hidden_state_indices(ids)
+        """Tap these layers (DeepSeek ids in [-1, L-1]; L-1 = the last layer's output before the final norm)."""
+        self._taps_of = LayerTaps(target_layer_ids, self.num_layers)
+
+    @property
+    def layer_ids(self) -> tuple[int, ...] | None:
+        return None if self._taps_of is None else self._taps_of.layer_ids
 
     def _taps(self, hidden_states) -> torch.Tensor:
-        if self._hs_indices is None:
-            raise DSparkTrtError("HFTarget.set_taps(target_layer_ids) must be called before prefill/verify")
-        return torch.cat([hidden_states[i] for i in self._hs_indices], dim=-1)  # [B, Q, m·d]
-
-    # -- state ----------------------------------------------------------------------------------------
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self._lengths
+        return self._taps_of.select(hidden_states)  # [B, Q, m·d]
 
     def _forward(self, ids, attention_mask, position_ids, logits_to_keep=0, hidden_states=True):
-        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, output_hidden_states=hidden_states, logits_to_keep=logits_to_keep,
-                         **{self._cache_kw: self.cache})
+        if hidden_states and self._taps_of is None:
+            raise DSparkTrtError("HFTarget.set_taps(target_layer_ids) must be called before prefill/verify")
+        with self._taps_of.capture(self.model) if hidden_states else contextlib.nullcontext():
+            out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, output_hidden_states=hidden_states, logits_to_keep=logits_to_keep,
+                             **{self._cache_kw: self.cache})
         self.cache = getattr(out, self._cache_kw, None) or getattr(out, "past_key_values", None)
         return out
 
@@ -171,17 +258,14 @@ class HFTarget:
         ids = torch.zeros(B, T, dtype=torch.int64, device=self.device)
         for b, p in enumerate(prompts):
             ids[b, : len(p)] = p.to(self.device)
-        slots = torch.arange(T, device=self.device)
-        self.valid = slots.view(1, T) < lens.view(B, 1)  # [B, T]
-        self._lengths = lens
-        self._pending = 0
+        valid, positions = self._start(lens)  # [B, T] each
         try:
             self.cache = DynamicCache(config=self.model.config)
         except TypeError:  # older transformers
             self.cache = DynamicCache()
         last = lens - 1  # [B] slot of each prompt's last token
         keep = torch.unique(last)  # logits only where needed: [U] slots, U ≤ B
-        out = self._forward(ids, self.valid.to(torch.int64), slots.expand(B, T), logits_to_keep=keep)
+        out = self._forward(ids, valid.to(torch.int64), positions, logits_to_keep=keep)
         col = torch.searchsorted(keep, last)  # [B] column of each request's last token in the kept logits
         logits = out.logits[torch.arange(B, device=self.device), col]  # [B, V]
         return TargetOutput(logits=logits, taps=self._taps(out.hidden_states))
@@ -189,60 +273,28 @@ class HFTarget:
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, *, with_taps: bool = True) -> TargetOutput:
         """Score ``tokens`` [B, Q] at positions ``lengths … lengths+Q-1``; they stay pending until ``commit``."""
-        if self._pending:
-            raise DSparkTrtError("HFTarget.verify called twice without commit; commit the previous round first")
         B, Q = tokens.shape
-        positions = self._lengths.view(B, 1) + torch.arange(Q, device=self.device)  # [B, Q]
-        mask = torch.cat((self.valid, torch.ones(B, Q, dtype=torch.bool, device=self.device)), dim=1)
+        positions, mask = self._begin_verify(Q)  # [B, Q], [B, S + Q]
         out = self._forward(tokens.to(self.device), mask.to(torch.int64), positions, hidden_states=with_taps)
-        self.valid = mask
-        self._pending = Q
+        self._end_verify(mask, Q)
         return TargetOutput(logits=out.logits, taps=self._taps(out.hidden_states) if with_taps else None)
 
-    def commit(self, keep: torch.Tensor) -> None:
-        """Keep the first ``keep[b]`` ∈ [0, Q] pending tokens of each request; roll back the rest."""
-        B, S = self.valid.shape
-        Q = self._pending
-        keep = keep.to(self.device, torch.int64)
-        new = torch.arange(Q, device=self.device).view(1, Q) < keep.view(B, 1)  # [B, Q]
-        self.valid = torch.cat((self.valid[:, : S - Q], new), dim=1)
-        self._lengths = self._lengths + keep
-        self._pending = 0
-        self._trim()
+    # -- storage: the live DynamicCache ---------------------------------------------------------------
+    def _crop_slots(self, end: int) -> None:
+        _crop(self.cache, self.valid.shape[1], end)
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only the requests at ``rows`` (e.g. drop finished ones)."""
-        rows = rows.to(self.device, torch.int64)
+    def _select_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
-        self.valid = self.valid[rows]
-        self._lengths = self._lengths[rows]
-        self._trim()
 
-    def _trim(self) -> None:
-        """Crop slots no request uses any more; compact when holes outgrow ``compact_ratio``."""
-        S = self.valid.shape[1]
-        used = self.valid.any(0).nonzero()
-        end = int(used.max()) + 1 if used.numel() else 0
-        if end < S:
-            _crop(self.cache, S, end)
-            self.valid = self.valid[:, :end]
-        longest = int(self._lengths.max()) if self._lengths.numel() else 0
-        if end > self.compact_ratio * max(longest, 1) and _layers(self.cache) is not None:
-            self._compact(longest)
+    def _can_compact(self) -> bool:
+        return _layers(self.cache) is not None
 
-    def _compact(self, longest: int) -> None:
-        """Move every request's committed slots to the front (order kept); the rest becomes padding."""
-        B, S = self.valid.shape
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)[:, :longest]  # [B, longest]
+    def _gather_slots(self, order: torch.Tensor) -> None:
+        B, longest = order.shape
         for layer in _layers(self.cache):
             idx = order.view(B, 1, longest, 1).expand(B, layer.keys.shape[1], longest, layer.keys.shape[-1])
             layer.keys = layer.keys.gather(2, idx)
             layer.values = layer.values.gather(2, idx)
-        self.valid = torch.arange(longest, device=self.device).view(1, longest) < self._lengths.view(B, 1)
-
-    def cached_slots(self) -> int:
-        """Slots currently held by the KV cache (committed tokens + holes)."""
-        return int(self.valid.shape[1])
 
 
 def _layers(cache):

@@ -35,10 +35,31 @@ def test_taps_use_the_deepseek_to_hf_index_conversion(target):
     target.set_taps([1, 2, 4])
 
 
-@pytest.mark.parametrize("ids", [[5], [0, -2], [6], [1, 2, 7]])
-def test_tapping_the_last_layer_or_beyond_is_rejected(target, ids):
-    with pytest.raises(DSparkTrtError, match=r"outside \[-1, 4\].*last layer may not be tapped"):
+@pytest.mark.parametrize("ids", [[0, -2], [6], [1, 2, 7]])
+def test_tapping_beyond_the_last_layer_is_rejected(target, ids):
+    with pytest.raises(DSparkTrtError, match=r"outside \[-1, 5\]"):
         target.set_taps(ids)
+    target.set_taps([1, 2, 4])
+
+
+def test_the_last_layer_is_tapped_before_the_final_norm(target):
+    """speculators' --include-last-layer / vLLM: id L-1 is the last decoder layer's output, not the normed
+    output_hidden_states[-1]."""
+    seq = [5, 6, 7, 8]
+    _, hs = fresh(target, seq)
+    captured = []
+    layer = target.model.model.layers[-1]
+    handle = layer.register_forward_hook(lambda m, a, out: captured.append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        target.model(torch.tensor([seq]))
+    handle.remove()
+    pre_norm = captured[0][0]  # [T, d]
+    target.set_taps([1, 5])
+    out = target.prefill([torch.tensor(seq)])
+    torch.testing.assert_close(out.taps[0, :, :64], hs[2][0])
+    torch.testing.assert_close(out.taps[0, :, 64:], pre_norm)
+    torch.testing.assert_close(target.model.model.norm(pre_norm), hs[6][0])  # the post-norm state ...
+    assert (out.taps[0, :, 64:] - hs[6][0]).abs().max() > 0.1  # ... is not what we tap
     target.set_taps([1, 2, 4])
 
 

@@ -74,6 +74,12 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         self._files = {name: export_dir / file for name, file in GRAPH_FILES.items()}
 
     @classmethod
+    def from_export(cls, export_dir: str | Path, *, device=None, **kwargs) -> "OnnxRuntimeDrafterBackend":
+        """The drafter graphs of a ``dspark-export`` directory (``OUT/onnx``; the export's top-k and dtype)."""
+        export_dir = Path(export_dir)
+        return cls(export_dir / "onnx", device=device, **kwargs)
+
+    @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None,
                         dtype: str | None = None, topk: int | str | None = None, cache_dir: str | Path | None = None,
                         max_context: int | None = None, validate: bool = True,

@@ -1,0 +1,194 @@
+"""Target model → ``onnx/target.onnx`` (+ the manifest's ``target`` section, the copied tokenizer, pairing checks).
+
+    check_target_pairing(drafter_config, read_target_config("target/"))      # one-line error on a mismatch
+    path = export_target_onnx(model, drafter_config.target_layer_ids, "out/onnx/target.onnx")
+
+The graph is ``export/target_graph.py``'s ``TargetGraph`` exported with ``torch.onnx.export(dynamo=True)``:
+standard ONNX ops only (checked), batch ``B``, new tokens ``Q``, past slots ``P`` and mask length ``S``
+(= P + Q; ``torch.export`` cannot add two dims, so the mask has its own) dynamic. Weights go to
+``target.onnx.data`` when they exceed 1.5 GiB (protobuf caps a file at 2 GiB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..config import DSparkConfig, check_layer_ids
+from ..errors import DSparkTrtError
+
+__all__ = ["TARGET_ONNX", "TOKENIZER_DIR", "check_target_pairing", "load_target_model", "export_target_onnx",
+           "target_section", "new_target_section", "copy_tokenizer", "target_eos_ids", "target_dynamic_ranges"]
+
+log = logging.getLogger("dspark.export")
+
+TARGET_ONNX = "onnx/target.onnx"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
+EXAMPLE_SHAPE = dict(B=2, Q=3, P=4)  # the traced example: ≥ 2 everywhere, so no dimension specialises
+
+
+def check_target_pairing(config: DSparkConfig, target_config: dict, *, where: str = "target") -> None:
+    """The drafter must fit the target: vocabulary, hidden size, tapped layers within its depth."""
+    fix = "export the drafter with the target it was trained for"
+    vocab, hidden = int(target_config.get("vocab_size", -1)), int(target_config.get("hidden_size", -1))
+    if vocab != config.vocab_size:
+        raise DSparkTrtError(f"drafter vocab_size {config.vocab_size} != {where} vocab_size {vocab}; {fix}")
+    if hidden != config.hidden_size:
+        raise DSparkTrtError(f"drafter hidden_size {config.hidden_size} != {where} hidden_size {hidden} (the drafter "
+                             f"fuses {config.num_taps}x{config.hidden_size} tapped features); {fix}")
+    check_layer_ids(config.target_layer_ids, int(target_config.get("num_hidden_layers", 0)))
+
+
+def load_target_model(target_dir: str | Path, dtype: torch.dtype):
+    """``AutoModelForCausalLM`` from a local directory in ``dtype``, eval, no grad, eager-free SDPA attention."""
+    import transformers
+
+    from ..hf import no_progress_bars
+
+    try:
+        with no_progress_bars():
+            model = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DSparkTrtError(f"cannot load the target model from {target_dir} ({first}); pass a directory with a "
+                             f"transformers causal-LM checkpoint, or --skip-target") from None
+    return model.eval().requires_grad_(False)
+
+
+def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int) -> tuple[torch.Tensor, ...]:
+    """Graph inputs (input_ids, position_ids, attention_mask, past_key, past_value) of the given sizes."""
+    g = torch.Generator().manual_seed(0)
+    kv = (shape.num_layers, B, shape.num_key_value_heads, P, shape.head_dim)
+    return (torch.randint(0, shape.vocab_size, (B, Q), generator=g),  # [B, Q]
+            (P + torch.arange(Q)).expand(B, Q).contiguous(),  # [B, Q]
+            torch.ones(B, P + Q, dtype=torch.int64),  # [B, P + Q]
+            torch.randn(kv, generator=g).to(dtype), torch.randn(kv, generator=g).to(dtype))  # [L, B, H, P, D]
+
+
+def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | Path) -> Path:
+    """Export ``model`` (its dtype is the graph's) tapping ``target_layer_ids``; write ``out_path``."""
+    import onnx_ir as ir
+    from torch.export import Dim
+
+    from ..onnx_export import torch_onnx_export
+    from .onnx import EXTERNAL_DATA_BYTES
+    from .target_graph import INPUT_NAMES, OUTPUT_NAMES, TargetGraph, check_architecture
+
+    check_architecture(model.config)
+    graph = TargetGraph(model, target_layer_ids)
+    dtype = next(model.parameters()).dtype
+    args = example_inputs(graph.shape, dtype, **EXAMPLE_SHAPE)
+    b, q = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20)
+    p, s = Dim("P", min=0, max=1 << 20), Dim("S", min=1, max=1 << 21)
+    dynamic = {"input_ids": {0: b, 1: q}, "position_ids": {0: b, 1: q}, "attention_mask": {0: b, 1: s},
+               "past_key": {1: b, 3: p}, "past_value": {1: b, 3: p}}
+    log.info("exporting the target graph (%s, %d layers, taps %s)", type(model).__name__, graph.shape.num_layers,
+             list(target_layer_ids))
+    program = torch_onnx_export(graph, args, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
+                                dynamic_shapes=dynamic)
+    model_ir = program.model
+    foreign = sorted({n.domain for n in model_ir.graph.all_nodes() if n.domain not in ("", "ai.onnx")})
+    if foreign:
+        raise DSparkTrtError(f"the target graph uses non-standard ONNX domains {foreign} that TensorRT cannot parse; "
+                             f"report this target architecture ({type(model).__name__})")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    size = sum(v.const_value.nbytes for v in model_ir.graph.initializers.values() if v.const_value is not None)
+    ir.save(model_ir, out_path, external_data=f"{out_path.name}.data" if size > EXTERNAL_DATA_BYTES else None)
+    return out_path
+
+
+# -- tokenizer, eos, manifest ------------------------------------------------------------------------------
+def copy_tokenizer(target_dir: str | Path, out_dir: str | Path) -> list[str]:
+    """Copy the target's tokenizer files into ``out_dir`` (created); returns the names copied."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        src = Path(target_dir) / name
+        if src.is_file():
+            shutil.copy2(src, out_dir / name)
+            copied.append(name)
+    return copied
+
+
+def target_eos_ids(target_dir: str | Path, target_config: dict) -> list[int]:
+    """eos ids from generation_config.json and config.json (as ``HFTarget`` reads them from the model)."""
+    ids = []
+    gen = Path(target_dir) / "generation_config.json"
+    sources = [json.loads(gen.read_text())] if gen.is_file() else []
+    for cfg in sources + [target_config]:
+        value = cfg.get("eos_token_id")
+        if value is None:
+            continue
+        ids.extend(value if isinstance(value, (list, tuple)) else [value])
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def _config_sha256(target_dir: str | Path) -> str:
+    return hashlib.sha256((Path(target_dir) / "config.json").read_bytes()).hexdigest()
+
+
+def new_target_section(*, target_dir: str | Path, target_config: dict, config: DSparkConfig, dtype: str,
+                       io: dict, tokenizer: list[str], max_context: int, validation: list[str] | None) -> dict:
+    """The manifest's ``target`` section (CONTRACT: docs/export.md, "Target graph")."""
+    from .target_graph import target_shape
+
+    class _Cfg:  # target_shape reads attributes
+        def __init__(self, d):
+            self.__dict__.update(d)
+
+    shape = target_shape(_Cfg(target_config))
+    return {
+        "onnx": TARGET_ONNX,
+        "io": io,
+        "dtype": dtype,
+        "num_layers": shape.num_layers,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "head_dim": shape.head_dim,
+        "hidden_size": shape.hidden_size,
+        "vocab_size": shape.vocab_size,
+        "layer_ids": list(config.target_layer_ids),
+        "hf_hidden_state_indices": config.hf_hidden_state_indices,
+        "config_sha256": _config_sha256(target_dir),
+        "architecture": (target_config.get("architectures") or ["?"])[0],
+        "source": str(Path(target_dir).resolve()),
+        "tokenizer": TOKENIZER_DIR if set(tokenizer) - {"generation_config.json"} else None,
+        "tokenizer_files": tokenizer,
+        "eos_token_ids": target_eos_ids(target_dir, target_config),
+        "max_context": max_context,
+        "engines": [],
+        "validation": validation,
+    }
+
+
+def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8) -> dict:
+    """Engine profile of the target graph: Q (new tokens) 1..max, P (past) 0..max, S = P + Q 1..max."""
+    opt = min(opt_context, max_context)
+    return {"Q": (1, min(opt_new, max_context), max_context), "P": (0, opt, max_context),
+            "S": (1, min(opt + opt_new, max_context), max_context)}
+
+
+def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict:
+    """The ``target`` section of an export's manifest; a one-line error saying how to add it when absent."""
+    from .manifest import read_manifest
+
+    export_dir = Path(export_dir)
+    manifest = manifest if manifest is not None else read_manifest(export_dir)
+    section = manifest.get("target")
+    if not section:
+        raise DSparkTrtError(f"{export_dir} has no exported target (exported with --skip-target or without "
+                             f"--target); re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
+    path = export_dir / section["onnx"]
+    if not path.is_file():
+        raise DSparkTrtError(f"{path} is missing; re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
+    return section
