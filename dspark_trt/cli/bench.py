@@ -14,6 +14,7 @@ from .common import import_optional
 BENCHMARKS = {
     "markov": ("markov", "one draft round of the Markov walk, dense vs top-k"),
     "e2e": ("e2e", "end-to-end tokens/s with and without speculation"),
+    "report": ("report", "the SmolLM2 benchmark matrix, top-k sweep, plots and tables (docs/benchmarks.md)"),
 }
 
 

@@ -165,6 +165,6 @@ def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: b
 
         result["drafter"] = distill(target, out / "drafter", shape=DrafterShape(draft_vocab_size=DRAFT_VOCAB),
                                     settings=DistillSettings(steps=steps, minutes=None if steps else minutes,
-                                                             seed=seed, threads=threads),
+                                                             seed=seed, threads=threads, new_tokens=96, lr=2e-3),
                                     force=force, progress=progress)
     return result

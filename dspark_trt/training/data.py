@@ -1,8 +1,8 @@
 """Distillation data: sequences the target writes itself, and what the trainer needs from the target on them.
 
 ``target_sequences`` continues each prompt greedily and once at T = 1 (seeded), so the drafter learns the
-target's own distribution on text like the text it will draft at run time. ``target_features`` runs the
-target once over all sequences (right-padded: causal attention never looks at the padding) and keeps
+target's own distribution on text like the text it will draft at run time. The same forward passes that
+write the text keep, per position (``stack_rows`` right-pads them)
 
     taps        [S, L, m·d] bf16   the drafter's context (outputs of ``target_layer_ids``)
     top_ids     [S, L, K]   int64  the target's K most likely next tokens at each position
@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-__all__ = ["target_sequences", "target_features", "random_prompts"]
+__all__ = ["target_sequences", "stack_rows", "random_prompts"]
 
 log = logging.getLogger("dspark")
 
@@ -31,8 +31,16 @@ def random_prompts(vocab_size: int, num: int, length: int, *, seed: int, avoid: 
 
 @torch.no_grad()
 def _continue(model, prompts: list[list[int]], *, new_tokens: int, temperature: float, seed: int,
-              eos: tuple[int, ...], avoid: tuple[int, ...]) -> list[list[int]]:
-    """Continue every prompt (one batch, incremental decoding with the HF cache); stop a row at EOS."""
+              eos: tuple[int, ...], avoid: tuple[int, ...], hf_indices: list[int] | None = None,
+              top: int = 32) -> list[dict]:
+    """Continue every prompt (one batch, incremental decoding with the HF cache); stop a row at EOS.
+
+    Returns per prompt ``{"ids": [T] int64, "taps": [T, m·d] bf16, "top_ids": [T, K], "top_logp": [T, K]}``:
+    the features come from the same forward passes that wrote the text (no second pass); the last token
+    written is dropped (nothing was computed on it).
+    """
+    import inspect
+
     from transformers import DynamicCache
 
     B = len(prompts)
@@ -45,15 +53,28 @@ def _continue(model, prompts: list[list[int]], *, new_tokens: int, temperature: 
     gen = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    out = [list(p) for p in prompts]
+    rows = [{"ids": list(p), "taps": [], "top_ids": [], "top_logp": []} for p in prompts]
     done = torch.zeros(B, dtype=torch.bool)
     x, pos = ids, positions
-    import inspect
-
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    for _ in range(new_tokens):
-        logits = model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True,
-                       **{cache_arg: cache}).logits[:, -1].to(torch.float32)  # [B, V]
+    for step in range(new_tokens):
+        out = model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True,
+                    output_hidden_states=hf_indices is not None, **{cache_arg: cache})
+        all_logits = out.logits.to(torch.float32)  # [B, q, V]
+        if hf_indices is not None:
+            taps = torch.cat([out.hidden_states[i] for i in hf_indices], dim=-1).to(torch.bfloat16)  # [B, q, m·d]
+            tv, ti = torch.log_softmax(all_logits, dim=-1).topk(top, dim=-1)  # [B, q, K]
+            for b in range(B):
+                if step == 0:
+                    n = len(prompts[b])
+                    rows[b]["taps"].append(taps[b, T - n:])
+                    rows[b]["top_ids"].append(ti[b, T - n:])
+                    rows[b]["top_logp"].append(tv[b, T - n:])
+                elif not done_before[b]:
+                    rows[b]["taps"].append(taps[b])
+                    rows[b]["top_ids"].append(ti[b])
+                    rows[b]["top_logp"].append(tv[b])
+        logits = all_logits[:, -1]  # [B, V]
         if avoid:
             logits[:, list(avoid)] = float("-inf")
         if temperature > 0:
@@ -61,49 +82,53 @@ def _continue(model, prompts: list[list[int]], *, new_tokens: int, temperature: 
             nxt = (logits / temperature - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max sample
         else:
             nxt = logits.argmax(-1)
+        done_before = done.clone()
         for b in range(B):
             if not done[b]:
-                out[b].append(int(nxt[b]))
+                rows[b]["ids"].append(int(nxt[b]))
                 done[b] = int(nxt[b]) in eos
         if bool(done.all()):
             break
         x = nxt.view(B, 1)
         pos = pos[:, -1:] + 1
         mask = torch.cat((mask, torch.ones(B, 1, dtype=torch.int64)), dim=1)
-    return out
+    for r in rows:
+        if hf_indices is not None:
+            for k in ("taps", "top_ids", "top_logp"):
+                r[k] = torch.cat(r[k])
+            r["ids"] = r["ids"][: len(r["taps"])]
+    return rows
 
 
 def target_sequences(model, prompts: list[list[int]], *, new_tokens: int, seed: int, batch: int = 16,
-                     eos: tuple[int, ...] = (), avoid: tuple[int, ...] = (), progress=None) -> list[list[int]]:
-    """Each prompt continued greedily and at T = 1: ``2 * len(prompts)`` token lists (prompt + continuation)."""
+                     eos: tuple[int, ...] = (), avoid: tuple[int, ...] = (), progress=None,
+                     hf_indices: list[int] | None = None, top: int = 32) -> list[dict]:
+    """Each prompt continued greedily and at T = 1: ``2 * len(prompts)`` rows (see ``_continue``)."""
     seqs = []
     jobs = [(0.0, s) for s in range(0, len(prompts), batch)] + [(1.0, s) for s in range(0, len(prompts), batch)]
     for temperature, start in jobs:
         seqs += _continue(model, prompts[start: start + batch], new_tokens=new_tokens, temperature=temperature,
-                          seed=seed * 1000003 + start, eos=eos, avoid=avoid)
+                          seed=seed * 1000003 + start, eos=eos, avoid=avoid, hf_indices=hf_indices, top=top)
         if progress is not None:
             progress(1)
     return seqs
 
 
-@torch.no_grad()
-def target_features(model, sequences: list[list[int]], hf_indices: list[int], *, top: int = 32,
-                    batch: int = 8, pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Run the target over ``sequences`` (right-padded to the longest); see the module docstring."""
-    S = len(sequences)
-    L = max(len(s) for s in sequences)
+def stack_rows(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad the rows of ``target_sequences`` into the trainer's tensors (module docstring)."""
+    S = len(rows)
+    L = max(len(r["ids"]) for r in rows)
+    K = rows[0]["top_ids"].shape[-1]
+    W = rows[0]["taps"].shape[-1]
     ids = torch.full((S, L), pad_id, dtype=torch.int64)
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
-    for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.tensor(s)
-    taps, top_ids, top_logp = [], [], []
-    for start in range(0, S, batch):
-        x = ids[start: start + batch]
-        out = model(input_ids=x, output_hidden_states=True)
-        taps.append(torch.cat([out.hidden_states[i] for i in hf_indices], dim=-1).to(torch.bfloat16))
-        logp = torch.log_softmax(out.logits.to(torch.float32), dim=-1)  # [b, L, V]
-        v, i = logp.topk(top, dim=-1)
-        top_ids.append(i)
-        top_logp.append(v)
-    return {"ids": ids, "lengths": lengths, "taps": torch.cat(taps), "top_ids": torch.cat(top_ids),
-            "top_logp": torch.cat(top_logp)}
+    taps = torch.zeros(S, L, W, dtype=torch.bfloat16)
+    top_ids = torch.zeros(S, L, K, dtype=torch.int64)
+    top_logp = torch.full((S, L, K), float("-inf"))
+    for i, r in enumerate(rows):
+        n = len(r["ids"])
+        ids[i, :n] = torch.tensor(r["ids"])
+        taps[i, :n] = r["taps"]
+        top_ids[i, :n] = r["top_ids"]
+        top_logp[i, :n] = r["top_logp"]
+    return {"ids": ids, "lengths": torch.tensor([len(r["ids"]) for r in rows]), "taps": taps, "top_ids": top_ids,
+            "top_logp": top_logp}

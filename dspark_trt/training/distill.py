@@ -84,7 +84,7 @@ def _build_data(target, tokenizer, config_raw: dict, shape: DrafterShape, settin
                 mask_id: int, hf_indices: list[int]) -> dict:
     from tqdm.auto import tqdm
 
-    from .data import random_prompts, target_features, target_sequences
+    from .data import random_prompts, stack_rows, target_sequences
     from .prompts import TRAIN_PROMPTS, render_prompts
 
     V = int(config_raw["vocab_size"])
@@ -94,14 +94,17 @@ def _build_data(target, tokenizer, config_raw: dict, shape: DrafterShape, settin
     else:
         prompts = random_prompts(V, settings.random_prompts, 6, seed=settings.seed, avoid=(mask_id,))
         eos = ()
-    batch = 16
+    batch = 32
     jobs = 2 * math.ceil(len(prompts) / batch)
+    start = time.perf_counter()
     with tqdm(total=jobs, desc="target writes training text", unit="batch", mininterval=5) as bar:
-        seqs = target_sequences(target, prompts, new_tokens=settings.new_tokens, seed=settings.seed, batch=batch,
-                                eos=eos, avoid=(mask_id,), progress=bar.update)
-    log.info("%d sequences, %d tokens; computing the target's taps and distributions", len(seqs),
-             sum(len(s) for s in seqs))
-    return target_features(target, seqs, hf_indices, top=settings.top)
+        rows = target_sequences(target, prompts, new_tokens=settings.new_tokens, seed=settings.seed, batch=batch,
+                                eos=eos, avoid=(mask_id,), progress=bar.update, hf_indices=hf_indices,
+                                top=settings.top)
+    data = stack_rows(rows)
+    log.info("%d sequences, %d tokens with the target's taps and distributions in %.0f s", len(rows),
+             int(data["lengths"].sum()), time.perf_counter() - start)
+    return data
 
 
 def _eos_ids(tokenizer, config_raw: dict) -> list[int]:
