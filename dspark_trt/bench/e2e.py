@@ -64,7 +64,7 @@ def batches_of(args, decoder) -> tuple[list, str]:
     return [prompts], "given prompts"
 
 
-def _report(decoder, prompts, args, spec, base) -> dict:
+def _report(decoder, prompts, args, spec, base, batch_size: int) -> dict:
     spec_tps = statistics.median(r.stats.tokens_per_second for r in spec)
     base_tps = statistics.median(r.stats.tokens_per_second for r in base)
     last = spec[-1].stats
@@ -73,7 +73,7 @@ def _report(decoder, prompts, args, spec, base) -> dict:
         "backend": decoder.backend.name,
         "target": type(decoder.target).__name__,
         "requests": len(prompts),
-        "batch_size": max(len(b) for b in batches),
+        "batch_size": batch_size,
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": last.num_draft_tokens,
         "speculative_tokens_per_second": spec_tps,
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     reports, results = {}, {}
     for name, dec in decoders.items():
         results[name] = _measure(dec, batches, options, args.repeats)
-        reports[name] = _report(dec, prompts, args, *results[name])
+        reports[name] = _report(dec, prompts, args, *results[name], max(len(b) for b in batches))
     if args.export:
         names = list(reports)
         reports[names[0]]["same_tokens_as_transformers"] = all(
