@@ -162,7 +162,7 @@ def write_heldout_prompts(out: str | Path, target_dir: str | Path) -> Path:
 
 def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: bool = False, minutes: float = 30.0,
                        steps: int | None = None, seed: int = 0, threads: int | None = None,
-                       progress: bool = True, new_tokens: int = 96) -> dict:
+                       progress: bool = True, new_tokens: int = 64) -> dict:
     """``out/target`` (SmolLM2-135M-Instruct), ``out/prompts.json`` (held-out prompts) and, with
     ``train_drafter``, ``out/drafter`` distilled on the CPU. Idempotent; an interrupted training resumes."""
     out = Path(out)
