@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="exact training steps instead of --minutes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads for training")
-    p.add_argument("--force", action="store_true", help="rebuild and replace what OUT holds")
+    p.add_argument("--force", action="store_true", help="retrain and replace OUT/drafter (the target, deterministic, is kept once built)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -168,7 +168,7 @@ def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: b
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DSparkTrtError(f"{out} exists and is not a directory; choose another output directory")
-    target = write_smollm2_target(out / "target", force=force)
+    target = write_smollm2_target(out / "target")  # deterministic: never rebuilt once finished
     write_heldout_prompts(out, target)
     result = {"target": target, "prompts": out / "prompts.json"}
     if train_drafter:

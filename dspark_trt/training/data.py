@@ -7,6 +7,7 @@ write the text keep, per position (``stack_rows`` right-pads them)
     taps        [S, L, m·d] bf16   the drafter's context (outputs of ``target_layer_ids``)
     top_ids     [S, L, K]   int64  the target's K most likely next tokens at each position
     top_logp    [S, L, K]   fp32   their log-probabilities (T = 1)
+    starts      [S]         int64  the prompt's last position (training anchors start there)
 
 which is all the loss needs (the full [S, L, V] distribution would not fit in memory).
 """
@@ -53,7 +54,7 @@ def _continue(model, prompts: list[list[int]], *, new_tokens: int, temperature: 
     gen = torch.Generator().manual_seed(seed)
     cache = DynamicCache()
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    rows = [{"ids": list(p), "taps": [], "top_ids": [], "top_logp": []} for p in prompts]
+    rows = [{"ids": list(p), "start": len(p) - 1, "taps": [], "top_ids": [], "top_logp": []} for p in prompts]
     done = torch.zeros(B, dtype=torch.bool)
     x, pos = ids, positions
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -131,4 +132,4 @@ def stack_rows(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
         top_ids[i, :n] = r["top_ids"]
         top_logp[i, :n] = r["top_logp"]
     return {"ids": ids, "lengths": torch.tensor([len(r["ids"]) for r in rows]), "taps": taps, "top_ids": top_ids,
-            "top_logp": top_logp}
+            "top_logp": top_logp, "starts": torch.tensor([r.get("start", 1) for r in rows])}

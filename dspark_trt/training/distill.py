@@ -3,6 +3,8 @@
     data      the target continues the training prompts (``prompts.TRAIN_PROMPTS`` through its chat template;
               random token prompts for a target without a tokenizer), greedily and at T = 1
     context   the target's taps at positions 0 … p-1 (``DSparkDrafter.context_kv``)
+    anchors   positions of the target-written continuation only (from the prompt's last token on): the
+              prompts share their chat template, which a drafter would otherwise learn by heart
     block     anchor x_p, then N - 1 mask slots (anchor-first layout); slot j predicts x_{p+j+1}
     Markov    teacher-forced: slot j's bias is W2 · W1[x_{p+j}], the true predecessor
     loss      per slot, weighted exp(-j / γ): cross-entropy against the target's T = 1 distribution (its top-K,
@@ -143,6 +145,21 @@ def _lr(step: int, total: int, s: DistillSettings) -> float:
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
+def sample_anchors(lengths: torch.Tensor, starts: torch.Tensor, N: int, batch: int, anchors: int,
+                   gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [batch] and anchor positions [batch, anchors] with start ≤ p ≤ len - N (p ≥ 1): every slot's
+    predecessor x_{p+j} and label position lie in the sequence, and the anchors lie in the written text."""
+    starts = starts.clamp_min(1)  # [S] first anchor: the prompt's last token
+    usable = torch.nonzero(lengths - N >= starts).flatten()  # rows with room for a block after the prompt
+    if len(usable) == 0:
+        raise DSparkTrtError(f"no training sequence has room for a block of {N} after its prompt; write longer "
+                             f"continuations (--new-tokens)")
+    rows = usable[torch.randint(0, len(usable), (batch,), generator=gen)]  # [b]
+    lo, hi = starts[rows].view(-1, 1), (lengths[rows] - N).view(-1, 1)
+    u = torch.rand(batch, anchors, generator=gen, dtype=torch.float64)
+    return rows, torch.minimum(lo + (u * (hi - lo + 1).to(torch.float64)).long(), hi)
+
+
 def distill_step(drafter, data: dict, t2d: torch.Tensor, step: int, s: DistillSettings) -> tuple[torch.Tensor, dict]:
     """The loss of training step ``step`` (its batch depends only on (seed, step))."""
     c = drafter.config
@@ -150,11 +167,8 @@ def distill_step(drafter, data: dict, t2d: torch.Tensor, step: int, s: DistillSe
     gen = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
     ids, lengths = data["ids"], data["lengths"]  # [S, L], [S]
     S, L = ids.shape
-    usable = torch.nonzero(lengths > N + 1).flatten()  # rows with room for a block
-    rows = usable[torch.randint(0, len(usable), (s.batch,), generator=gen)]  # [b]
-    span = (lengths[rows] - N).view(-1, 1).to(torch.float64)  # anchors p in [1, len - N]
-    p = 1 + (torch.rand(s.batch, s.anchors, generator=gen, dtype=torch.float64) * span).long()  # [b, a]
-    p = torch.minimum(p, (lengths[rows] - N).view(-1, 1))
+    starts = data.get("starts", torch.ones_like(lengths))
+    rows, p = sample_anchors(lengths, starts, N, s.batch, s.anchors, gen)  # [b], [b, a]
     positions = torch.arange(L).expand(s.batch, L)
     k, v = drafter.context_kv(data["taps"][rows].to(torch.float32), positions)  # [Ld, b, L, H, D]
     seq_i = torch.arange(s.batch).repeat_interleave(s.anchors)  # [M]

@@ -136,3 +136,18 @@ def test_cli_refuses_minutes_and_steps_together(peaky_pair, tmp_path, capsys):
     assert code == 1 and "not both" in capsys.readouterr().err
     code = main(["distill", "--target", str(tmp_path), "-o", str(tmp_path / "x")])
     assert code == 1 and "no config.json" in capsys.readouterr().err
+
+
+def test_anchors_lie_in_the_written_text():
+    from dspark_trt.training.distill import sample_anchors
+
+    lengths = torch.tensor([30, 12, 9, 40])
+    starts = torch.tensor([20, 11, 0, 5])  # row 1 has no room after its prompt (11 > 12 - 4)
+    rows, p = sample_anchors(lengths, starts, 4, 64, 8, torch.Generator().manual_seed(0))
+    assert set(rows.tolist()) == {0, 2, 3}
+    lo = starts.clamp_min(1)[rows].view(-1, 1)
+    hi = (lengths[rows] - 4).view(-1, 1)
+    assert bool(((p >= lo) & (p <= hi)).all())
+    assert set(p[rows == 2].flatten().tolist()) == set(range(1, 6))  # the whole range is drawn
+    with pytest.raises(DSparkTrtError, match="--new-tokens"):
+        sample_anchors(torch.tensor([5]), torch.tensor([4]), 4, 2, 2, torch.Generator())
