@@ -32,10 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export", metavar="OUT", default=None, help="dspark-export directory of the pair (export path)")
     p.add_argument("-o", "--out", default="docs/benchmarks", help="output directory (JSON, PNGs, tables.md)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--prompts", type=int, default=None, help="use only the first N held-out prompts")
+    p.add_argument("--prompts", type=int, default=None, help="use N of the held-out prompts, spread over the list")
     p.add_argument("--threads", type=int, default=None, help="torch / onnxruntime CPU threads")
     p.add_argument("--sweep", default=",".join(str(k) if k else "dense" for k in SWEEP),
                    help="top-k values of the sweep (comma-separated; 'dense' = no top-k)")
+    p.add_argument("--temperatures", default="0,1", help="matrix temperatures (comma-separated)")
+    p.add_argument("--batches", default="1,4", help="matrix batch sizes (comma-separated)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, sweep, export")
 
 
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompts or not (pair / "drafter" / "config.json").is_file():
         raise DSparkTrtError(f"{pair} needs drafter/, target/ and prompts.json: build it with "
                              f"'dspark smollm2 {pair} --train-drafter'")
-    prompts = prompts[: args.prompts] if args.prompts else prompts
+    if args.prompts and args.prompts < len(prompts):  # spread over the list (chat turns, then prose and code)
+        prompts = [prompts[round(i * (len(prompts) - 1) / max(1, args.prompts - 1))] for i in range(args.prompts)]
     prompts = prompts[: max(4, len(prompts) - len(prompts) % 4)]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if args.threads:
@@ -104,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
         report["export_topk"] = paths["export"].default_topk
     if "matrix" not in skip:
         for path, dec in paths.items():
-            for temperature in (0.0, 1.0):
-                for batch in (1, 4):
+            for temperature in [float(t) for t in args.temperatures.split(",")]:
+                for batch in [int(b) for b in args.batches.split(",")]:
                     log.info("matrix: %s path, T=%g, batch %d", path, temperature, batch)
                     row = _row(_run_modes(dec, prompts, batch=batch, temperature=temperature, max_new=args.max_new_tokens))
                     report["matrix"].append({"path": path, "temperature": temperature, "batch": batch, **row})
