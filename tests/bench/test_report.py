@@ -57,7 +57,7 @@ def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys
     assert all(m["same_tokens"] for m in r["matrix"] if m["temperature"] == 0)  # greedy: lossless
     assert [s["topk"] for s in r["sweep"]] == [8, 64, None]
     dropped = [s["dropped_mass"]["mean"] for s in r["sweep"]]
-    assert dropped[0] >= dropped[1] >= dropped[2] == 0.0  # fewer candidates drop more mass; dense drops none
+    assert dropped[0] >= dropped[1] >= dropped[2] and dropped[2] < 1e-6  # fewer candidates drop more; dense none
     assert all(s["same_tokens_as_first"] for s in r["sweep"])  # greedy output never depends on k
     for png in ("acceptance_vs_topk.png", "tokens_per_second_vs_topk.png", "per_position_acceptance.png",
                 "speedup.png"):
