@@ -139,6 +139,9 @@ def test_greedy_speculative_from_the_export_equals_transformers_greedy(smollm2_e
     out = dec.generate(prompts, max_new_tokens=new, eos_token_id=[])
     assert out.stats.rounds > 0 and out.stats.drafted > 0
     for p, got in zip(prompts, out.tokens):
-        ref = smollm2_model.generate(torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                     pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
+        ids = torch.tensor([p])
+        with torch.no_grad():  # transformers' own greedy argmax, EOS included (generate's min_new_tokens masks it)
+            for _ in range(new):
+                ids = torch.cat((ids, smollm2_model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+        ref = ids[0, len(p):].tolist()
         assert got == ref, (tok.decode(p), tok.decode(got), tok.decode(ref))
