@@ -23,18 +23,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
 
 
-def _measure(decoder, prompts, options, repeats: int):
-    """Warm up, then ``repeats`` × (speculative, target-only) back to back → the two lists of results."""
-    decoder.generate(prompts, **{**options, "max_new_tokens": 8})  # warm-up (allocations, lazy inits)
-    decoder.generate(prompts, draft=False, **{**options, "max_new_tokens": 8})
+def _measure(decoder, batches, options, repeats: int):
+    """Warm up, then ``repeats`` × (speculative, target-only) back to back → the two lists of results (each the
+    merge of all ``batches``, run one after the other)."""
+    from ..runtime.stats import GenerationResult
+
+    decoder.generate(batches[0], **{**options, "max_new_tokens": 8})  # warm-up (allocations, lazy inits)
+    decoder.generate(batches[0], draft=False, **{**options, "max_new_tokens": 8})
+
+    def once(draft: bool):
+        runs, first = [], 0
+        for b in batches:  # request i of the whole run keeps seed S + i, whatever the batch size
+            runs.append(decoder.generate(b, draft=draft, **{**options, "seed": [options["seed"][0] + first + i
+                                                                                 for i in range(len(b))]}))
+            first += len(b)
+        return runs[0] if len(runs) == 1 else GenerationResult.merge(runs)
+
     spec, base = [], []
     for _ in range(max(1, repeats)):
-        spec.append(decoder.generate(prompts, **options))
-        base.append(decoder.generate(prompts, draft=False, **options))
+        spec.append(once(True))
+        base.append(once(False))
     return spec, base
 
 
-def _report(decoder, prompts, args, spec, base) -> dict:
+def batches_of(args, decoder) -> tuple[list, str]:
+    """The request batches: the held-out prompts of the pair in chunks of --batch-size (default 1) when no
+    prompt is given and the pair has them, else one batch of exactly --batch-size requests."""
+    from ..cli.generate import requests
+    from .heldout import find_heldout
+
+    if args.prompt is None and args.input_ids is None:
+        found = find_heldout(drafter=args.drafter, target=args.target, export=getattr(args, "export", None))
+        if found is not None:
+            prompts, path = found
+            size = args.batch_size or 1
+            prompts = prompts[: len(prompts) - len(prompts) % size] or prompts[:size]
+            return [prompts[i: i + size] for i in range(0, len(prompts), size)], f"held-out prompts {path}"
+    prompts = requests(args, decoder)
+    prompts = prompts[: args.batch_size] if args.batch_size else prompts  # one batch of exactly that size
+    return [prompts], "given prompts"
+
+
+def _report(decoder, prompts, args, spec, base, batch_size: int) -> dict:
     spec_tps = statistics.median(r.stats.tokens_per_second for r in spec)
     base_tps = statistics.median(r.stats.tokens_per_second for r in base)
     last = spec[-1].stats
@@ -43,6 +73,7 @@ def _report(decoder, prompts, args, spec, base) -> dict:
         "backend": decoder.backend.name,
         "target": type(decoder.target).__name__,
         "requests": len(prompts),
+        "batch_size": batch_size,
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": last.num_draft_tokens,
         "speculative_tokens_per_second": spec_tps,
@@ -76,7 +107,7 @@ def _transformers_twin(decoder, export_dir):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli.generate import build_decoder, generation_options, requests
+    from ..cli.generate import build_decoder, generation_options
     from ..errors import DSparkTrtError
 
     if args.no_draft:
@@ -84,16 +115,16 @@ def run(args: argparse.Namespace) -> int:
     if args.max_new_tokens is None:
         args.max_new_tokens = 128
     decoder = build_decoder(args)
-    prompts = requests(args, decoder)
-    prompts = prompts[: args.batch_size] if args.batch_size else prompts  # one batch of exactly that size
-    options = generation_options(args, len(prompts))
+    batches, source = batches_of(args, decoder)
+    prompts = [p for b in batches for p in b]
+    options = generation_options(args, max(len(b) for b in batches))
     decoders = {"exported target (onnxruntime)" if args.export else "target": decoder}
     if args.export:
         decoders["transformers target"] = _transformers_twin(decoder, args.export)
     reports, results = {}, {}
     for name, dec in decoders.items():
-        results[name] = _measure(dec, prompts, options, args.repeats)
-        reports[name] = _report(dec, prompts, args, *results[name])
+        results[name] = _measure(dec, batches, options, args.repeats)
+        reports[name] = _report(dec, prompts, args, *results[name], max(len(b) for b in batches))
     if args.export:
         names = list(reports)
         reports[names[0]]["same_tokens_as_transformers"] = all(
@@ -103,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     first = next(iter(reports.values()))
     last_stats = results[next(iter(results))][0][-1].stats
+    print(f"{source}: {len(batches)} batch(es) of {first['batch_size']}")
     print(f"device {first['device']}, drafter backend {first['backend']}, {len(prompts)} request(s) x "
           f"{args.max_new_tokens} tokens, N = {last_stats.num_draft_tokens}, median of {max(1, args.repeats)}")
     for name, report in reports.items():

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "markov": ("markov", "one draft round of the Markov walk, dense vs top-k"),
     "e2e": ("e2e", "end-to-end tokens/s with and without speculation"),
     "serve": ("serve", "Triton serving: tokens/s and latency at 1/4/16 clients vs in-process generate"),
+    "report": ("report", "the SmolLM2 benchmark matrix, top-k sweep, plots and tables (docs/benchmarks.md)"),
 }
 
 

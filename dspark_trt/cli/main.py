@@ -14,6 +14,8 @@ SUBCOMMANDS = {
     "generate": ("generate", "speculative decoding with a DSpark drafter beside a target model"),
     "export": ("export", "checkpoint → ONNX → TensorRT engine (same as dspark-export)"),
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),
+    "smollm2": ("smollm2", "SmolLM2-135M-Instruct as a Hugging Face directory (+ a distilled drafter), offline"),
+    "distill": ("distill", "train a DSpark drafter for a Hugging Face target on the CPU"),
     "bench": ("bench", "benchmarks: the Markov round, end to end"),
     "env": ("env", "versions of everything a bug report needs"),
     "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),

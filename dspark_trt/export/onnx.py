@@ -106,6 +106,7 @@ class ExportedOnnx:
     context: Any  # onnx_ir.Model
     draft: Any  # onnx_ir.Model
     validation: list[str] | None = None  # report lines when validated
+    d2t: list[int] | None = None  # [V_d] draft → target id offsets, for a reduced draft vocabulary (the verifier needs them)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -126,6 +127,7 @@ class ExportedOnnx:
             "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
                          "onnxruntime": onnxruntime.__version__},
             "validation": self.validation,
+            **({"d2t": self.d2t} if self.d2t is not None else {}),
         }
 
 
@@ -174,6 +176,7 @@ class OnnxFromDrafter:
             context=(_resolve(self._context_graph) if self._context_graph is not None
                      else export_context(drafter, GraphInfo("context", topk=None, **info))),
             draft=export_draft(drafter, GraphInfo("draft", topk=spec.topk, **info)),
+            d2t=drafter.d2t.tolist() if c.has_reduced_vocab else None,
         )
         if self.validate:
             from .ort_session import OrtGraph
@@ -261,7 +264,7 @@ class OnnxFromDir:
         import onnx_ir as ir
 
         m = self.manifest()
-        return ExportedOnnx(config=self.config(), spec=self.spec(), validation=m.get("validation"),
+        return ExportedOnnx(config=self.config(), spec=self.spec(), validation=m.get("validation"), d2t=m.get("d2t"),
                             **{name: ir.load(self.path / file) for name, file in GRAPH_FILES.items()})
 
 

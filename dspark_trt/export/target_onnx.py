@@ -79,7 +79,7 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
     import onnx_ir as ir
     from torch.export import Dim
 
-    from ..onnx_export import torch_onnx_export
+    from ..torch_to_onnx import torch_onnx_export
     from .onnx import EXTERNAL_DATA_BYTES
     from .target_graph import INPUT_NAMES, OUTPUT_NAMES, TargetGraph, check_architecture
 

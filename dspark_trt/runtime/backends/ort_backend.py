@@ -72,6 +72,13 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         self.max_context: int = spec.max_context
         self.device = torch.device("cpu")
         self._files = {name: export_dir / file for name, file in GRAPH_FILES.items()}
+        self.d2t: torch.Tensor | None = None  # [V_d] int64, reduced draft vocabularies only
+        if self.config.has_reduced_vocab:
+            d2t = source.manifest().get("d2t")
+            if d2t is None or len(d2t) != self.config.draft_vocab_size:
+                raise DSparkTrtError(f"{export_dir} has a reduced draft vocabulary but no d2t table in its "
+                                     f"onnx_export.json (an older export); export the drafter again")
+            self.d2t = torch.tensor(d2t, dtype=torch.int64)
 
     @classmethod
     def from_export(cls, export_dir: str | Path, *, device=None, **kwargs) -> "OnnxRuntimeDrafterBackend":

@@ -180,3 +180,17 @@ def test_not_an_export_directory(tmp_path):
 
     with pytest.raises(DSparkTrtError, match="not an ONNX export directory"):
         OnnxRuntimeDrafterBackend(tmp_path)
+
+
+def test_reduced_draft_vocabulary_carries_d2t_and_decodes_losslessly(small_vocab_reduced_pair, tmp_path):
+    """A reduced draft vocabulary: the export records d2t, the backend exposes it, greedy output is the target's."""
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    ref = reference(small_vocab_reduced_pair)
+    dec = SpeculativeDecoder.from_pretrained(small_vocab_reduced_pair.drafter, small_vocab_reduced_pair.target,
+                                             backend="onnxruntime", device="cpu", topk=8, cache_dir=tmp_path)
+    assert torch.equal(dec.backend.d2t, ref.d2t)
+    prompts = [[1, 2, 3], [4, 5]]
+    spec = dec.generate(prompts, max_new_tokens=10, topk=8, eos_token_id=[])
+    alone = dec.generate(prompts, max_new_tokens=10, eos_token_id=[], draft=False)
+    assert spec.tokens == alone.tokens and spec.stats.drafted > 0

@@ -1,0 +1,52 @@
+"""Distil a DSpark drafter for a Hugging Face target on the CPU (DeepSpec's recipe at small scale).
+
+  dspark distill --target OUT/target -o OUT/drafter --minutes 30
+  dspark distill --target TARGET -o DRAFTER --steps 400 --seed 1 --layers 1 --markov-rank 64
+
+The target writes its own training text (greedy and T = 1 continuations of the prompts in
+dspark_trt/training/prompts.py); the drafter learns block prediction from its taps. Deterministic for a
+seed and a step count; rerunning after an interruption resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+STATUS_LINE = True
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, metavar="DIR", help="Hugging Face causal-LM directory")
+    p.add_argument("-o", "--out", required=True, metavar="DRAFTER", help="output drafter directory (DeepSeek format)")
+    p.add_argument("--minutes", type=float, default=None, help="training budget (sets the step count)")
+    p.add_argument("--steps", type=int, default=None, help="exact training steps (default 300 without --minutes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=1, help="drafter decoder layers (default 1)")
+    p.add_argument("--block-size", type=int, default=7, help="draft slots N (default 7)")
+    p.add_argument("--markov-rank", type=int, default=64)
+    p.add_argument("--taps", default=None, metavar="I,J,K", help="target layer ids (DeepSeek convention)")
+    p.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default: the target's)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per prompt")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--force", action="store_true", help="replace an existing drafter")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import DSparkTrtError
+    from ..training import DistillSettings, DrafterShape, distill
+
+    if args.minutes is not None and args.steps is not None:
+        raise DSparkTrtError("pass --minutes or --steps, not both")
+    taps = None
+    if args.taps:
+        try:
+            taps = tuple(int(t) for t in args.taps.replace(",", " ").split())
+        except ValueError:
+            raise DSparkTrtError(f"--taps {args.taps!r}: expected layer ids like 2,15,28") from None
+    shape = DrafterShape(num_layers=args.layers, target_layer_ids=taps, markov_rank=args.markov_rank,
+                         block_size=args.block_size, draft_vocab_size=args.draft_vocab)
+    settings = DistillSettings(steps=args.steps, minutes=args.minutes, seed=args.seed, new_tokens=args.new_tokens,
+                               threads=args.threads)
+    out = distill(args.target, args.out, shape=shape, settings=settings, force=args.force)
+    print(f"drafter {out}")
+    return 0

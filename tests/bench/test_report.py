@@ -1,0 +1,66 @@
+"""``dspark bench report`` and the held-out prompts of a pair (figures are reported, never asserted)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from dspark_trt.cli.main import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+HELDOUT = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11], [12, 13, 14]]
+
+
+@pytest.fixture
+def pair_with_prompts(distilled_pair, tmp_path):
+    """The distilled tiny pair laid out as ``dspark smollm2`` lays out a pair, with held-out prompts."""
+    root = tmp_path / "pair"
+    shutil.copytree(distilled_pair.drafter, root / "drafter")
+    shutil.copytree(distilled_pair.target, root / "target")
+    (root / "prompts.json").write_text(json.dumps({"heldout": [{"kind": "text", "text": "", "input_ids": p}
+                                                               for p in HELDOUT]}))
+    return root
+
+
+def test_e2e_uses_the_pairs_heldout_prompts_in_batches(pair_with_prompts, capsys):
+    args = ["bench", "e2e", "--drafter", str(pair_with_prompts / "drafter"), "--target", str(pair_with_prompts / "target"),
+            "--max-new-tokens", "6", "--repeats", "1", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["requests"], report["batch_size"]) == (5, 1)  # all held-out prompts, one at a time
+    assert report["same_tokens"] is True
+    assert main(args + ["--batch-size", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["requests"], report["batch_size"]) == (4, 2)  # whole batches only
+    assert main(args + ["--input-ids", "1 2"]) == 0  # given prompts win
+    assert json.loads(capsys.readouterr().out)["requests"] == 1
+
+
+def test_e2e_refuses_a_broken_prompt_file(pair_with_prompts, capsys):
+    (pair_with_prompts / "prompts.json").write_text("{}")
+    code = main(["bench", "e2e", "--drafter", str(pair_with_prompts / "drafter"), "--target",
+                 str(pair_with_prompts / "target"), "--max-new-tokens", "4", "--repeats", "1"])
+    assert code == 1 and "held-out prompt file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", "report", str(pair_with_prompts), "-o", str(out), "--max-new-tokens", "6", "--prompts", "4",
+                 "--sweep", "8,64,dense"])
+    assert code == 0
+    r = json.loads((out / "benchmarks.json").read_text())
+    assert [(m["temperature"], m["batch"]) for m in r["matrix"]] == [(0.0, 1), (0.0, 4), (1.0, 1), (1.0, 4)]
+    assert all(m["same_tokens"] for m in r["matrix"] if m["temperature"] == 0)  # greedy: lossless
+    assert [s["topk"] for s in r["sweep"]] == [8, 64, None]
+    dropped = [s["dropped_mass"]["mean"] for s in r["sweep"]]
+    assert dropped[0] >= dropped[1] >= dropped[2] and dropped[2] < 1e-6  # fewer candidates drop more; dense none
+    assert all(s["same_tokens_as_first"] for s in r["sweep"])  # greedy output never depends on k
+    for png in ("acceptance_vs_topk.png", "tokens_per_second_vs_topk.png", "per_position_acceptance.png",
+                "speedup.png"):
+        assert (out / png).stat().st_size > 1000
+    tables = (out / "tables.md").read_text()
+    assert "| dense |" in tables and "speed-up" in tables

@@ -1,0 +1,153 @@
+"""``dspark distill`` on a tiny target: determinism, resume, a loadable checkpoint, a falling loss."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.training import DistillSettings, DrafterShape, distill
+from dspark_trt.training.distill import work_dir
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+distill_module = importlib.import_module("dspark_trt.training.distill")
+
+SHAPE = DrafterShape(markov_rank=8, block_size=4)
+
+
+def settings(**kw) -> DistillSettings:
+    base = dict(steps=8, new_tokens=16, random_prompts=6, batch=3, anchors=4, threads=1)
+    return DistillSettings(**{**base, **kw})
+
+
+def weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def peaky_pair(tmp_path_factory):
+    """The tiny Qwen3 pair with a peakier target (a random 0.02-std target is nearly uniform)."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("distill") / "pair", seed=0, target_init_std=0.2)
+
+
+@pytest.fixture(scope="module")
+def first_run(peaky_pair, tmp_path_factory):
+    return distill(peaky_pair.target, tmp_path_factory.mktemp("a") / "drafter", shape=SHAPE, settings=settings(),
+                   progress=False)
+
+
+def test_same_seed_same_weights_other_seed_other_weights(peaky_pair, first_run, tmp_path):
+    again = distill(peaky_pair.target, tmp_path / "b", shape=SHAPE, settings=settings(), progress=False)
+    a, b = weights(first_run), weights(again)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = distill(peaky_pair.target, tmp_path / "c", shape=SHAPE, settings=settings(seed=1), progress=False)
+    c = weights(other)
+    assert not torch.equal(a["fc.weight"], c["fc.weight"])
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_to_the_same_weights(peaky_pair, first_run, tmp_path, monkeypatch):
+    out = tmp_path / "resumed"
+    real_step = distill_module.distill_step
+    calls = []
+
+    def failing_step(drafter, data, t2d, step, s):
+        calls.append(step)
+        if step == 5:
+            raise KeyboardInterrupt
+        return real_step(drafter, data, t2d, step, s)
+
+    monkeypatch.setattr(distill_module, "distill_step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        distill(peaky_pair.target, out, shape=SHAPE, settings=settings(checkpoint_every_s=0.0), progress=False)
+    assert not out.exists() and (work_dir(out) / "state.pt").is_file()  # nothing half-written, a checkpoint kept
+    monkeypatch.setattr(distill_module, "distill_step", real_step)
+    calls.clear()
+    resumed = []
+    monkeypatch.setattr(distill_module, "distill_step",
+                        lambda d, data, t2d, step, s: (resumed.append(step), real_step(d, data, t2d, step, s))[1])
+    distill(peaky_pair.target, out, shape=SHAPE, settings=settings(checkpoint_every_s=0.0), progress=False)
+    assert resumed == [5, 6, 7]  # from the last checkpoint (after step 4), not from scratch
+    a, b = weights(first_run), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not work_dir(out).exists()
+
+
+def test_finished_run_is_left_alone_and_other_settings_are_refused(peaky_pair, first_run):
+    before = (first_run / "model.safetensors").stat().st_mtime_ns
+    distill(peaky_pair.target, first_run, shape=SHAPE, settings=settings(), progress=False)
+    assert (first_run / "model.safetensors").stat().st_mtime_ns == before
+    with pytest.raises(DSparkTrtError, match="--force"):
+        distill(peaky_pair.target, first_run, shape=SHAPE, settings=settings(seed=3), progress=False)
+
+
+def test_checkpoint_loads_and_decodes_losslessly(peaky_pair, first_run):
+    from dspark_trt.loader import load_drafter
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    drafter = load_drafter(first_run, target_dir=peaky_pair.target)
+    c = drafter.config
+    assert (c.num_hidden_layers, c.markov_rank, c.num_draft_tokens, c.source_format) == (1, 8, 4, "deepseek")
+    target_emb = load_file(str(peaky_pair.target / "model.safetensors"))["model.embed_tokens.weight"]
+    assert torch.equal(drafter.embed_tokens.weight, target_emb)  # frozen, copied from the target
+    dec = SpeculativeDecoder.from_pretrained(first_run, peaky_pair.target, device="cpu")
+    prompts = [[3, 14, 15], [92, 65, 35, 89]]
+    spec = dec.generate(prompts, max_new_tokens=12, eos_token_id=[])
+    base = dec.generate(prompts, max_new_tokens=12, eos_token_id=[], draft=False)
+    assert spec.tokens == base.tokens
+
+
+@pytest.mark.slow
+def test_loss_falls(peaky_pair, tmp_path):
+    out = distill(peaky_pair.target, tmp_path / "long", shape=SHAPE, settings=settings(steps=60, lr=3e-3),
+                  progress=False)
+    history = json.loads((out / "distill.json").read_text())["history"]
+    first = sum(h["ce"] for h in history[:5]) / 5
+    last = sum(h["ce"] for h in history[-5:]) / 5
+    assert last < 0.8 * first
+
+
+def test_reduced_draft_vocabulary_keeps_the_most_frequent_tokens(peaky_pair, tmp_path):
+    from dspark_trt.loader import load_drafter
+
+    out = distill(peaky_pair.target, tmp_path / "reduced", shape=DrafterShape(markov_rank=8, block_size=4,
+                  draft_vocab_size=300), settings=settings(steps=2), progress=False)
+    drafter = load_drafter(out, target_dir=peaky_pair.target)
+    ids = torch.arange(300) + drafter.d2t  # draft id → target id
+    assert drafter.config.draft_vocab_size == 300 and bool((ids[1:] > ids[:-1]).all())
+    assert drafter.config.mask_token_id in ids.tolist()  # kept so that it maps (it is never proposed in practice)
+    target_head = load_file(str(peaky_pair.target / "model.safetensors"))["lm_head.weight"]
+    assert torch.equal(drafter.lm_head.weight, target_head[ids])
+
+
+def test_cli_refuses_minutes_and_steps_together(peaky_pair, tmp_path, capsys):
+    from dspark_trt.cli.main import main
+
+    code = main(["distill", "--target", str(peaky_pair.target), "-o", str(tmp_path / "x"), "--steps", "3",
+                 "--minutes", "1"])
+    assert code == 1 and "not both" in capsys.readouterr().err
+    code = main(["distill", "--target", str(tmp_path), "-o", str(tmp_path / "x")])
+    assert code == 1 and "no config.json" in capsys.readouterr().err
+
+
+def test_anchors_lie_in_the_written_text():
+    from dspark_trt.training.distill import sample_anchors
+
+    lengths = torch.tensor([30, 12, 9, 40])
+    starts = torch.tensor([20, 11, 0, 5])  # row 1 has no room after its prompt (11 > 12 - 4)
+    rows, p = sample_anchors(lengths, starts, 4, 64, 8, torch.Generator().manual_seed(0))
+    assert set(rows.tolist()) == {0, 2, 3}
+    lo = starts.clamp_min(1)[rows].view(-1, 1)
+    hi = (lengths[rows] - 4).view(-1, 1)
+    assert bool(((p >= lo) & (p <= hi)).all())
+    assert set(p[rows == 2].flatten().tolist()) == set(range(1, 6))  # the whole range is drawn
+    with pytest.raises(DSparkTrtError, match="--new-tokens"):
+        sample_anchors(torch.tensor([5]), torch.tensor([4]), 4, 2, 2, torch.Generator())
