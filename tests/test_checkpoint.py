@@ -232,9 +232,9 @@ def test_no_default_target_without_a_local_verifier(speculators_pair, tmp_path, 
 
 def test_recorded_verifier_too_shallow_for_the_taps_is_refused(speculators_pair, tmp_path):
     def taps_and_verifier(c):
-        c.update(aux_hidden_state_layer_ids=[2, 3, 6])  # DeepSeek ids [1, 2, 5]: 5 is the last of 6 layers
+        c.update(aux_hidden_state_layer_ids=[2, 3, 7])  # DeepSeek ids [1, 2, 6]: a 6-layer target has ids ≤ 5
         c["speculators_config"]["verifier"]["name_or_path"] = str(speculators_pair.target.resolve())
 
     path = edited(speculators_pair, tmp_path, config=taps_and_verifier)
-    with pytest.raises(DSparkTrtError, match=r"target_layer_ids \[1, 2, 5\] are invalid for a 6-layer target"):
+    with pytest.raises(DSparkTrtError, match=r"target_layer_ids \[1, 2, 6\] are invalid for this 6-layer target"):
         load_drafter(path)

@@ -11,10 +11,7 @@ OUTSIDE = re.compile(r"\.\./shared|/work/shared|dspark-spec|tensorrt-notes|\b[Ss
 # Files that still cite the old outside spec, because other branches edit them now; the lead's merge applies
 #   sed -i 's/spec §/docs\/dspark.md §/g; s/Spec §/docs\/dspark.md §/g' FILES   (same section numbers)
 # and empties this set.
-PENDING = {"README.md", "dspark_trt/reference/drafter.py", "dspark_trt/reference/layers.py",
-           "dspark_trt/reference/markov.py", "dspark_trt/reference/sampling.py", "dspark_trt/reference/verify.py",
-           "dspark_trt/runtime/decoder.py", "tests/reference/test_drafter.py", "tests/reference/test_markov.py",
-           "tests/reference/test_sampling.py"}
+PENDING: set[str] = set()
 
 
 def texts():

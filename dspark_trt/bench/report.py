@@ -77,7 +77,7 @@ def _row(res: dict) -> dict:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..cli.common import set_cpu_threads
+    from ..threads import set_cpu_threads
     from ..errors import DSparkTrtError
     from ..runtime import SpeculativeDecoder
     from .heldout import read_heldout

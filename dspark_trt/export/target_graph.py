@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from ..errors import DSparkTrtError
-from ..runtime.taps import LayerTaps
+from ..taps import LayerTaps
 
 __all__ = ["TargetShape", "TargetGraph", "INPUT_NAMES", "OUTPUT_NAMES", "target_shape"]
 

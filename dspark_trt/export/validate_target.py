@@ -71,7 +71,7 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     for line in report.lines():
         log.info(line)
     if raise_on_failure and not report.ok:
-        from ..cli.common import ValidationMismatch
+        from ..errors import ValidationMismatch
 
         bad = [c for c in report.checks if not c.ok]
         raise ValidationMismatch(f"the exported target graph disagrees with transformers ({len(bad)} of "

@@ -1,4 +1,4 @@
-"""The reference DSpark drafter: pure PyTorch, module names mirroring the checkpoint (spec §4–§7).
+"""The reference DSpark drafter: pure PyTorch, module names mirroring the checkpoint (docs/dspark.md §4–§7).
 
 One round for a batch of independent requests, each with ``p`` context tokens (target positions
 ``0 … p-1``, whose taps are already fused into the K/V cache) and an anchor at position ``p``::
@@ -29,7 +29,7 @@ __all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead"]
 
 
 class MarkovHead(nn.Module):
-    """Vanilla low-rank Markov head: bias_j = W2 · W1[d_j] (spec §5)."""
+    """Vanilla low-rank Markov head: bias_j = W2 · W1[d_j] (docs/dspark.md §5)."""
 
     def __init__(self, vocab: int, draft_vocab: int, rank: int):
         super().__init__()
@@ -38,7 +38,7 @@ class MarkovHead(nn.Module):
 
 
 class ConfidenceHead(nn.Module):
-    """c_j = σ(w · [H_j ; W1[d_j]] + b) (spec §6)."""
+    """c_j = σ(w · [H_j ; W1[d_j]] + b) (docs/dspark.md §6)."""
 
     def __init__(self, in_features: int):
         super().__init__()

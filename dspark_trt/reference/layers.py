@@ -1,4 +1,4 @@
-"""Qwen3 building blocks of the DSpark draft backbone, in plain PyTorch (spec §4).
+"""Qwen3 building blocks of the DSpark draft backbone, in plain PyTorch (docs/dspark.md §4).
 
 Names mirror the checkpoint (``self_attn.q_proj``, ``mlp.gate_proj``, ...) so ``load_state_dict`` needs
 no name map. Numerics follow transformers' Qwen3: RMSNorm in fp32 then cast back, RoPE tables in fp32,
@@ -124,7 +124,7 @@ class DSparkMLP(nn.Module):
 
 
 class DSparkDecoderLayer(nn.Module):
-    """Pre-norm Qwen3 layer; the context K/V skip ``input_layernorm`` (spec §4.2)."""
+    """Pre-norm Qwen3 layer; the context K/V skip ``input_layernorm`` (docs/dspark.md §4.2)."""
 
     def __init__(self, hidden, intermediate, heads, kv_heads, head_dim, eps, theta):
         super().__init__()

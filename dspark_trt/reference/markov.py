@@ -1,7 +1,7 @@
 """The DSpark Markov walk, dense and top-k: the oracle for the kernel, the ONNX graphs and the engines.
 
 Per request, with base logits ``U`` [N, V_d] (already × ``s``), anchor ``a`` and ``d_0 = a``
-(spec §5, §7, §8)::
+(docs/dspark.md §5, §7, §8)::
 
     dense:  S_j = all of V_d                      top-k:  S_j = TopK_k(U_j)   (base logits only, once)
     for j in 0..N-1:

@@ -16,7 +16,7 @@ Mersenne prime — would leave u an affine function of the token id; the squares
 positions and seeds independent: see the chi-square tests in ``tests/reference/test_sampling.py``.)
 Gumbel-max turns the uniforms into samples: ``argmax_v (z_v / T + g_v)``, ``g = -log(-log u)``.
 
-Streams (salts) keep the draft's noise disjoint from the verifier's (spec §8.3.3, vLLM #54282):
+Streams (salts) keep the draft's noise disjoint from the verifier's (docs/dspark.md §8.3.3, vLLM #54282):
 ``DRAFT_SALT`` for the Markov walk's Gumbel noise, ``ACCEPT_SALT`` for the verifier's acceptance uniforms,
 ``SAMPLE_SALT`` for the verifier's residual/bonus samples and the target-only sampler.
 """

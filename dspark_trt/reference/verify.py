@@ -1,4 +1,4 @@
-"""Rejection sampling against a sparse draft distribution (spec §9): the lossless verifier.
+"""Rejection sampling against a sparse draft distribution (docs/dspark.md §9): the lossless verifier.
 
 The target scores ``[a, d_1 … d_N]`` and gives ``p_1 … p_{N+1}`` (softmax of its logits at temperature T).
 The draft distribution of slot j is sparse: candidate ids (target vocabulary) and their probabilities —

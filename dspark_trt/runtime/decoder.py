@@ -1,6 +1,6 @@
 """``SpeculativeDecoder``: a target model, a DSpark drafter backend, and the lossless loop between them.
 
-One batched step for the active requests (spec §9), anchor ``a`` at position ``p``::
+One batched step for the active requests (docs/dspark.md §9), anchor ``a`` at position ``p``::
 
     draft     backend.draft(a, ctx K/V, p)           → d_1 … d_N, candidates, corrected logits Z, confidence
     truncate  n = leading slots with confidence ≥ threshold   (n = N without a threshold)

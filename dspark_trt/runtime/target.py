@@ -37,7 +37,7 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 
 from ..errors import DSparkTrtError
-from .taps import LayerTaps
+from ..taps import LayerTaps
 
 __all__ = ["Target", "TargetOutput", "SlotTarget", "HFTarget"]
 

@@ -45,7 +45,7 @@ OUT_FILE = "gpu_check.json"
 
 
 def qwen3_8b_drafter_config(num_layers: int = 5, topk: int = 512):
-    """The DSpark drafter of Qwen3-8B (``dspark_qwen3_8b_block7``'s shapes, dspark-spec §2)."""
+    """The DSpark drafter of Qwen3-8B (``dspark_qwen3_8b_block7``'s shapes, docs/dspark.md §2)."""
     from ..config import DSparkConfig
 
     return DSparkConfig(vocab_size=151936, draft_vocab_size=151936, hidden_size=4096, intermediate_size=12288,

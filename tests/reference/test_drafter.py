@@ -41,7 +41,7 @@ def test_context_kv_shapes_and_layer_stacking():
 
 
 def test_block_queries_see_every_block_slot_noncausally():
-    """Changing the token at the LAST block slot changes slot 0's output (spec §10.11)."""
+    """Changing the token at the LAST block slot changes slot 0's output (docs/dspark.md §10.11)."""
     model = random_drafter()
     _, k, v = context(model)
     ctx_len = torch.tensor([9, 6])

@@ -1,4 +1,4 @@
-"""The Markov walk, dense and top-k: spec §10 items 1–6 and the odd-shape / dtype matrix."""
+"""The Markov walk, dense and top-k: docs/dspark.md §10 items 1–6 and the odd-shape / dtype matrix."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_zero_bias_reduces_to_argmax_of_base_logits(k):
 
 
 def test_predecessor_alignment():
-    """Slot 0 reads W1[anchor]; slot j reads W1[d_j]; unrelated W1 rows change nothing (spec §10.5)."""
+    """Slot 0 reads W1[anchor]; slot j reads W1[d_j]; unrelated W1 rows change nothing (docs/dspark.md §10.5)."""
     case = walk_case(B=1, N=4, V=257, r=8, seed=11)
     base = markov_walk(case.base, case.anchor, case.w1, case.w2, topk=16, logit_scale=case.scale)
     used = set(case.anchor.tolist()) | set(base.tokens[0, :-1].tolist())

@@ -74,7 +74,7 @@ def test_neighbouring_keys_give_independent_uniforms(axis):
 
 
 def test_salts_give_disjoint_streams():
-    """Draft and verifier noise for the same key must be unrelated (spec §8.3.3)."""
+    """Draft and verifier noise for the same key must be unrelated (docs/dspark.md §8.3.3)."""
     grid = _grid()
     draws = {salt: uniform_noise(*grid, salt).flatten() for salt in (DRAFT_SALT, ACCEPT_SALT, SAMPLE_SALT)}
     for s1 in draws:

@@ -15,8 +15,8 @@ from typing import Sequence
 
 import torch
 
-from ..config import check_layer_ids, hf_hidden_state_indices
-from ..errors import DSparkTrtError
+from .config import check_layer_ids, hf_hidden_state_indices
+from .errors import DSparkTrtError
 
 __all__ = ["LayerTaps", "decoder_layers", "check_layer_ids"]
 
