@@ -45,11 +45,13 @@ REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candida
 
 
 def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
-                    logits_dtype: torch.dtype, weights_dtype: torch.dtype) -> str | None:
+                    logits_dtype: torch.dtype, weights_dtype: torch.dtype, markov_topm: int = 0) -> str | None:
     """Why the reference walk must run instead of the device's native kernel (one line), or None when it can."""
     device = torch.device(device)
     if topk is None:
         return "dense Markov head (no top-k): one GEMM per step is already the fast path"
+    if markov_topm:
+        return f"candidate union (markov_topm={markov_topm}): the native kernels walk top-k candidates only so far"
     if device.type == "cpu":
         if importlib.util.find_spec("numba") is None:
             return "Numba is not installed (pip install 'dspark-trt[cpu]')"
@@ -84,12 +86,12 @@ def _native_impl(device_type: str) -> MarkovImpl:
 
 def select_markov_impl(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
                        logits_dtype: torch.dtype = torch.float32, weights_dtype: torch.dtype = torch.float32,
-                       use_kernel: bool = True) -> MarkovImpl:
+                       use_kernel: bool = True, markov_topm: int = 0) -> MarkovImpl:
     """The selection and walk for this device and case: the device's native kernel, or ``REFERENCE``."""
     device = torch.device(device)
     reason = "disabled by the caller" if not use_kernel else fallback_reason(
         device, topk=topk, rank=rank, num_draft_tokens=num_draft_tokens, logits_dtype=logits_dtype,
-        weights_dtype=weights_dtype)
+        weights_dtype=weights_dtype, markov_topm=markov_topm)
     if reason is not None:
         _log_choice(REFERENCE.name, reason)
         return REFERENCE

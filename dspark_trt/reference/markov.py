@@ -49,6 +49,14 @@ class MarkovWalkResult:
     cand_ids: torch.Tensor  # [B, N, k (+ M)] int64, draft-vocab ids of the candidates (k = V_d when dense)
     cand_logits: torch.Tensor  # [B, N, k (+ M)] fp32, corrected logits Z at cand_ids (−inf: masked duplicate)
     confidence: torch.Tensor | None  # [B, N] fp32 in (0, 1), or None without a confidence head
+    union_width: int = 0  # M: the last M candidates are the union's table ids (−inf there = masked duplicate)
+
+    def finite_logits(self) -> torch.Tensor:
+        """[B, N, k (+ M)] bool: finite, or a masked duplicate of the candidate union (−inf by design)."""
+        ok = torch.isfinite(self.cand_logits)
+        if self.union_width:
+            ok[..., -self.union_width:] |= self.cand_logits[..., -self.union_width:] == float("-inf")
+        return ok
 
 
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
@@ -269,4 +277,5 @@ def _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *
         cand_ids=torch.stack(ids_out, dim=1),
         cand_logits=torch.stack(logits, dim=1),
         confidence=torch.stack(conf, dim=1) if conf else None,
+        union_width=M,
     )

@@ -168,6 +168,7 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         confidence_threshold: float | None = None,
         draft: bool = True,
+        markov_topm: int = 0,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per request.
 
@@ -182,6 +183,8 @@ class SpeculativeDecoder:
             eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
+            markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
+                favours most after its predecessor (needs a top-k; torch backend); 0 = top-k only.
         """
         c = self.config
         prompts = self._prompts(inputs)
@@ -198,6 +201,17 @@ class SpeculativeDecoder:
         if topk is not None and not 1 <= topk <= c.draft_vocab_size:
             raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
                                  f"--topk or 'off'")
+        markov_topm = int(markov_topm)
+        if markov_topm:
+            if not 0 < markov_topm <= c.draft_vocab_size:
+                raise DSparkTrtError(f"--markov-topm {markov_topm} must be in [0, draft_vocab_size="
+                                     f"{c.draft_vocab_size}]; use a smaller M")
+            if topk is None:
+                raise DSparkTrtError("--markov-topm needs a top-k head (the dense head already scores every token); "
+                                     "pass --topk K or --markov-topm 0")
+            if not getattr(self.backend, "supports_markov_topm", False):
+                raise DSparkTrtError(f"the {self.backend.name} backend has no candidate union yet; use --backend "
+                                     f"torch or --markov-topm 0")
         if confidence_threshold is not None:
             if not 0.0 <= float(confidence_threshold) <= 1.0:
                 raise DSparkTrtError(f"confidence_threshold must be in [0, 1], got {confidence_threshold}")
@@ -206,6 +220,7 @@ class SpeculativeDecoder:
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
         run = _Run(self, prompts, int(max_new_tokens), temp, seeds, topk, eos, confidence_threshold, draft)
+        run.union = {"markov_topm": markov_topm} if markov_topm else {}  # only union-capable backends see it
         stats = run.loop()
         texts = None
         if self.tokenizer is not None:
@@ -219,6 +234,7 @@ class _Run:
     def __init__(self, dec: SpeculativeDecoder, prompts, max_new, temp, seeds, topk, eos, threshold, draft):
         self.dec, self.prompts, self.max_new, self.topk, self.threshold, self.speculative = (
             dec, prompts, max_new, topk, threshold, draft)
+        self.union: dict = {}  # {"markov_topm": M} with the candidate union
         self.eos = set(eos)
         self.B = len(prompts)
         self.temp_all, self.seed_all = temp, seeds
@@ -292,7 +308,7 @@ class _Run:
             ctx_k, ctx_v = state.context()
             ctx_len = state.ctx_len  # [B] anchor position p
             res = backend.draft(anchor.to(state.k.device), ctx_k, ctx_v, ctx_len, topk=self.topk,
-                                temperature=self.temp, seed=self.seed)
+                                temperature=self.temp, seed=self.seed, **self.union)
             self.monitor.draft(res, self.rows)  # non-finite inputs or logits: one warning per request
         with self.clock("verify"):
             drafts = res.tokens.to(target.device)  # [B, N]

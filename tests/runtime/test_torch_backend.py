@@ -45,6 +45,26 @@ def test_backend_equals_reference_draft(drafter, topk, sampling):
     torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+def test_backend_with_the_candidate_union_equals_the_reference_draft(drafter, graphs, caplog):
+    backend = TorchDrafterBackend(drafter, graphs=graphs)
+    taps, ctx_len, anchor = inputs(drafter)
+    k, v = backend.context_kv(taps, torch.arange(taps.shape[1]).expand(3, -1))
+    kw = dict(topk=8, temperature=torch.tensor([0.0, 1.0, 0.7]), seed=torch.tensor([1, 2, 3]))
+    with caplog.at_level("INFO", logger="dspark.plugins"):
+        got = backend.draft(anchor, k, v, ctx_len, markov_topm=4, **kw)
+    want = drafter.draft(anchor, k, v, ctx_len, markov_topm=4, **kw)
+    assert got.cand_ids.shape == (3, drafter.config.num_draft_tokens, 12) and got.union_width == 4
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.cand_ids, want.cand_ids)
+    torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=1e-5)  # padded: other GEMM
+    assert bool(torch.isfinite(want.cand_logits[..., 8:]).any())  # the union added candidates
+    from dspark_trt.plugins.dispatch import REFERENCE, fallback_reason
+
+    assert backend._auto_impl(8, 4) is REFERENCE  # the native kernels walk top-k candidates only so far
+    assert "candidate union" in fallback_reason("cpu", topk=8, rank=8, num_draft_tokens=7, markov_topm=4,
+                                                logits_dtype=torch.float32, weights_dtype=torch.float32)
+
+
 def test_walk_fn_is_replaceable(drafter):
     calls = []
 
