@@ -50,8 +50,9 @@ def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, 
     device = torch.device(device)
     if topk is None:
         return "dense Markov head (no top-k): one GEMM per step is already the fast path"
-    if markov_topm:
-        return f"candidate union (markov_topm={markov_topm}): the native kernels walk top-k candidates only so far"
+    if markov_topm and device.type != "cpu":
+        return (f"candidate union (markov_topm={markov_topm}): only the CPU kernels walk it so far, the fused "
+                f"Triton kernel walks top-k candidates only")
     if device.type == "cpu":
         if importlib.util.find_spec("numba") is None:
             return "Numba is not installed (pip install 'dspark-trt[cpu]')"
