@@ -379,6 +379,7 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
     M = table.shape[1]
     K = k + M
     V, r = w1.shape
+    Vd = w2.shape[0]
     flat = w2.reshape(-1)
     prev = anchor.copy()  # [B] target ids d_j
     per = (K + splits - 1) // splits
@@ -392,7 +393,11 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
             for c in range(k):
                 out_ids[b, j, c] = ids[b, j, c]
             for m in range(M):
-                out_ids[b, j, k + m] = table[prev[b], m]
+                cid = np.int64(table[prev[b], m])
+                if cid < 0 or cid >= Vd:
+                    status[b] = 2  # a table id outside the draft vocabulary: this request stops
+                    cid = 0
+                out_ids[b, j, k + m] = cid
         for task in prange(B * splits):
             b, part = task // splits, task % splits
             if status[b]:
@@ -414,11 +419,10 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
                 if c < k:
                     v = vals[b, j, c]
                 else:
-                    v = base[b, j, cid]
-                    for t in range(k):
-                        if ids[b, j, t] == cid:
-                            v = np.float32(-np.inf)
-                            break
+                    hit = False
+                    for t in range(k):  # branch-free: vectorises
+                        hit |= ids[b, j, t] == cid
+                    v = np.float32(-np.inf) if hit else base[b, j, cid]
                 if w2_bf16:
                     _widen(w2[cid], True, row_bits, row)
                     bias = _dot(row, e)
@@ -553,9 +557,11 @@ def _cpu_walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logit
     V, Vd = w1.shape[0], w2.shape[0]
     M = union_table.shape[-1]
     ids = cand_ids.detach().to(torch.int64).contiguous()  # [B, N, k]
-    table = union_table.detach().to(torch.int64).contiguous()  # [V, M]
+    table = union_table.detach()  # [V, M] int32 or int64, read as is (ids range-checked in the kernel)
+    table = table if table.dtype in (torch.int32, torch.int64) and table.is_contiguous() else \
+        table.to(torch.int64).contiguous()
     ids_np, anchor_np, table_np = ids.numpy(), anchor.detach().to(torch.int64).contiguous().numpy(), table.numpy()
-    for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V), ("union_table", table_np, Vd)):
+    for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V)):  # the kernel reads memory unchecked
         if a.size and (a.min() < 0 or a.max() >= hi):
             raise DSparkTrtError(f"{name} must lie in [0, {hi}); got [{a.min()}, {a.max()}]")
     if table.shape[0] != V:
@@ -589,6 +595,9 @@ def _cpu_walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logit
         _walk_union(vals, ids_np, base, table_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets,
                     np.float32(logit_scale), temp, greedy, noise, prefix, cb, cw, splits, out_ids.numpy(),
                     tokens.numpy(), logits.numpy(), conf.numpy(), status)
+    if (status == 2).any():
+        raise DSparkTrtError(f"union_table holds ids outside [0, {Vd}); build it with "
+                             f"reference.markov.markov_union_table from this drafter's weights")
     if status.any():
         raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
                              f"vocabulary [0, {V}); check the checkpoint's d2t table")

@@ -236,7 +236,7 @@ def _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *
     device = cand_vals.device
     cand_vals = cand_vals.to(torch.float32)
     cand_ids = cand_ids.to(torch.int64)
-    table = union_table.to(device=device, dtype=torch.int64)  # [V, M]
+    table = union_table.to(device)  # [V, M] int32 (rows converted when read: the table is large)
     base = base_logits.to(device)
     sampling = temperature is not None
     if sampling and (seed is None or positions is None):
@@ -254,7 +254,7 @@ def _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *
         if conf_base is not None:
             part = conf_base[:, j].to(torch.float32)
             conf.append(torch.sigmoid(part + e @ wc if wc is not None else part))  # [B]
-        extra = table[prev]  # [B, M] draft ids
+        extra = table[prev].to(torch.int64)  # [B, M] draft ids
         dup = (extra.unsqueeze(-1) == cand_ids[:, j].unsqueeze(1)).any(-1)  # [B, M]: already a top-k candidate
         extra_vals = torch.where(dup, neg_inf, base[:, j].gather(-1, extra).to(torch.float32))  # [B, M]
         ids = torch.cat((cand_ids[:, j], extra), dim=-1)  # [B, k + M]

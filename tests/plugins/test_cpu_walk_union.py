@@ -59,7 +59,7 @@ def test_union_inputs_are_checked():
     case = walk_case(V=17, r=4)
     vals, ids = select_candidates(case.base, 4)
     bad = torch.full((17, 2), 99, dtype=torch.int32)
-    with pytest.raises(DSparkTrtError, match=r"union_table must lie in \[0, 17\)"):
+    with pytest.raises(DSparkTrtError, match=r"union_table holds ids outside \[0, 17\)"):
         cpu_walk_candidates(vals, ids, case.anchor, case.w1, case.w2, union_table=bad, base_logits=case.base)
     with pytest.raises(DSparkTrtError, match="needs the base logits"):
         cpu_walk_candidates(vals, ids, case.anchor, case.w1, case.w2, union_table=bad.clamp(max=3))
