@@ -387,17 +387,6 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
     best_at = np.empty((B, splits), np.int64)
     with_conf = conf_base.shape[0] > 0
     for j in range(N):
-        for b in prange(B):
-            if status[b]:
-                continue
-            for c in range(k):
-                out_ids[b, j, c] = ids[b, j, c]
-            for m in range(M):
-                cid = np.int64(table[prev[b], m])
-                if cid < 0 or cid >= Vd:
-                    status[b] = 2  # a table id outside the draft vocabulary: this request stops
-                    cid = 0
-                out_ids[b, j, k + m] = cid
         for task in prange(B * splits):
             b, part = task // splits, task % splits
             if status[b]:
@@ -409,6 +398,14 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
             row = np.empty(r, np.float32)  # [r] scratch for a widened bf16 W2 row
             row_bits = row.view(np.uint32)
             lo, hi = part * per, min(K, part * per + per)
+            for c in range(max(lo, k), hi):  # this task's union ids (the table row of d_j)
+                cid = np.int64(table[prev[b], c - k])
+                if cid < 0 or cid >= Vd:
+                    status[b] = 2  # a table id outside the draft vocabulary: this request stops
+                    cid = 0
+                out_ids[b, j, c] = cid
+            for c in range(lo, min(hi, k)):
+                out_ids[b, j, c] = ids[b, j, c]
             for c in range(lo, min(hi, lo + PREFETCH_AHEAD)):
                 _prefetch_row(flat, out_ids[b, j, c], r)
             top, at = np.float32(-np.inf), lo
