@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "export": ("export", "checkpoint → ONNX → TensorRT engine (same as dspark-export)"),
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),
     "bench": ("bench", "benchmarks: the Markov round, end to end"),
+    "tune-topk": ("tune_topk", "sweep top-k and the candidate union on real prompts; recommend (and --write) one"),
     "env": ("env", "versions of everything a bug report needs"),
     "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),
 }

@@ -168,7 +168,7 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         confidence_threshold: float | None = None,
         draft: bool = True,
-        markov_topm: int = 0,
+        markov_topm: int | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per request.
 
@@ -184,7 +184,8 @@ class SpeculativeDecoder:
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
             markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
-                favours most after its predecessor (needs a top-k; torch backend); 0 = top-k only.
+                favours most after its predecessor (needs a top-k; torch backend); 0 = top-k only; ``None``
+                uses the config's ``draft_markov_topm`` where it applies (a top-k round on the torch backend).
         """
         c = self.config
         prompts = self._prompts(inputs)
@@ -201,6 +202,9 @@ class SpeculativeDecoder:
         if topk is not None and not 1 <= topk <= c.draft_vocab_size:
             raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
                                  f"--topk or 'off'")
+        if markov_topm is None:  # the drafter's recorded default, only where it can apply
+            usable = topk is not None and getattr(self.backend, "supports_markov_topm", False)
+            markov_topm = c.draft_markov_topm if usable else 0
         markov_topm = int(markov_topm)
         if markov_topm:
             if not 0 < markov_topm <= c.draft_vocab_size:
