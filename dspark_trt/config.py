@@ -179,7 +179,10 @@ class DSparkConfig:
 
     def digest(self) -> str:
         """A stable sha256 of the normalised config (recorded in export manifests)."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        fields = dataclasses.asdict(self)
+        if not fields["draft_markov_topm"]:  # added later: configs without a union keep their digest
+            del fields["draft_markov_topm"]
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
     def replace(self, **changes: Any) -> "DSparkConfig":
