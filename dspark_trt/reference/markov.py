@@ -245,7 +245,6 @@ def _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *
         greedy = is_greedy(temperature).view(B, 1)  # [B, 1]
         temp = torch.where(greedy, 1.0, temperature.to(torch.float32).view(B, 1))  # [B, 1]
     wc = None if conf_w_markov is None else conf_w_markov.to(torch.float32)
-    neg_inf = torch.tensor(float("-inf"), device=device)
 
     prev = anchor.to(torch.int64)  # [B] target ids
     tokens, logits, ids_out, conf = [], [], [], []
@@ -256,7 +255,7 @@ def _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *
             conf.append(torch.sigmoid(part + e @ wc if wc is not None else part))  # [B]
         extra = table[prev].to(torch.int64)  # [B, M] draft ids
         dup = (extra.unsqueeze(-1) == cand_ids[:, j].unsqueeze(1)).any(-1)  # [B, M]: already a top-k candidate
-        extra_vals = torch.where(dup, neg_inf, base[:, j].gather(-1, extra).to(torch.float32))  # [B, M]
+        extra_vals = base[:, j].gather(-1, extra).to(torch.float32).masked_fill(dup, float("-inf"))  # [B, M]
         ids = torch.cat((cand_ids[:, j], extra), dim=-1)  # [B, k + M]
         vals = torch.cat((cand_vals[:, j], extra_vals), dim=-1)  # [B, k + M] fp32
         rows = w2.index_select(0, ids.reshape(-1)).view(B, k + M, -1).to(torch.float32)  # [B, k + M, r]
