@@ -98,6 +98,7 @@ class DSparkConfig:
     logit_scale: float = 1.0  # s: multiplies the base logits and the Markov bias
     sample_from_anchor: bool = True  # anchor-first (True) or bonus-anchor (False) layout
     draft_topk: int | None = None  # vLLM's `dspark_draft_topk`; None = dense Markov head
+    draft_markov_topm: int = 0  # candidate union width M (docs/kernel.md); 0 = top-k only
     source_format: Literal["deepseek", "speculators"] = "deepseek"
     # -- attention pattern inside the draft block (module docstring) -------------------------------
     hidden_act: str = "silu"
@@ -136,6 +137,9 @@ class DSparkConfig:
             problems.append("block_size must be >= 2 for the bonus-anchor layout (sample_from_anchor=false)")
         if self.draft_topk is not None and not 1 <= self.draft_topk <= self.draft_vocab_size:
             problems.append(f"draft_topk {self.draft_topk} must be in [1, draft_vocab_size={self.draft_vocab_size}]")
+        if not 0 <= self.draft_markov_topm <= self.draft_vocab_size:
+            problems.append(f"draft_markov_topm {self.draft_markov_topm} must be in [0, draft_vocab_size="
+                            f"{self.draft_vocab_size}]")
         if problems:
             raise DSparkTrtError("invalid DSpark config: " + "; ".join(problems))
 
@@ -175,7 +179,10 @@ class DSparkConfig:
 
     def digest(self) -> str:
         """A stable sha256 of the normalised config (recorded in export manifests)."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        fields = dataclasses.asdict(self)
+        if not fields["draft_markov_topm"]:  # added later: configs without a union keep their digest
+            del fields["draft_markov_topm"]
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
     def replace(self, **changes: Any) -> "DSparkConfig":
@@ -318,6 +325,7 @@ def _from_deepseek(raw: dict[str, Any], where: str) -> DSparkConfig:
         logit_scale=float(raw.get("logit_scale", 1.0)),
         sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
         draft_topk=_draft_topk(raw),
+        draft_markov_topm=int(raw.get("draft_markov_topm") or 0),
         source_format="deepseek",
         **_attention_fields(raw, raw.get("sliding_window_non_causal"), where),
     )
@@ -346,6 +354,7 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkConfig:
         logit_scale=float(raw.get("logit_scale", 1.0)),
         sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
         draft_topk=_draft_topk(raw),
+        draft_markov_topm=int(raw.get("draft_markov_topm") or 0),
         source_format="speculators",
         **_attention_fields(layer, raw.get("sliding_window_non_causal"), where + ":transformer_layer_config"),
     )

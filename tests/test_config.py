@@ -124,6 +124,7 @@ def test_vllm_topk_alias_and_logit_scale():
     ({"draft_vocab_size": 200000}, "exceeds vocab_size"),
     ({"markov_rank": 0}, "markov_rank must be >= 1"),
     ({"target_layer_ids": []}, "target_layer_ids is empty"),
+    ({"draft_markov_topm": -1}, "draft_markov_topm -1 must be in"),
 ])
 def test_inconsistent_configs_are_refused(change, message):
     with pytest.raises(DSparkTrtError, match=message):
@@ -151,6 +152,19 @@ def test_digest_is_stable_and_sensitive():
     a = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
     assert a.digest() == DSparkConfig.from_dict(dict(QWEN3_8B_DSPARK)).digest()
     assert a.digest() != a.replace(logit_scale=0.5).digest()
+    assert a.digest() != a.replace(draft_markov_topm=8).digest()
+
+
+def test_draft_markov_topm_is_read_and_absent_means_zero():
+    import dataclasses
+    import hashlib
+
+    a = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    assert a.draft_markov_topm == 0
+    assert DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "draft_markov_topm": 32}).draft_markov_topm == 32
+    # the field came later: a config without a union keeps the digest it had before (export manifests)
+    before = {k: v for k, v in dataclasses.asdict(a).items() if k != "draft_markov_topm"}
+    assert a.digest() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
 
 
 # -- attention pattern inside the block and hidden_act ---------------------------------------------------------

@@ -11,6 +11,12 @@ PyTorch implementations, and the device's native kernels when they support the c
   kernel given candidates, ``kernel_speedup`` = cublas_dense_ms / kernel_ms; ``fused_ms`` = torch.topk + the
   kernel, ``fused_speedup`` = cublas_dense_ms / fused_ms.
 
+With ``--markov-topm M`` (the candidate union, ``reference/markov.py``) every row also times the union
+round over a random [V, M] table (its cost does not depend on which ids it holds; the real table is built
+once at load/export): ``union_topk_ms`` (reference) and, with the CPU kernels, ``union_fused_ms`` (native
+selection + union walk) and ``union_vs_topk`` = union_fused_ms / union_plain_ms, the union round's cost
+over the plain native round, both timed alternately (medians) so that the ratio survives a busy machine.
+
 Ratios are measured in one run; nothing here passes or fails.
 
 Columns: ``speedup`` = dense_ms / topk_ms (reference vs reference); ``pass_ms`` = one read pass over the
@@ -21,6 +27,7 @@ the dense round (N·V·r·|W| + B·N·V·|T|).
 
     dspark bench markov --device cpu --json rows.json --plot markov.png
     dspark bench markov --batch 1 --topk 16 --vocab 4099 --repeats 2     # a quick smoke run
+    dspark bench markov --device cpu --batch 1,8 --topk 512 --markov-topm 32   # union cost at k = 512
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class MarkovBenchConfig:
     dtype: str | None = None  # weights and logits; None: fp32 on CPU, bf16 on CUDA
     clock: str = "wall"  # CPU only: "cpu" = this process's CPU time (robust on a shared machine)
     seed: int = 0
+    markov_topm: int = 0  # M > 0: also time the candidate union
     extra: dict = field(default_factory=dict)
 
     @property
@@ -123,7 +131,11 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
     w2 = torch.randn(V, r, generator=g).to(device=device, dtype=dtype)  # [V_d, r]
     bw = read_bandwidth_gbs(device, timer)
     wsize, tsize = w2.element_size(), torch.empty((), dtype=dtype).element_size()
-    native = _native_round(device, cfg, dtype, w1, w2, timer, bw)
+    M = cfg.markov_topm
+    if not 0 <= M <= V:
+        raise DSparkTrtError(f"--markov-topm {M} must be in [0, --vocab {V}]")
+    table = torch.randint(0, V, (V, M), generator=g, dtype=torch.int32).to(device) if M else None  # [V, M]
+    native = _native_round(device, cfg, dtype, w1, w2, timer, bw, table)
     rows = []
     for B in cfg.batches:
         base = (torch.randn(B, N, V, generator=g) * 3).to(device=device, dtype=dtype)  # [B, N, V]
@@ -148,6 +160,10 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
                 "pass_ms": _ms(pass_ms),
                 "topk_vs_pass": round(topk_ms / pass_ms, 2),
             }
+            if table is not None:
+                union_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=k, union_table=table), cfg.repeats,
+                                 cfg.warmup)
+                row.update(markov_topm=M, union_topk_ms=_ms(union_ms))
             if cublas_ms is not None:
                 row["cublas_dense_ms"] = _ms(cublas_ms)
             if native is not None:
@@ -159,7 +175,7 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
 
 
 def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dtype, w1: torch.Tensor,
-                  w2: torch.Tensor, timer, bw: float):
+                  w2: torch.Tensor, timer, bw: float, table: torch.Tensor | None = None):
     """``time(base, anchor, k, dense_ms, pass_ms) -> dict`` of the device's native top-k round's columns for
     one (B, k) row, or None (logged) when no native kernel runs this case."""
     from ..plugins.dispatch import fallback_reason
@@ -176,8 +192,15 @@ def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dty
             vals, ids = cpu_select_candidates(base, k)
             kernel_ms = timer(lambda: cpu_walk_candidates(vals, ids, anchor, w1, w2), cfg.repeats, cfg.warmup)
             fused_ms = timer(lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k), cfg.repeats, cfg.warmup)
-            return dict(kernel_ms=_ms(kernel_ms), fused_ms=_ms(fused_ms),
-                        fused_speedup=round(dense_ms / fused_ms, 2), fused_vs_pass=round(fused_ms / pass_ms, 2))
+            out = dict(kernel_ms=_ms(kernel_ms), fused_ms=_ms(fused_ms),
+                       fused_speedup=round(dense_ms / fused_ms, 2), fused_vs_pass=round(fused_ms / pass_ms, 2))
+            if table is not None:  # interleaved with the plain round: the ratio survives a busy machine
+                plain_ms, union_ms = _paired(timer, lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k),
+                                             lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k, union_table=table),
+                                             cfg.repeats, cfg.warmup)
+                out.update(union_fused_ms=_ms(union_ms), union_plain_ms=_ms(plain_ms),
+                           union_vs_topk=round(union_ms / plain_ms, 3))
+            return out
 
         return time_cpu
     from ..plugins.kernel import MAX_TOPK, topk_markov_walk
@@ -209,6 +232,16 @@ def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dty
     return time_cuda
 
 
+def _paired(timer, fn_a, fn_b, repeats: int, warmup: int) -> tuple[float, float]:
+    """Medians (ms) of ``fn_a`` and ``fn_b`` timed alternately, one call each per repeat."""
+    fn_a(), fn_b()
+    a, b = [], []
+    for _ in range(max(repeats, 1)):
+        a.append(timer(fn_a, 1, warmup - 1 if warmup > 1 else 0))
+        b.append(timer(fn_b, 1, 0))
+    return statistics.median(a), statistics.median(b)
+
+
 def _dense_round_native(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """A dense greedy round in the weights' dtype: N GEMMs [B, r] × [r, V_d] (cuBLAS on CUDA) and argmaxes."""
     prev, tokens = anchor, []
@@ -221,7 +254,8 @@ def _dense_round_native(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tens
 def format_table(rows: list[dict]) -> str:
     cols = ["device", "batch", "topk", "dense_ms", "topk_ms", "speedup", "pass_ms", "topk_vs_pass", "floor_ms"]
     optional = ["cublas_dense_ms", "kernel_ms", "kernel_speedup", "fused_ms", "fused_speedup", "fused_vs_pass",
-                "kernel_floor_ms", "kernel_vs_floor"]
+                "kernel_floor_ms", "kernel_vs_floor", "markov_topm", "union_topk_ms", "union_plain_ms",
+                "union_fused_ms", "union_vs_topk"]
     cols += [c for c in optional if any(c in r for r in rows)]
     widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
@@ -282,6 +316,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of torch and the CPU kernels (default: all cores)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--markov-topm", type=int, default=None, metavar="M",
+                   help="also time the candidate union with M table ids per slot (default 0: off)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the rows as JSON to PATH (or stdout without PATH) instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a speed-ratio plot")
@@ -292,7 +328,8 @@ def run(args: argparse.Namespace) -> int:
     from ..atomic import check_output_file
 
     given = {"device": args.device, "batches": args.batch, "topks": args.topk, "vocab": args.vocab,
-             "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock}
+             "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock,
+             "markov_topm": args.markov_topm}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads is not None:
         from ..threads import set_cpu_threads

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
     i.add_argument("--topk", default=None, metavar="K|off",
                    help="top-k Markov head candidates per slot, or 'off' for the dense head (default: config)")
+    i.add_argument("--markov-topm", type=int, default=None, metavar="M",
+                   help="candidate union: each slot also scores the M tokens the Markov head favours most after "
+                        "its predecessor (needs --topk; torch backend; default 0 = top-k only)")
     i.add_argument("--seed", type=int, default=None, help="noise seed of request 0; request i uses seed + i")
     i.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only the leading drafts with confidence >= this")
@@ -136,6 +139,10 @@ def generation_options(args: argparse.Namespace, n: int, offset: int = 0) -> dic
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, topk=parse_topk(args.topk),
                    confidence_threshold=args.confidence_threshold)
     options = {k: v for k, v in options.items() if v is not None}
+    if getattr(args, "markov_topm", None):
+        if args.markov_topm < 0:
+            raise DSparkTrtError(f"--markov-topm must be >= 0 (0 = top-k only), got {args.markov_topm}")
+        options["markov_topm"] = args.markov_topm
     options["seed"] = [(args.seed or 0) + offset + i for i in range(n)]
     if args.ignore_eos:
         options["eos_token_id"] = []

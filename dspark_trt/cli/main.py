@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "smollm2": ("smollm2", "SmolLM2-135M-Instruct as a Hugging Face directory (+ a distilled drafter), offline"),
     "distill": ("distill", "train a DSpark drafter for a Hugging Face target on the CPU"),
     "bench": ("bench", "benchmarks: the Markov round, end to end"),
+    "tune-topk": ("tune_topk", "sweep top-k and the candidate union on real prompts; recommend (and --write) one"),
     "env": ("env", "versions of everything a bug report needs"),
     "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),
     "triton-repo": ("triton_repo", "write a Triton model repository serving an export (or a checkpoint pair)"),

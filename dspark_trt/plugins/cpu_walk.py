@@ -29,6 +29,12 @@ split across threads and the partial argmaxes reduced. While one W2 row's dot pr
 the next candidates are prefetched (``llvm.prefetch``). Weights fp32 or bf16 (rows widened to fp32 in
 L1); Numba has no float16 on the CPU, so fp16 weights stay with the reference.
 
+Candidate union (``union_table`` [V, M], ``reference.markov``'s docstring): slot j walks k + M candidates,
+the last M being ``union_table[d_j]`` valued from the base logits, −inf where the id is already a top-k
+candidate (k comparisons each). Their Gumbel noise is hashed in the kernel (the reference's integer hash,
+exact; ``-log(-log u)`` in fp32 with the C library's ``logf``, which may differ from ATen's in the last
+bit), since their ids are known only once d_j is drawn.
+
 Cost per round: B·N·V_d·4 bytes read once by the selection + B·N·k·r·|W| bytes of gathered W2 rows
 (``dspark bench markov`` reports this floor beside the measured time).
 """
@@ -45,7 +51,7 @@ from numba.extending import intrinsic
 
 from ..errors import DSparkTrtError
 from ..reference.markov import MarkovWalkResult
-from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
+from ..reference.sampling import DRAFT_SALT, HASH_PRIME, HASH_ROUNDS, gumbel_noise, is_greedy, noise_prefix
 
 __all__ = [
     "SUPPORTED_WEIGHT_DTYPES",
@@ -342,6 +348,109 @@ def _walk(vals, ids, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy,
             prev[b] = target
 
 
+_A1, _C1 = HASH_ROUNDS[0]
+_A2, _C2 = HASH_ROUNDS[1]
+
+
+@njit(inline="always")
+def _mix(x):
+    """``reference.sampling._mix`` on one int64 in [0, P)."""
+    x = (x * x + _C1) % HASH_PRIME
+    x = (x * _A1) % HASH_PRIME
+    x = (x * x + _C2) % HASH_PRIME
+    return (x * _A2) % HASH_PRIME
+
+
+@njit(inline="always")
+def _gumbel(prefix, token):
+    """``reference.sampling.gumbel_noise`` from a hoisted ``noise_prefix`` and a token id."""
+    h = _mix((prefix + token % HASH_PRIME) % HASH_PRIME)
+    u = (np.float32(h // 256) + np.float32(0.5)) * np.float32(2.0**-23)
+    return -np.log(-np.log(u))
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, prefix,
+                conf_base, conf_w, splits, out_ids, tokens, logits, conf, status):  # pragma: no cover - compiled
+    """``_walk`` over k + M candidates per slot: ids [B, N, k] and then ``table[d_j]`` [M] (masked −inf where
+    already a top-k id), valued from base [B, N, V_d]; prefix [B, N] i64 is the noise prefix per slot (the M
+    union ids' Gumbel noise is hashed here). Writes out_ids [B, N, k + M] besides ``_walk``'s outputs."""
+    B, N, k = vals.shape
+    M = table.shape[1]
+    K = k + M
+    V, r = w1.shape
+    Vd = w2.shape[0]
+    flat = w2.reshape(-1)
+    prev = anchor.copy()  # [B] target ids d_j
+    per = (K + splits - 1) // splits
+    best_score = np.empty((B, splits), np.float32)
+    best_at = np.empty((B, splits), np.int64)
+    with_conf = conf_base.shape[0] > 0
+    for j in range(N):
+        for task in prange(B * splits):
+            b, part = task // splits, task % splits
+            if status[b]:
+                continue
+            e = np.empty(r, np.float32)  # [r] e_j = W1[d_j] in fp32
+            _widen(w1[prev[b]], w1_bf16, e.view(np.uint32), e)
+            if with_conf and part == 0:
+                conf[b, j] = 1.0 / (1.0 + np.exp(-(conf_base[b, j] + _dot(conf_w, e))))
+            row = np.empty(r, np.float32)  # [r] scratch for a widened bf16 W2 row
+            row_bits = row.view(np.uint32)
+            lo, hi = part * per, min(K, part * per + per)
+            for c in range(max(lo, k), hi):  # this task's union ids (the table row of d_j)
+                cid = np.int64(table[prev[b], c - k])
+                if cid < 0 or cid >= Vd:
+                    status[b] = 2  # a table id outside the draft vocabulary: this request stops
+                    cid = 0
+                out_ids[b, j, c] = cid
+            for c in range(lo, min(hi, k)):
+                out_ids[b, j, c] = ids[b, j, c]
+            for c in range(lo, min(hi, lo + PREFETCH_AHEAD)):
+                _prefetch_row(flat, out_ids[b, j, c], r)
+            top, at = np.float32(-np.inf), lo
+            for c in range(lo, hi):
+                if c + PREFETCH_AHEAD < hi:
+                    _prefetch_row(flat, out_ids[b, j, c + PREFETCH_AHEAD], r)
+                cid = out_ids[b, j, c]
+                if c < k:
+                    v = vals[b, j, c]
+                else:
+                    hit = False
+                    for t in range(k):  # branch-free: vectorises
+                        hit |= ids[b, j, t] == cid
+                    v = np.float32(-np.inf) if hit else base[b, j, cid]
+                if w2_bf16:
+                    _widen(w2[cid], True, row_bits, row)
+                    bias = _dot(row, e)
+                else:
+                    bias = _dot(w2[cid], e)
+                z = v + np.float32(scale * bias)
+                logits[b, j, c] = z
+                if greedy[b]:
+                    score = z
+                else:
+                    g = noise[b, j, c] if c < k else _gumbel(prefix[b, j], cid)
+                    score = z / temp[b] + g
+                if score > top or c == lo:  # first maximum wins, as torch.argmax
+                    top, at = score, c
+            best_score[b, part], best_at[b, part] = top, at
+        for b in range(B):
+            if status[b]:
+                continue
+            at = best_at[b, 0]
+            for part in range(1, splits):
+                if best_at[b, part] < K and best_score[b, part] > best_score[b, 0]:
+                    best_score[b, 0], at = best_score[b, part], best_at[b, part]
+            draft = out_ids[b, j, at]
+            target = draft + d2t[draft] if d2t.shape[0] else draft
+            if target < 0 or target >= V:
+                status[b] = 1
+                continue
+            tokens[b, j] = target
+            prev[b] = target
+
+
 def _weights(w: torch.Tensor) -> tuple[np.ndarray, bool]:
     """A weight matrix as a NumPy array the kernel reads: fp32 as is, bf16 as its uint16 bit patterns."""
     w = w.detach().contiguous()
@@ -376,11 +485,18 @@ def cpu_walk_candidates(
     conf_base: torch.Tensor | None = None,  # [B, N] fp32
     conf_w_markov: torch.Tensor | None = None,  # [r]
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # tokens, cand_logits, confidence
+    union_table: torch.Tensor | None = None,  # [V, M] int draft ids: the candidate union (reference.markov)
+    base_logits: torch.Tensor | None = None,  # [B, N, V_d] base logits, read at the union's ids
 ) -> MarkovWalkResult:
     """``reference.markov.walk_candidates`` (top-k) as one native kernel on the CPU; same result type.
 
     ``out`` (optional): contiguous CPU buffers the kernel writes — tokens [B, N] int64, cand_logits [B, N, k]
-    fp32, confidence [B, N] fp32 — returned in the result."""
+    fp32, confidence [B, N] fp32 — returned in the result. With ``union_table`` (M > 0) the candidate union:
+    cand_ids and cand_logits are [B, N, k + M] (``out`` not supported)."""
+    if union_table is not None and union_table.shape[-1] > 0:
+        return _cpu_walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, logit_scale=logit_scale,
+                               d2t=d2t, temperature=temperature, seed=seed, positions=positions, conf_base=conf_base,
+                               conf_w_markov=conf_w_markov)
     if cand_ids is None:
         raise DSparkTrtError("the CPU Markov kernel walks top-k candidates; use reference walk_candidates for dense")
     if temperature is not None and (seed is None or positions is None):
@@ -424,10 +540,74 @@ def cpu_walk_candidates(
     return MarkovWalkResult(tokens=out[0], cand_ids=ids, cand_logits=out[1], confidence=out[2] if with_conf else None)
 
 
+def _cpu_walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *, logit_scale, d2t, temperature,
+                    seed, positions, conf_base, conf_w_markov) -> MarkovWalkResult:
+    """``cpu_walk_candidates`` with the candidate union (``_walk_union``)."""
+    if cand_ids is None:
+        raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k head: the dense head already "
+                             "scores every token; use --markov-topm 0 or a --topk")
+    if base_logits is None:
+        raise DSparkTrtError("the candidate union needs the base logits [B, N, V_d] to value the table's ids")
+    if temperature is not None and (seed is None or positions is None):
+        raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
+    B, N, k = cand_vals.shape
+    V, Vd = w1.shape[0], w2.shape[0]
+    M = union_table.shape[-1]
+    ids = cand_ids.detach().to(torch.int64).contiguous()  # [B, N, k]
+    table = union_table.detach()  # [V, M] int32 or int64, read as is (ids range-checked in the kernel)
+    table = table if table.dtype in (torch.int32, torch.int64) and table.is_contiguous() else \
+        table.to(torch.int64).contiguous()
+    ids_np, anchor_np, table_np = ids.numpy(), anchor.detach().to(torch.int64).contiguous().numpy(), table.numpy()
+    for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V)):  # the kernel reads memory unchecked
+        if a.size and (a.min() < 0 or a.max() >= hi):
+            raise DSparkTrtError(f"{name} must lie in [0, {hi}); got [{a.min()}, {a.max()}]")
+    if table.shape[0] != V:
+        raise DSparkTrtError(f"union_table has {table.shape[0]} rows; it is indexed by target id ([V={V}, M])")
+    w1_np, w1_bf16 = _weights(w1)
+    w2_np, w2_bf16 = _weights(w2)
+    base = base_logits.detach().to(torch.float32).contiguous().numpy()  # [B, N, V_d]
+    prefix = np.zeros((B, N), np.int64)
+    if temperature is None:
+        greedy, temp, noise = np.ones(B, np.bool_), np.ones(B, np.float32), np.empty((0, 0, 0), np.float32)
+    else:
+        t = temperature.detach().to(torch.float32).cpu()  # [B]
+        greedy_t = is_greedy(t)
+        greedy, temp = greedy_t.numpy(), torch.where(greedy_t, 1.0, t).numpy()
+        steps = positions.to(torch.int64).cpu().view(B, 1) + torch.arange(N).view(1, N)  # [B, N]
+        seeds = seed.to(torch.int64).cpu().view(B, 1)
+        noise = gumbel_noise(seeds.view(B, 1, 1), steps.view(B, N, 1), ids, DRAFT_SALT).numpy()  # [B, N, k]
+        prefix = noise_prefix(seeds, steps, DRAFT_SALT).contiguous().numpy()  # [B, N]
+    with_conf = conf_base is not None
+    empty = np.empty(0, np.float32)
+    cb = conf_base.detach().to(torch.float32).contiguous().numpy() if with_conf else empty.reshape(0, 0)
+    cw = empty if not with_conf else (np.zeros(w1.shape[1], np.float32) if conf_w_markov is None
+                                      else conf_w_markov.detach().to(torch.float32).contiguous().numpy())
+    offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()
+    out_ids = torch.empty(B, N, k + M, dtype=torch.int64)
+    tokens, logits, conf = torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k + M), torch.empty(B, N)
+    status = np.zeros(B, np.uint8)
+    if B and N:
+        splits = max(1, min(_threads() // B, k + M))
+        vals = cand_vals.detach().to(torch.float32).contiguous().numpy()
+        _walk_union(vals, ids_np, base, table_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets,
+                    np.float32(logit_scale), temp, greedy, noise, prefix, cb, cw, splits, out_ids.numpy(),
+                    tokens.numpy(), logits.numpy(), conf.numpy(), status)
+    if (status == 2).any():
+        raise DSparkTrtError(f"union_table holds ids outside [0, {Vd}); build it with "
+                             f"reference.markov.markov_union_table from this drafter's weights")
+    if status.any():
+        raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
+                             f"vocabulary [0, {V}); check the checkpoint's d2t table")
+    return MarkovWalkResult(tokens=tokens, cand_ids=out_ids, cand_logits=logits,
+                            confidence=conf if with_conf else None, union_width=M)
+
+
 def cpu_markov_walk(base_logits: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
                     topk: int | None = None, **walk_options) -> MarkovWalkResult:
     """``reference.markov.markov_walk`` for top-k: native selection, then the native walk."""
     if topk is None:
         raise DSparkTrtError("the CPU Markov kernels walk top-k candidates; use reference markov_walk for dense")
     cand_vals, cand_ids = cpu_select_candidates(base_logits, topk)
+    if walk_options.get("union_table") is not None:
+        walk_options.setdefault("base_logits", base_logits)
     return cpu_walk_candidates(cand_vals, cand_ids, anchor, w1, w2, **walk_options)

@@ -51,13 +51,16 @@ CPU_KERNEL_MIN_HEAD = 1 << 20
 
 
 def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
-                    logits_dtype: torch.dtype, weights_dtype: torch.dtype,
+                    logits_dtype: torch.dtype, weights_dtype: torch.dtype, markov_topm: int = 0,
                     draft_vocab_size: int | None = None) -> str | None:
     """Why the reference walk must run instead of the device's native kernel (one line), or None when it can.
     ``draft_vocab_size`` (when given) lets the CPU pick the reference walk for a small head."""
     device = torch.device(device)
     if topk is None:
         return "dense Markov head (no top-k): one GEMM per step is already the fast path"
+    if markov_topm and device.type != "cpu":
+        return (f"candidate union (markov_topm={markov_topm}): only the CPU kernels walk it so far, the fused "
+                f"Triton kernel walks top-k candidates only")
     if device.type == "cpu":
         if draft_vocab_size is not None and draft_vocab_size * rank < CPU_KERNEL_MIN_HEAD:
             return (f"small Markov head (V_d·r = {draft_vocab_size * rank} < {CPU_KERNEL_MIN_HEAD}): the PyTorch "
@@ -95,12 +98,12 @@ def _native_impl(device_type: str) -> MarkovImpl:
 
 def select_markov_impl(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
                        logits_dtype: torch.dtype = torch.float32, weights_dtype: torch.dtype = torch.float32,
-                       use_kernel: bool = True, draft_vocab_size: int | None = None) -> MarkovImpl:
+                       use_kernel: bool = True, markov_topm: int = 0, draft_vocab_size: int | None = None) -> MarkovImpl:
     """The selection and walk for this device and case: the device's native kernel, or ``REFERENCE``."""
     device = torch.device(device)
     reason = "disabled by the caller" if not use_kernel else fallback_reason(
         device, topk=topk, rank=rank, num_draft_tokens=num_draft_tokens, logits_dtype=logits_dtype,
-        weights_dtype=weights_dtype, draft_vocab_size=draft_vocab_size)
+        weights_dtype=weights_dtype, markov_topm=markov_topm, draft_vocab_size=draft_vocab_size)
     if reason is not None:
         _log_choice(REFERENCE.name, reason)
         return REFERENCE

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..config import DSparkConfig
 from .layers import DSparkDecoderLayer, RMSNorm, block_attention_mask
-from .markov import MarkovWalkResult, select_candidates, walk_candidates
+from .markov import MarkovWalkResult, markov_union_table, select_candidates, walk_candidates
 
 __all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead"]
 
@@ -145,15 +145,19 @@ class DSparkDrafter(nn.Module):
         seed: torch.Tensor | None = None,  # [B] int64
         walk: Callable[..., MarkovWalkResult] = walk_candidates,
         select: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = select_candidates,
+        markov_topm: int = 0,
     ) -> MarkovWalkResult:
         """Draft N tokens per request: backbone, base logits, candidates (top-k or all), Markov walk, confidence.
 
         ``select`` and ``walk`` (signatures of ``reference.markov.select_candidates`` and ``walk_candidates``)
-        let an executor swap in native kernels.
+        let an executor swap in native kernels. ``markov_topm`` M > 0 adds the candidate union
+        (``union_table``; the walk then also gets ``union_table`` and ``base_logits``).
         """
         hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len)
         conf_base, conf_w = self.confidence_parts(hidden)
-        cand_vals, cand_ids = select(self.base_logits(hidden), topk)  # [B, N, k]
+        base = self.base_logits(hidden)  # [B, N, V_d]
+        cand_vals, cand_ids = select(base, topk)  # [B, N, k]
+        union = {} if not markov_topm else {"union_table": self.union_table(markov_topm), "base_logits": base}
         return walk(
             cand_vals,
             cand_ids,
@@ -167,4 +171,14 @@ class DSparkDrafter(nn.Module):
             positions=ctx_len.to(torch.int64) + 1,  # d_1 sits right after the anchor
             conf_base=conf_base,
             conf_w_markov=conf_w,
+            **union,
         )
+
+    def union_table(self, topm: int) -> torch.Tensor:
+        """[V, M] int32 ``markov_union_table`` of this head, built once per M (weights are frozen)."""
+        cache = self.__dict__.setdefault("_union_tables", {})
+        if topm not in cache:
+            with torch.no_grad():
+                cache[topm] = markov_union_table(self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight,
+                                                 topm, logit_scale=self.config.logit_scale)
+        return cache[topm]

@@ -12,6 +12,18 @@ Per request, with base logits ``U`` [N, V_d] (already × ``s``), anchor ``a`` an
               = argmax_{v∈S_j} Z_j(v) / T + G(seed, p+1+j, v)   probabilistic (Gumbel-max, draft stream)
         d_{j+1} = t + d2t[t]                                   # draft id → target id
 
+Candidate union (``markov_topm = M > 0``, ``union_table`` [V, M] from ``markov_union_table``)::
+
+    S_j = TopK_k(U_j) ∪ table[d_j]                   [k + M] ids, fixed shape: the k top-k ids, then table[d_j]
+    a table id already among the top-k keeps its id but gets base value −inf, so it is never drawn and has
+    zero probability in q_j (``draft_probs`` masks it); the walk scores exactly this set.
+
+``table[t]`` holds the ids of the M largest entries of the Markov bias row ``s · W2 · W1[t]`` (the
+tokens the head pushes up most after ``t``). It is indexed like ``W1``, by the predecessor's *target* id,
+so it is [V, M] (= [V_d, M] when V_d = V): the anchor ``d_0`` may be any target id. Only the vanilla
+head exists (``config.SUPPORTED_MARKOV_HEADS`` refuses gated heads before a table is built); a gated head
+scales the bias by a context-dependent gate, so a static table could rank only its ungated bias.
+
 The verifier must use ``q_j = softmax(Z_j / T)`` over ``S_j`` — the dense corrected distribution restricted
 to the candidates and renormalised — or one-hot for greedy drafts. The candidate logits are returned
 *before* temperature. With ``k = V_d`` the top-k walk equals the dense walk bit for bit in fp32: both
@@ -27,20 +39,56 @@ import torch
 from ..errors import DSparkTrtError
 from .sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["MarkovWalkResult", "markov_walk", "walk_candidates", "select_candidates", "draft_to_target"]
+__all__ = ["MarkovWalkResult", "markov_walk", "walk_candidates", "select_candidates", "draft_to_target",
+           "markov_union_table"]
 
 
 @dataclass
 class MarkovWalkResult:
     tokens: torch.Tensor  # [B, N] int64, target-vocab ids (d2t applied)
-    cand_ids: torch.Tensor  # [B, N, k] int64, draft-vocab ids of the candidates (k = V_d when dense)
-    cand_logits: torch.Tensor  # [B, N, k] fp32, corrected logits Z at cand_ids, before temperature
+    cand_ids: torch.Tensor  # [B, N, k (+ M)] int64, draft-vocab ids of the candidates (k = V_d when dense)
+    cand_logits: torch.Tensor  # [B, N, k (+ M)] fp32, corrected logits Z at cand_ids (−inf: masked duplicate)
     confidence: torch.Tensor | None  # [B, N] fp32 in (0, 1), or None without a confidence head
+    union_width: int = 0  # M: the last M candidates are the union's table ids (−inf there = masked duplicate)
+
+    def finite_logits(self) -> torch.Tensor:
+        """[B, N, k (+ M)] bool: finite, or a masked duplicate of the candidate union (−inf by design)."""
+        ok = torch.isfinite(self.cand_logits)
+        if self.union_width:
+            ok[..., -self.union_width:] |= self.cand_logits[..., -self.union_width:] == float("-inf")
+        return ok
 
 
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
     """Draft-vocab ids → target ids (``t = d + d2t[d]``); identity without a table."""
     return draft_ids if d2t is None else draft_ids + d2t.to(draft_ids.device)[draft_ids]
+
+
+def markov_union_table(
+    w1: torch.Tensor,  # [V, r] markov_w1 (indexed by target id)
+    w2: torch.Tensor,  # [V_d, r] markov_w2
+    topm: int,
+    *,
+    logit_scale: float = 1.0,
+    rows_per_chunk: int = 1024,
+) -> torch.Tensor:
+    """[V, M] int32: per predecessor target id t, the draft ids of the M largest entries of ``s · W2 · W1[t]``.
+
+    Built once per (drafter, M) in fp32, ``rows_per_chunk`` predecessors per GEMM ([chunk, V_d] at a time);
+    ties are broken as ``torch.topk`` breaks them. M = 0 gives an empty [V, 0] table.
+    """
+    V, Vd = w1.shape[0], w2.shape[0]
+    if not 0 <= topm <= Vd:
+        raise DSparkTrtError(f"--markov-topm {topm} must be in [0, draft_vocab_size={Vd}]; use a smaller M")
+    table = torch.empty(V, topm, dtype=torch.int32, device=w1.device)
+    if topm == 0:
+        return table
+    w2f = w2.to(torch.float32)  # [V_d, r]
+    for start in range(0, V, rows_per_chunk):
+        e = w1[start:start + rows_per_chunk].to(torch.float32)  # [c, r]
+        bias = float(logit_scale) * (e @ w2f.T)  # [c, V_d]
+        table[start:start + rows_per_chunk] = torch.topk(bias, topm, dim=-1).indices.to(torch.int32)
+    return table
 
 
 def select_candidates(base_logits: torch.Tensor, topk: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -94,8 +142,11 @@ def markov_walk(
     topk: int | None = None,  # None = dense
     **walk_options,
 ) -> MarkovWalkResult:
-    """Select the candidates (top-k of the base logits, or all of V_d) and walk the N Markov steps."""
+    """Select the candidates (top-k of the base logits, or all of V_d) and walk the N Markov steps
+    (``union_table=`` in ``walk_options``: the candidate union, valued from these base logits)."""
     cand_vals, cand_ids = select_candidates(base_logits, topk)
+    if walk_options.get("union_table") is not None:
+        walk_options.setdefault("base_logits", base_logits)
     return walk_candidates(cand_vals, cand_ids, anchor, w1, w2, **walk_options)
 
 
@@ -113,8 +164,23 @@ def walk_candidates(
     positions: torch.Tensor | None = None,  # [B] int: sequence position of d_1 (= anchor position + 1)
     conf_base: torch.Tensor | None = None,  # [B, N] fp32: w_h · H_j + b, the hidden-state part of c_j
     conf_w_markov: torch.Tensor | None = None,  # [r]: the Markov-embedding part of the confidence weight
+    union_table: torch.Tensor | None = None,  # [V, M] int draft ids per predecessor target id (candidate union)
+    base_logits: torch.Tensor | None = None,  # [B, N, V_d] the base logits (× s): needed with union_table
 ) -> MarkovWalkResult:
-    """Walk the N sequential Markov steps over given candidates (the DSparkTopKMarkov op; module docstring)."""
+    """Walk the N sequential Markov steps over given candidates (the DSparkTopKMarkov op; module docstring).
+
+    With ``union_table`` (M = its width > 0), slot j also scores ``union_table[d_j]``'s ids, their base values
+    read from ``base_logits``; a duplicate of a top-k id is masked (−inf). M = 0 is the plain walk.
+    """
+    if union_table is not None and union_table.shape[-1] > 0:
+        if cand_ids is None:
+            raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k head: the dense head "
+                                 "already scores every token; use --markov-topm 0 or a --topk")
+        if base_logits is None:
+            raise DSparkTrtError("the candidate union needs the base logits [B, N, V_d] to value the table's ids")
+        return _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, logit_scale=logit_scale,
+                           d2t=d2t, temperature=temperature, seed=seed, positions=positions, conf_base=conf_base,
+                           conf_w_markov=conf_w_markov)
     B, N, k = cand_vals.shape
     device = cand_vals.device
     cand_vals = cand_vals.to(torch.float32)
@@ -159,4 +225,56 @@ def walk_candidates(
         cand_ids=cand_ids,
         cand_logits=torch.stack(logits, dim=1),
         confidence=torch.stack(conf, dim=1) if conf else None,
+    )
+
+
+def _walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *, logit_scale, d2t, temperature,
+                seed, positions, conf_base, conf_w_markov) -> MarkovWalkResult:
+    """``walk_candidates`` over S_j = top-k ∪ union_table[d_j] (k + M slots, duplicates masked with −inf)."""
+    B, N, k = cand_vals.shape
+    M = union_table.shape[-1]
+    device = cand_vals.device
+    cand_vals = cand_vals.to(torch.float32)
+    cand_ids = cand_ids.to(torch.int64)
+    table = union_table.to(device)  # [V, M] int32 (rows converted when read: the table is large)
+    base = base_logits.to(device)
+    sampling = temperature is not None
+    if sampling and (seed is None or positions is None):
+        raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
+    if sampling:
+        greedy = is_greedy(temperature).view(B, 1)  # [B, 1]
+        temp = torch.where(greedy, 1.0, temperature.to(torch.float32).view(B, 1))  # [B, 1]
+    wc = None if conf_w_markov is None else conf_w_markov.to(torch.float32)
+
+    prev = anchor.to(torch.int64)  # [B] target ids
+    tokens, logits, ids_out, conf = [], [], [], []
+    for j in range(N):
+        e = w1[prev].to(torch.float32)  # [B, r]
+        if conf_base is not None:
+            part = conf_base[:, j].to(torch.float32)
+            conf.append(torch.sigmoid(part + e @ wc if wc is not None else part))  # [B]
+        extra = table[prev].to(torch.int64)  # [B, M] draft ids
+        dup = (extra.unsqueeze(-1) == cand_ids[:, j].unsqueeze(1)).any(-1)  # [B, M]: already a top-k candidate
+        extra_vals = base[:, j].gather(-1, extra).to(torch.float32).masked_fill(dup, float("-inf"))  # [B, M]
+        ids = torch.cat((cand_ids[:, j], extra), dim=-1)  # [B, k + M]
+        vals = torch.cat((cand_vals[:, j], extra_vals), dim=-1)  # [B, k + M] fp32
+        rows = w2.index_select(0, ids.reshape(-1)).view(B, k + M, -1).to(torch.float32)  # [B, k + M, r]
+        bias = torch.bmm(rows, e.unsqueeze(-1)).squeeze(-1)  # [B, k + M]
+        z = vals + logit_scale * bias  # [B, k + M] fp32, −inf at masked duplicates
+        score = z
+        if sampling:
+            g = gumbel_noise(seed.view(B, 1), (positions + j).view(B, 1), ids, DRAFT_SALT)  # [B, k + M]
+            score = torch.where(greedy, z, z / temp + g)
+        pick = score.argmax(dim=-1)  # [B]
+        tok = draft_to_target(ids.gather(-1, pick.unsqueeze(-1)).squeeze(-1), d2t)
+        tokens.append(tok)
+        logits.append(z)
+        ids_out.append(ids)
+        prev = tok
+    return MarkovWalkResult(
+        tokens=torch.stack(tokens, dim=1),
+        cand_ids=torch.stack(ids_out, dim=1),
+        cand_logits=torch.stack(logits, dim=1),
+        confidence=torch.stack(conf, dim=1) if conf else None,
+        union_width=M,
     )

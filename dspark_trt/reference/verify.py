@@ -43,9 +43,11 @@ def draft_probs(
     temperature: torch.Tensor | None,  # [B] fp32; None = all greedy
 ) -> torch.Tensor:
     """q over the candidates [B, N, k] fp32: ``softmax(Z / T)``, or one-hot at the drafted token for greedy
-    requests (the exact distribution each token was drawn from)."""
+    requests (the exact distribution each token was drawn from). A −inf candidate (a duplicate the candidate
+    union masked) gets probability 0 in both forms, so a duplicated id counts once."""
     B = cand_logits.shape[0]
-    onehot = (cand_target_ids == tokens.unsqueeze(-1)).to(torch.float32)
+    drawable = cand_logits != float("-inf")  # [B, N, k] False at masked duplicates
+    onehot = ((cand_target_ids == tokens.unsqueeze(-1)) & drawable).to(torch.float32)
     if temperature is None:
         return onehot
     greedy = is_greedy(temperature).view(B, 1, 1)

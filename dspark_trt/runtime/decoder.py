@@ -177,6 +177,25 @@ class SpeculativeDecoder:
             raise DSparkTrtError(f"{name} has {len(values)} values for {B} requests; give one value or one per request")
         return torch.tensor(values, dtype=dtype, device=self.target.device)
 
+    def _resolve_markov_topm(self, markov_topm, topk) -> int:
+        """The candidate union's M for a round (0 = top-k only); one-line errors where it cannot apply."""
+        c = self.config
+        if markov_topm is None:  # the drafter's recorded default, only where it can apply
+            usable = topk is not None and getattr(self.backend, "supports_markov_topm", False)
+            markov_topm = c.draft_markov_topm if usable else 0
+        markov_topm = int(markov_topm)
+        if markov_topm:
+            if not 0 < markov_topm <= c.draft_vocab_size:
+                raise DSparkTrtError(f"--markov-topm {markov_topm} must be in [0, draft_vocab_size="
+                                     f"{c.draft_vocab_size}]; use a smaller M")
+            if topk is None:
+                raise DSparkTrtError("--markov-topm needs a top-k head (the dense head already scores every token); "
+                                     "pass --topk K or --markov-topm 0")
+            if not getattr(self.backend, "supports_markov_topm", False):
+                raise DSparkTrtError(f"the {self.backend.name} backend has no candidate union yet; use --backend "
+                                     f"torch or --markov-topm 0")
+        return markov_topm
+
     # -- generation -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(
@@ -190,6 +209,7 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         confidence_threshold: float | None = None,
         draft: bool = True,
+        markov_topm: int | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per request.
 
@@ -204,6 +224,9 @@ class SpeculativeDecoder:
             eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
+            markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
+                favours most after its predecessor (needs a top-k; torch backend); 0 = top-k only; ``None``
+                uses the config's ``draft_markov_topm`` where it applies (a top-k round on the torch backend).
         """
         prompts = self._prompts(inputs)
         B = len(prompts)
@@ -214,11 +237,14 @@ class SpeculativeDecoder:
         check_sampling(temp, seeds)
         topk, confidence_threshold = resolve_draft_options(self.config, topk, confidence_threshold,
                                                            default_topk=self.default_topk)
+        markov_topm = self._resolve_markov_topm(markov_topm, topk)
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
         requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos)
                     for i, (p, t, s) in enumerate(zip(prompts, temp.tolist(), seeds.tolist()))]
-        stats = _Run(self, topk, confidence_threshold, draft, requests=B).loop(requests)
+        run = _Run(self, topk, confidence_threshold, draft, requests=B)
+        run.union = {"markov_topm": markov_topm} if markov_topm else {}  # only union-capable backends see it
+        stats = run.loop(requests)
         out = [r.out for r in requests]
         texts = None
         if self.tokenizer is not None:
@@ -254,6 +280,7 @@ class _Run:
 
     def __init__(self, dec: SpeculativeDecoder, topk, threshold, draft, *, requests: int = 0):
         self.dec, self.topk, self.threshold, self.speculative = dec, topk, threshold, draft
+        self.union: dict = {}  # {"markov_topm": M} with the candidate union
         self.requests: dict[int, _Request] = {}  # active requests by id
         self.rows = torch.zeros(0, dtype=torch.int64)  # request id of each active batch row
         self.temp_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row
@@ -359,7 +386,7 @@ class _Run:
             ctx_k, ctx_v = state.context()
             ctx_len = state.ctx_len  # [B] anchor position p
             res = backend.draft(anchor.to(state.k.device), ctx_k, ctx_v, ctx_len, topk=self.topk,
-                                temperature=self.temp, seed=self.seed)
+                                temperature=self.temp, seed=self.seed, **self.union)
             self.monitor.draft(res, self.rows)  # non-finite inputs or logits: one warning per request
         with self.clock("verify"):
             drafts = res.tokens.to(target.device)  # [B, N]

@@ -78,7 +78,8 @@ class NonFiniteMonitor:
         """After a draft round (``MarkovWalkResult``): one synchronisation; warns about newly affected
         requests and returns the warnings (empty when all is finite)."""
         logits = result.cand_logits  # [B, N, k]
-        flags = [p.finite.to(logits.device) for p in self._pending] + [torch.isfinite(logits).all()]
+        finite = result.finite_logits() if hasattr(result, "finite_logits") else torch.isfinite(logits)
+        flags = [p.finite.to(logits.device) for p in self._pending] + [finite.all()]
         pending, self._pending = self._pending, []
         if bool(torch.stack(flags).all()):
             return []
@@ -86,8 +87,8 @@ class NonFiniteMonitor:
         for p in pending:
             self._scan_context(p, found)
         for row, rid in enumerate(_ids(request_ids)):
-            if rid not in found and not bool(torch.isfinite(logits[row]).all()):
-                slots = sorted({int(j) for j in (~torch.isfinite(logits[row])).nonzero()[:, 0].tolist()})
+            if rid not in found and not bool(finite[row].all()):
+                slots = sorted({int(j) for j in (~finite[row]).nonzero()[:, 0].tolist()})
                 found[rid] = (f"non-finite draft logits at slot(s) {slots} while its context K/V are finite: the "
                               f"draft round (block layers, lm_head) overflowed the drafter's {self.dtype_name}; "
                               f"{_DRAFTER_FIX}")

@@ -37,6 +37,15 @@ def test_cpu_rows_time_the_native_round_when_numba_is_there(capsys):
         assert r["fused_vs_pass"] == pytest.approx(r["fused_ms"] / r["pass_ms"], rel=0.01, abs=0.01)
 
 
+def test_markov_topm_rows_time_the_union_round(capsys):
+    assert main([*SMALL, "--markov-topm", "8", "--json"]) == 0
+    for r in json.loads(capsys.readouterr().out):
+        assert r["markov_topm"] == 8 and r["union_topk_ms"] > 0
+        if "fused_ms" in r:  # the CPU kernels are there
+            assert r["union_fused_ms"] > 0
+            assert r["union_vs_topk"] == pytest.approx(r["union_fused_ms"] / r["union_plain_ms"], rel=0.01, abs=0.01)
+
+
 def test_table_json_file_and_plot(tmp_path, capsys):
     mask = os.umask(0)
     os.umask(mask)
@@ -59,6 +68,11 @@ def test_a_directory_or_a_path_below_a_file_is_a_one_line_error(tmp_path, capsys
         assert main([*SMALL, flag, str(path), "--force"]) == 1
         assert message in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_bad_markov_topm_is_a_one_line_error(capsys):
+    assert main([*SMALL, "--markov-topm", "5000"]) == 1
+    assert "--markov-topm 5000 must be in [0, --vocab 4099]" in capsys.readouterr().err
 
 
 def test_bad_topk_is_a_one_line_error(capsys):

@@ -48,6 +48,16 @@ def test_batch_size_repeats_prompts_with_consecutive_seeds(distilled_pair, capsy
     assert len(batch) == 3 and json.loads(out)["tokens"][0] == batch[2]  # request 2 = seed 10 + 2
 
 
+def test_markov_topm_drafts_with_the_candidate_union_and_stays_lossless(distilled_pair, capsys):
+    pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target, "--input-ids", "1 2 3",
+            "--max-new-tokens", 12, "--json"]
+    code, out, _ = run_cli(capsys, *pair, "--topk", 2, "--markov-topm", 8)
+    union = json.loads(out)
+    code0, out0, _ = run_cli(capsys, *pair, "--no-draft")
+    assert code == code0 == 0 and union["tokens"] == json.loads(out0)["tokens"]
+    assert union["stats"]["accepted"] > 0
+
+
 def test_text_prompt_with_a_tokenizer(distilled_pair, tmp_path, capsys):
     from dspark_trt.testing.embedded import write_byte_tokenizer
 
@@ -89,6 +99,8 @@ def narrow_drafter(tmp_path_factory):
     ("mask", "mask_token_id 300 is outside the vocabulary [0, 257)"),
     ("one-model", "pass both --drafter and --target"),
     ("topk", "--topk many: use an integer K >= 1 (candidates per draft slot) or 'off' (the dense Markov head)"),
+    ("topm", "--markov-topm must be >= 0 (0 = top-k only), got -1"),
+    ("topm-dense", "--markov-topm needs a top-k head"),
 ])
 def test_bad_input_is_one_line_and_exit_1(case, message, distilled_pair, random_pair, narrow_drafter, tmp_path,
                                           capsys):
@@ -108,6 +120,10 @@ def test_bad_input_is_one_line_and_exit_1(case, message, distilled_pair, random_
         drafter = mutate_config(Path(drafter), tmp_path / "d", mask_token_id=300)
     elif case == "topk":
         extra = ["--topk", "many"]
+    elif case == "topm":
+        extra = ["--topk", "4", "--markov-topm", "-1"]
+    elif case == "topm-dense":
+        extra = ["--topk", "off", "--markov-topm", "4"]
     models = ["--drafter", drafter] if case == "one-model" else ["--drafter", drafter, "--target", target]
     code, out, err = run_cli(capsys, *models, "--input-ids", ids, "--max-new-tokens", 4, *extra)
     assert code == 1, err

@@ -38,6 +38,29 @@ def test_greedy_with_a_random_drafter_is_lossless_too(random_pair):
         assert decoder.generate(prompts, 16, topk=topk).tokens == decoder.generate(prompts, 16, draft=False).tokens
 
 
+@pytest.mark.parametrize("topk, topm", [(1, 4), (16, 8), (4, 257)], ids=["k1m4", "k16m8", "k4mV"])
+def test_greedy_speculation_with_the_candidate_union_equals_target_only_greedy(distilled_decoder, topk, topm):
+    prompts = prompts_for(distilled_decoder, 3, seed=topk + topm)
+    spec = distilled_decoder.generate(prompts, 24, topk=topk, markov_topm=topm)
+    assert spec.tokens == distilled_decoder.generate(prompts, 24, draft=False).tokens
+    assert spec.stats.accepted > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_markov_topm_zero_is_todays_top_k(distilled_decoder, temperature):
+    prompts = prompts_for(distilled_decoder, 3, seed=41)
+    plain = distilled_decoder.generate(prompts, 16, topk=8, temperature=temperature, seed=2)
+    zero = distilled_decoder.generate(prompts, 16, topk=8, temperature=temperature, seed=2, markov_topm=0)
+    assert zero.tokens == plain.tokens and zero.stats.accepted == plain.stats.accepted
+
+
+def test_the_union_with_a_scripted_backend_is_refused(distilled_decoder):
+    backend = ScriptedDrafterBackend(distilled_decoder.config, [[1] * distilled_decoder.config.num_draft_tokens])
+    dec = SpeculativeDecoder(distilled_decoder.target, backend)
+    with pytest.raises(DSparkTrtError, match="backend has no candidate union yet; use --backend torch"):
+        dec.generate([[1, 2]], 4, topk=4, markov_topm=2)
+
+
 # -- acceptance paths with a scripted drafter --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def scripted_setup(distilled_pair):
@@ -260,6 +283,8 @@ def test_sampling_is_reproducible_and_seed_dependent(distilled_decoder):
     ([[1, 2]], {"topk": 258}, "top-k 258 must be in [1, draft_vocab_size=257]"),
     ([[1, 2]], {"seed": [1, 2]}, "seed has 2 values for 1 requests"),
     ([[1, 2]], {"confidence_threshold": 1.5}, "confidence_threshold must be in [0, 1]"),
+    ([[1, 2]], {"topk": 4, "markov_topm": 258}, "--markov-topm 258 must be in [0, draft_vocab_size=257]"),
+    ([[1, 2]], {"topk": 0, "markov_topm": 2}, "--markov-topm needs a top-k head"),
 ])
 def test_bad_requests_raise_one_line_errors(distilled_decoder, inputs, kwargs, message):
     with pytest.raises(DSparkTrtError) as e:

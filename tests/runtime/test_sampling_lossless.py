@@ -63,28 +63,31 @@ def run(decoder, topk, **options):
                             eos_token_id=[], **options)
 
 
-@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (0, {"confidence_threshold": 0.5})],
-                         ids=["dense", "top4", "dense-confidence-truncated"])
+@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (0, {"confidence_threshold": 0.5}),
+                                           (2, {"markov_topm": 3})],
+                         ids=["dense", "top4", "dense-confidence-truncated", "top2-union3"])
 def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joint, topk, options):
     out = run(decoder, topk, **options)
     assert out.stats.accepted > 0.2 * out.stats.rounds  # drafts are really accepted, not only corrected
-    if options:
+    if "confidence_threshold" in options:
         assert out.stats.drafted < out.stats.rounds * decoder.config.num_draft_tokens  # truncation happened
     assert min(chi_square_pvalues(out.tokens, exact_joint)) > 1e-4
 
 
-@pytest.mark.parametrize("topk", [0, 3], ids=["dense", "top3"])
-def test_reduced_draft_vocabulary_sampling_is_lossless(small_vocab_reduced_pair, topk):
+@pytest.mark.parametrize("topk, options", [(0, {}), (3, {}), (2, {"markov_topm": 4})],
+                         ids=["dense", "top3", "top2-union4"])
+def test_reduced_draft_vocabulary_sampling_is_lossless(small_vocab_reduced_pair, topk, options):
     """d2t: candidates are draft ids; the verifier must see them as target ids."""
     dec = make_decoder(small_vocab_reduced_pair)
     assert dec.config.has_reduced_vocab
-    out = run(dec, topk)
+    out = run(dec, topk, **options)
     assert out.stats.accepted > 0.2 * out.stats.rounds
     assert min(chi_square_pvalues(out.tokens, target_joint(dec))) > 1e-4
 
 
-@pytest.mark.parametrize("topk", [0, 4], ids=["dense", "top4"])
-def test_a_wrong_draft_distribution_fails_the_same_test(decoder, exact_joint, topk, monkeypatch):
+@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (2, {"markov_topm": 3})],
+                         ids=["dense", "top4", "top2-union3"])
+def test_a_wrong_draft_distribution_fails_the_same_test(decoder, exact_joint, topk, options, monkeypatch):
     import dspark_trt.runtime.decoder as decoder_module
     from dspark_trt.reference.verify import draft_probs
 
@@ -92,7 +95,7 @@ def test_a_wrong_draft_distribution_fails_the_same_test(decoder, exact_joint, to
         return draft_probs(cand_logits, cand_ids, tokens, temperature * 2)
 
     monkeypatch.setattr(decoder_module, "draft_probs", wrong_q)
-    out = run(decoder, topk)
+    out = run(decoder, topk, **options)
     assert min(chi_square_pvalues(out.tokens, exact_joint)) < 1e-6
 
 

@@ -10,6 +10,7 @@ from dspark_trt.reference.markov import walk_candidates
 from dspark_trt.runtime.backends.base import backend_class
 from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
 from dspark_trt.testing.walk import by_candidate_id
+from tests.reference.test_markov_union import union_dense
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,29 @@ def test_backend_equals_reference_draft(drafter, topk, sampling):
     assert torch.equal(got.cand_ids, want.cand_ids if topk else torch.arange(drafter.config.draft_vocab_size).expand_as(got.cand_ids))
     torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=1e-5)  # fp32, other sum order
     torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("graphs", ["off", "eager"])
+def test_backend_with_the_candidate_union_equals_the_reference_draft(drafter, graphs, caplog):
+    backend = TorchDrafterBackend(drafter, graphs=graphs)
+    taps, ctx_len, anchor = inputs(drafter)
+    k, v = backend.context_kv(taps, torch.arange(taps.shape[1]).expand(3, -1))
+    kw = dict(topk=8, temperature=torch.tensor([0.0, 1.0, 0.7]), seed=torch.tensor([1, 2, 3]))
+    with caplog.at_level("INFO", logger="dspark.plugins"):
+        got = backend.draft(anchor, k, v, ctx_len, markov_topm=4, **kw)
+    want = drafter.draft(anchor, k, v, ctx_len, markov_topm=4, **kw)
+    assert got.cand_ids.shape == (3, drafter.config.num_draft_tokens, 12) and got.union_width == 4
+    assert torch.equal(got.tokens, want.tokens)
+    assert torch.equal(got.cand_ids[..., 8:], want.cand_ids[..., 8:])  # the table part, in table order
+    Vd = drafter.config.draft_vocab_size  # CPU kernels: top-k part unordered; compare by id
+    torch.testing.assert_close(union_dense(got.cand_ids, got.cand_logits, Vd),
+                               union_dense(want.cand_ids, want.cand_logits, Vd), rtol=1e-5, atol=1e-5)
+    assert int(torch.isfinite(got.cand_logits).sum()) == int(torch.isfinite(want.cand_logits).sum())
+    assert bool(torch.isfinite(want.cand_logits[..., 8:]).any())  # the union added candidates
+    from dspark_trt.plugins.dispatch import fallback_reason
+
+    assert "candidate union" in fallback_reason("cuda", topk=8, rank=8, num_draft_tokens=7, markov_topm=4,
+                                                logits_dtype=torch.float32, weights_dtype=torch.float32)
 
 
 def test_walk_fn_is_replaceable(drafter):
@@ -83,6 +107,7 @@ def test_default_on_cpu_is_the_numba_kernels_else_the_reference(drafter, monkeyp
     impl = backend._auto_impl(16)
     assert impl.select is cpu_select_candidates and impl.walk is cpu_walk_candidates
     assert backend._auto_impl(None) is dispatch.REFERENCE  # dense: the GEMM is already the fast path
+    assert backend._auto_impl(16, 4).walk is cpu_walk_candidates  # the candidate union too
     real_find_spec = dispatch.importlib.util.find_spec
     monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda n: None if n == "numba" else real_find_spec(n))
     assert backend._auto_impl(16) is dispatch.REFERENCE

@@ -82,6 +82,7 @@ class DrafterBackend(abc.ABC):
     config: DSparkConfig
     device: torch.device
     d2t: torch.Tensor | None = None  # [V_d] int64 draft→target offsets; required when V_d < V
+    supports_markov_topm: bool = False  # True: draft(..., markov_topm=M) walks the candidate union
 
     def activate(self) -> None:
         """Acquire sessions, buffers, graphs. Called by ``__enter__``."""

@@ -80,21 +80,26 @@ class TorchDrafterBackend(DrafterBackend):
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.drafter.context_kv(taps.to(self.device), positions.to(self.device))
 
+    supports_markov_topm = True  # the candidate union (--markov-topm M > 0)
+
     @torch.inference_mode()
-    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed,
+              markov_topm: int = 0) -> MarkovWalkResult:
         B, T = anchor.shape[0], ctx_k.shape[2]
         if self.graphs != "off" and B <= self.policy.max_batch and T <= self.policy.max_context:
             zeros = torch.zeros(B, device=self.device)
             inputs = {"anchor": anchor, "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_len": ctx_len,
                       "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
                       "seed": zeros.to(torch.int64) if seed is None else seed}
-            return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk,))
-        return self._round(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed)
+            return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk, markov_topm))
+        return self._round(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
+                           markov_topm=markov_topm)
 
-    def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
-        impl = self._auto_impl(topk) if self.walk_fn is None else REFERENCE._replace(walk=self.walk_fn)
+    def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0
+               ) -> MarkovWalkResult:
+        impl = self._auto_impl(topk, markov_topm) if self.walk_fn is None else REFERENCE._replace(walk=self.walk_fn)
         return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
-                                  walk=impl.walk, select=impl.select)
+                                  walk=impl.walk, select=impl.select, markov_topm=markov_topm)
 
     # -- CUDA graphs -------------------------------------------------------------------------------------
     def input_specs(self) -> tuple[InputSpec, ...]:
@@ -110,6 +115,7 @@ class TorchDrafterBackend(DrafterBackend):
         if self._runner is None:
             def round_fn(x: dict[str, torch.Tensor], key) -> MarkovWalkResult:
                 return self._round(x["anchor"], x["ctx_k"], x["ctx_v"], x["ctx_len"], topk=key.variant[0],
+                                   markov_topm=key.variant[1],
                                    temperature=x["temperature"], seed=x["seed"])
 
             self._runner = GraphRunner(round_fn, self.input_specs(), role="draft", device=self.device,
@@ -124,10 +130,10 @@ class TorchDrafterBackend(DrafterBackend):
         if self._runner is not None:
             self._runner.deactivate()
 
-    def _auto_impl(self, topk: int | None) -> MarkovImpl:
-        """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype and ``topk``."""
+    def _auto_impl(self, topk: int | None, markov_topm: int = 0) -> MarkovImpl:
+        """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype, ``topk`` and ``markov_topm``."""
 
         c = self.config
         return select_markov_impl(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
-                                  logits_dtype=torch.float32, weights_dtype=self.dtype,
+                                  logits_dtype=torch.float32, weights_dtype=self.dtype, markov_topm=markov_topm,
                                   draft_vocab_size=c.draft_vocab_size)
