@@ -98,6 +98,10 @@ class OnnxRuntimeTarget(SlotTarget):
         self._taps_set = True
 
     # -- the graph ------------------------------------------------------------------------------------
+    def _graph_for(self, Q: int):
+        """The graph that scores Q new tokens (one session here; the TensorRT target buckets by Q)."""
+        return self.graph
+
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
         """One graph call on the used slots; the new K/V are appended to the buffers. → logits, taps."""
         B, Q = ids.shape
@@ -106,8 +110,9 @@ class OnnxRuntimeTarget(SlotTarget):
             raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
                                  f"export again with a larger --max-context")
         self._reserve(B, S + Q)
-        out = self.graph.run({"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64),
-                              "past_key": self.k[:, :, :, :S], "past_value": self.v[:, :, :, :S]})
+        out = self._graph_for(Q).run({"input_ids": ids, "position_ids": positions,
+                                      "attention_mask": mask.to(torch.int64), "past_key": self.k[:, :, :, :S],
+                                      "past_value": self.v[:, :, :, :S]})
         self.k[:, :, :, S: S + Q] = out["new_key"]  # [L, B, H, Q, D]
         self.v[:, :, :, S: S + Q] = out["new_value"]
         return out["logits"], out["taps"]  # [B, Q, V] fp32, [B, Q, m·d]
@@ -119,7 +124,8 @@ class OnnxRuntimeTarget(SlotTarget):
             return
         new_cap = max(slots, 2 * cap, 64)
         shape = (self.num_layers, B, self.num_key_value_heads, new_cap, self.head_dim)
-        k, v = torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
         if self.k is not None and self.k.shape[1] == B:
             used = self.valid.shape[1] if self.valid is not None else 0
             k[:, :, :, :used], v[:, :, :, :used] = self.k[:, :, :, :used], self.v[:, :, :, :used]

@@ -103,33 +103,6 @@ class TensorRTTarget(OnnxRuntimeTarget):
                 context_plus={"attention_mask": (self._mask_symbol, Q)}, fixed={"Q": Q})
         return self._graphs[key]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
-        B, Q = ids.shape
-        S = mask.shape[1] - Q
-        if self.max_context is not None and S + Q > self.max_context:
-            raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
-                                 f"export again with a larger --max-context")
-        self._reserve(B, S + Q)
-        out = self._graph_for(Q).run({"input_ids": ids, "position_ids": positions,
-                                      "attention_mask": mask.to(torch.int64), "past_key": self.k[:, :, :, :S],
-                                      "past_value": self.v[:, :, :, :S]})
-        self.k[:, :, :, S: S + Q] = out["new_key"]  # [L, B, H, Q, D]
-        self.v[:, :, :, S: S + Q] = out["new_value"]
-        return out["logits"], out["taps"]  # [B, Q, V] fp32, [B, Q, m·d]
-
-    def _reserve(self, B: int, slots: int) -> None:
-        cap = 0 if self.k is None else self.k.shape[3]
-        if self.k is not None and self.k.shape[1] == B and cap >= slots:
-            return
-        new_cap = max(slots, 2 * cap, 64)
-        shape = (self.num_layers, B, self.num_key_value_heads, new_cap, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if self.k is not None and self.k.shape[1] == B:
-            used = self.valid.shape[1] if self.valid is not None else 0
-            k[:, :, :, :used], v[:, :, :, :used] = self.k[:, :, :, :used], self.v[:, :, :, :used]
-        self.k, self.v = k, v
-
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[torch.Tensor]) -> TargetOutput:
         self._check_taps()
