@@ -28,6 +28,13 @@ __all__ = [
     "TensorContract",
     "reference_op",
     "parse_topk",
+    "UNION_OP_NAME",
+    "UNION_PLUGIN_ID",
+    "UNION_INPUTS",
+    "UNION_OUTPUTS",
+    "UNION_ATTRIBUTES",
+    "OP_CONTRACT_VERSION",
+    "reference_union_op",
 ]
 
 OP_NAME = "DSparkTopKMarkov"
@@ -36,6 +43,14 @@ PLUGIN_NAMESPACE = "dspark"
 PLUGIN_VERSION = "1"
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{OP_NAME}"  # tensorrt.plugin registration name
 TENSORRT_TOPK_LIMIT = 3840  # ITopKLayer / ONNX TopK in TensorRT: k ≤ 3840
+#: the candidate union (``--markov-topm M > 0``) is a second op of the same domain: a TensorRT plugin has one
+#: fixed signature, so the union's two extra inputs and extra output make it its own op. An export without a
+#: union emits exactly the contract-1 graph (``DSparkTopKMarkov`` only, domain version 1).
+UNION_OP_NAME = "DSparkTopKMarkovUnion"
+UNION_PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{UNION_OP_NAME}"
+#: 1 = DSparkTopKMarkov only; 2 = adds DSparkTopKMarkovUnion (the ``dspark`` ONNX domain version of an export
+#: that uses it; ``manifest.json["op_contract_version"]``, absent = 1). Readers accept every version ≤ this.
+OP_CONTRACT_VERSION = 2
 
 
 def parse_topk(value: int | str) -> int | None:
@@ -93,6 +108,27 @@ ATTRIBUTES = {
 }
 
 
+#: the union op's inputs: the 11 above, then the table and the base logits the table's ids are valued from
+UNION_INPUTS = INPUTS + (
+    TensorContract("union_table", "[V, M]", "int32",
+                   "draft ids of the M largest Markov-bias entries per predecessor target id "
+                   "(reference.markov.markov_union_table)"),
+    TensorContract("base_logits", "[B, N, V_d]", "T", "all base logits (× logit_scale): values of the table's ids"),
+)
+
+#: the union op's outputs: cand_logits grows to k + M (the last M = table[d_j], −inf where that id is already one
+#: of the slot's top-k: a masked duplicate, never drawn, zero probability), plus the ids of those M candidates
+UNION_OUTPUTS = (
+    OUTPUTS[0],
+    TensorContract("cand_logits", "[B, N, k + M]", "float32",
+                   "corrected logits Z at cand_ids ++ union_ids, before temperature; −inf = masked duplicate"),
+    OUTPUTS[2],
+    TensorContract("union_ids", "[B, N, M]", "int32", "draft-vocab ids of the union candidates: table[d_j]"),
+)
+
+UNION_ATTRIBUTES = {**ATTRIBUTES, "markov_topm": "int: M, the union width (the last dim of union_table), >= 1"}
+
+
 def reference_op(
     cand_values: torch.Tensor,
     cand_ids: torch.Tensor,
@@ -122,3 +158,41 @@ def reference_op(
         conf_w_markov=conf_w,
     )
     return result.tokens.to(torch.int32), result.cand_logits, result.confidence
+
+
+def reference_union_op(
+    cand_values: torch.Tensor,
+    cand_ids: torch.Tensor,
+    anchor: torch.Tensor,
+    markov_w1: torch.Tensor,
+    markov_w2: torch.Tensor,
+    d2t: torch.Tensor,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    conf_base: torch.Tensor,
+    conf_w: torch.Tensor,
+    union_table: torch.Tensor,
+    base_logits: torch.Tensor,
+    *,
+    logit_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The union op on CPU via the oracle: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k + M],
+    confidence fp32 [B, N], union_ids int32 [B, N, M])."""
+    from ..reference.markov import walk_candidates
+
+    k = cand_ids.shape[-1]
+    result = walk_candidates(
+        cand_values, cand_ids, anchor, markov_w1, markov_w2,
+        logit_scale=logit_scale,
+        d2t=d2t.to(torch.int64),
+        temperature=temperature,
+        seed=seed.to(torch.int64),
+        positions=position.to(torch.int64),
+        conf_base=conf_base,
+        conf_w_markov=conf_w,
+        union_table=union_table,
+        base_logits=base_logits,
+    )
+    return (result.tokens.to(torch.int32), result.cand_logits, result.confidence,
+            result.cand_ids[..., k:].to(torch.int32))
