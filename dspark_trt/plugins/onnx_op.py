@@ -33,18 +33,26 @@ import threading
 
 import torch
 
-from .contract import ATTRIBUTES, INPUTS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from .contract import (ATTRIBUTES, INPUTS, OP_CONTRACT_VERSION, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE,
+                       PLUGIN_VERSION, UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS)
 
 __all__ = [
     "OPSET_VERSION",
+    "UNION_OPSET_VERSION",
     "FLOAT_TYPES",
     "register_schema",
     "op_schema",
+    "union_op_schema",
     "local_function",
+    "union_local_function",
     "node_attributes",
+    "union_node_attributes",
 ]
 
-OPSET_VERSION = 1  # version of the ``dspark`` ONNX domain
+OPSET_VERSION = 1  # version of the ``dspark`` ONNX domain of an export without the candidate union
+#: the ``dspark`` domain version of an export with the union op (= ``contract.OP_CONTRACT_VERSION``); the union
+#: schema is registered since this version, the plain op's schema (since 1) stays valid under it
+UNION_OPSET_VERSION = OP_CONTRACT_VERSION
 #: ONNX type strings the logits (T) and weights (W) may have
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 _FIXED_TYPES = {"int32": "tensor(int32)", "float32": "tensor(float)"}
@@ -57,9 +65,29 @@ def node_attributes(k: int, logit_scale: float) -> dict:
             "plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
 
 
+def union_node_attributes(k: int, logit_scale: float, markov_topm: int) -> dict:
+    """Every attribute the exported union node carries: the union op's (contract ``UNION_ATTRIBUTES``) + lookup."""
+    return {**node_attributes(k, logit_scale), "markov_topm": int(markov_topm)}
+
+
 # -- the schema ------------------------------------------------------------------------------------------
 def op_schema():
     """A fresh ``OpSchema`` for the node (not registered)."""
+    return _schema(OP_NAME, OPSET_VERSION, INPUTS, OUTPUTS, ATTRIBUTES, __doc__.split("Two things live here")[0],
+                   _infer_outputs)
+
+
+def union_op_schema():
+    """A fresh ``OpSchema`` for the candidate-union node ``dspark::DSparkTopKMarkovUnion`` (not registered)."""
+    doc = ("DSparkTopKMarkovUnion: DSparkTopKMarkov over S_j = the k candidates ∪ union_table[d_j] (k + M slots: "
+           "the k given ids, then the M table ids of the predecessor d_j, valued from base_logits; a table id "
+           "already among the k is masked with −inf in its union slot). Contract: dspark_trt/plugins/contract.py "
+           "(reference_union_op), docs/kernel.md.")
+    return _schema(UNION_OP_NAME, UNION_OPSET_VERSION, UNION_INPUTS, UNION_OUTPUTS, UNION_ATTRIBUTES, doc,
+                   _infer_union_outputs)
+
+
+def _schema(name, version, inputs, outputs, op_attributes, doc, infer):
     from onnx.defs import OpSchema
 
     def param(t):
@@ -67,27 +95,25 @@ def op_schema():
         return OpSchema.FormalParameter(t.name, type_str, f"{t.shape} {t.dtype}: {t.doc}")
 
     A = OpSchema.AttrType
-    attributes = [
-        OpSchema.Attribute("k", A.INT, ATTRIBUTES["k"], required=True),
-        OpSchema.Attribute("logit_scale", A.FLOAT, ATTRIBUTES["logit_scale"], required=True),
+    kinds = {"k": A.INT, "logit_scale": A.FLOAT, "markov_topm": A.INT}
+    attributes = [OpSchema.Attribute(a, kinds[a], text, required=True) for a, text in op_attributes.items()] + [
         OpSchema.Attribute("plugin_version", A.STRING, "TensorRT plugin version (parser lookup)", required=False),
         OpSchema.Attribute("plugin_namespace", A.STRING, "TensorRT plugin namespace; present so the parser "
                            "prefers the plugin over the local function", required=False),
         OpSchema.Attribute("aot", A.INT, "TensorRT quickly-deployable plugins: 1 = ahead-of-time kernel",
                            required=False),
     ]
-    doc = (__doc__.split("Two things live here")[0].strip() + "\n\nInputs: " +
-           "; ".join(f"{t.name} {t.shape} {t.dtype}" for t in INPUTS) + ". Outputs: " +
-           "; ".join(f"{t.name} {t.shape} {t.dtype}" for t in OUTPUTS) + ".")
+    doc = (doc.strip() + "\n\nInputs: " + "; ".join(f"{t.name} {t.shape} {t.dtype}" for t in inputs) +
+           ". Outputs: " + "; ".join(f"{t.name} {t.shape} {t.dtype}" for t in outputs) + ".")
     schema = OpSchema(
-        OP_NAME, OP_DOMAIN, OPSET_VERSION, doc,
-        inputs=[param(t) for t in INPUTS],
-        outputs=[param(t) for t in OUTPUTS],
+        name, OP_DOMAIN, version, doc,
+        inputs=[param(t) for t in inputs],
+        outputs=[param(t) for t in outputs],
         type_constraints=[("T", list(FLOAT_TYPES), "logits type"), ("W", list(FLOAT_TYPES), "weights type")],
         attributes=attributes,
         node_determinism=OpSchema.NodeDeterminism.Deterministic,
     )
-    schema.set_type_and_shape_inference_function(_infer_outputs)
+    schema.set_type_and_shape_inference_function(infer)
     return schema
 
 
@@ -106,16 +132,39 @@ def _infer_outputs(ctx) -> None:
         ctx.set_output_type(i, out)
 
 
+def _infer_union_outputs(ctx) -> None:
+    """draft_tokens int32 [B, N], cand_logits fp32 [B, N, k + M], confidence fp32 [B, N], union_ids int32
+    [B, N, M]: B, N from cand_values, k and M from the node's attributes (M also = union_table's last dim)."""
+    import onnx
+
+    values = ctx.get_input_type(0)
+    dims = list(values.tensor_type.shape.dim) if values is not None and values.tensor_type.HasField("shape") else None
+    k, m = ctx.get_attribute("k"), ctx.get_attribute("markov_topm")
+    for i, (elem, last) in enumerate(((onnx.TensorProto.INT32, None), (onnx.TensorProto.FLOAT, "k+M"),
+                                      (onnx.TensorProto.FLOAT, None), (onnx.TensorProto.INT32, "M"))):
+        out = onnx.TypeProto()
+        out.tensor_type.elem_type = elem
+        if dims is not None and len(dims) == 3:
+            out.tensor_type.shape.dim.extend(dims[:2])
+            if last is not None:
+                extra = out.tensor_type.shape.dim.add()
+                if k is not None and m is not None:
+                    extra.dim_value = (k.i if last == "k+M" else 0) + m.i
+        ctx.set_output_type(i, out)
+
+
 def register_schema() -> None:
-    """Register the schema once per process (``onnx.defs`` raises on a second registration)."""
+    """Register both schemas once per process (``onnx.defs`` raises on a second registration)."""
     import onnx.defs
 
     with _lock:
         if not onnx.defs.has(OP_NAME, OP_DOMAIN):
             onnx.defs.register_schema(op_schema())
+        if not onnx.defs.has(UNION_OP_NAME, OP_DOMAIN):
+            onnx.defs.register_schema(union_op_schema())
 
 
-# -- the local function ----------------------------------------------------------------------------------
+# -- the local functions ---------------------------------------------------------------------------------
 def local_function(num_draft_tokens: int, values_dtype: torch.dtype = torch.float32,
                    weights_dtype: torch.dtype = torch.float32, *, opset: int | None = None):
     """The model-local ``FunctionProto`` ``dspark::DSparkTopKMarkov`` for N = ``num_draft_tokens``.
@@ -135,16 +184,48 @@ def local_function(num_draft_tokens: int, values_dtype: torch.dtype = torch.floa
     return fn
 
 
+def union_local_function(num_draft_tokens: int, values_dtype: torch.dtype = torch.float32,
+                         weights_dtype: torch.dtype = torch.float32, *, opset: int | None = None):
+    """The model-local ``FunctionProto`` ``dspark::DSparkTopKMarkovUnion`` for N = ``num_draft_tokens``: N chained
+    copies of one step of the reference union (``contract.reference_union_op`` with N = 1, exported by
+    ``torch.onnx``), exactly as ``local_function`` chains the plain step; ``base_logits`` is sliced per step like
+    ``cand_values``, the table is shared. B, k, M, V, V_d, r stay symbolic (``values_dtype`` is also the
+    ``base_logits`` dtype: both are T)."""
+    import onnx
+
+    fn = onnx.FunctionProto()
+    fn.CopyFrom(_union_local_function(int(num_draft_tokens), values_dtype, weights_dtype, opset))
+    return fn
+
+
+_SLICED = ("cand_values", "cand_ids", "conf_base")  # [B, N, ...] inputs fed per step as [:, j:j+1]
+
+
 @functools.cache
 def _local_function(n: int, values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
+    return _chain(_step_graph(values_dtype, weights_dtype, opset), n, OP_NAME, INPUTS, OUTPUTS, _SLICED,
+                  list(node_attributes(1, 1.0)) + ["aot"],
+                  f"DSparkTopKMarkov from standard ops: {n} chained steps of the exported reference walk")
+
+
+@functools.cache
+def _union_local_function(n: int, values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
+    return _chain(_union_step_graph(values_dtype, weights_dtype, opset), n, UNION_OP_NAME, UNION_INPUTS,
+                  UNION_OUTPUTS, _SLICED + ("base_logits",), list(union_node_attributes(1, 1.0, 1)) + ["aot"],
+                  f"DSparkTopKMarkovUnion from standard ops: {n} chained steps of the exported reference union walk")
+
+
+def _chain(step, n: int, op_name: str, inputs, outputs, sliced, attributes, doc):
+    """A FunctionProto chaining ``n`` copies of the exported single-step model ``step``: step j reads the
+    ``sliced`` inputs at ``[:, j:j+1]``, ``position + j`` and the previous step's token as its anchor; its
+    outputs are concatenated along axis 1 (the first, the token [B, 1], also becomes the next anchor)."""
     import onnx
     from onnx import helper
 
     if n < 1:
         raise ValueError(f"num_draft_tokens must be >= 1, got {n}")
-    step = _step_graph(values_dtype, weights_dtype, opset)
     graph = step.graph
-    in_names = [t.name for t in INPUTS]
+    in_names = [t.name for t in inputs]
     nodes = [_attr_constant("logit_scale")]  # the step graph reads the scale as a 0-d tensor input
 
     def const(name, values):
@@ -153,22 +234,20 @@ def _local_function(n: int, values_dtype: torch.dtype, weights_dtype: torch.dtyp
 
     nodes += [const("one_axis", [1])]
     prev = "anchor"
-    step_outputs: list[list[str]] = [[], [], []]
+    step_outputs: list[list[str]] = [[] for _ in outputs]
     for j in range(n):
         p = f"step{j}/"
         nodes += [const(p + "start", [j]), const(p + "end", [j + 1]),
                   helper.make_node("Constant", [], [p + "offset"], name=p + "offset",
                                    value=helper.make_tensor(p + "offset", onnx.TensorProto.INT32, [], [j]))]
-        renamed = {
-            "cand_values": p + "cand_values", "cand_ids": p + "cand_ids", "conf_base": p + "conf_base",
-            "position": p + "position", "anchor": prev, "logit_scale": "logit_scale",
-        }
-        for name in ("cand_values", "cand_ids", "conf_base"):  # [:, j:j+1]
+        renamed = {name: p + name for name in sliced}
+        renamed.update({"position": p + "position", "anchor": prev, "logit_scale": "logit_scale"})
+        for name in sliced:  # [:, j:j+1]
             nodes.append(helper.make_node("Slice", [name, p + "start", p + "end", "one_axis"], [renamed[name]],
                                           name=p + "slice_" + name))
         nodes.append(helper.make_node("Add", ["position", p + "offset"], [renamed["position"]], name=p + "position"))
         for name in in_names:
-            renamed.setdefault(name, name)  # weights, d2t, temperature, seed, conf_w: shared by every step
+            renamed.setdefault(name, name)  # weights, d2t, temperature, seed, conf_w (, table): shared by every step
         for init in graph.initializer:  # the step's constants become Constant nodes
             renamed[init.name] = p + init.name
             nodes.append(helper.make_node("Constant", [], [p + init.name], name=p + init.name, value=init))
@@ -180,18 +259,18 @@ def _local_function(n: int, values_dtype: torch.dtype, weights_dtype: torch.dtyp
             copy.input.extend(renamed.setdefault(x, p + x) if x else "" for x in node.input)
             copy.output.extend(renamed.setdefault(x, p + x) for x in node.output)
             nodes.append(copy)
-        outs = [renamed[o.name] for o in graph.output]  # [B, 1] int32, [B, 1, k] fp32, [B, 1] fp32
+        outs = [renamed[o.name] for o in graph.output]  # [B, 1] int32, [B, 1, k (+ M)] fp32, [B, 1] fp32 (, [B, 1, M])
         for acc, name in zip(step_outputs, outs):
             acc.append(name)
         prev = p + "token"
         nodes.append(helper.make_node("Squeeze", [outs[0], "one_axis"], [prev], name=p + "token"))  # [B]
-    for out, parts in zip(OUTPUTS, step_outputs):
+    for out, parts in zip(outputs, step_outputs):
         nodes.append(helper.make_node("Concat", parts, [out.name], name="concat_" + out.name, axis=1))
     return helper.make_function(
-        OP_DOMAIN, OP_NAME, in_names, [t.name for t in OUTPUTS], nodes,
+        OP_DOMAIN, op_name, in_names, [t.name for t in outputs], nodes,
         opset_imports=[helper.make_opsetid("", _default_opset(step))],
-        attributes=list(node_attributes(1, 1.0)) + ["aot"],
-        doc_string=f"DSparkTopKMarkov from standard ops: {n} chained steps of the exported reference walk",
+        attributes=attributes,
+        doc_string=doc,
     )
 
 
@@ -221,23 +300,59 @@ class _Step(torch.nn.Module):
                             conf_base, conf_w, logit_scale=logit_scale)
 
 
-@functools.cache
-def _step_graph(values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
-    """The exported single-step model (B, k, V, V_d, r symbolic; N = 1)."""
-    from ..torch_to_onnx import torch_onnx_export
+class _UnionStep(torch.nn.Module):
+    """One step of the union walk = the contract's reference union op with N = 1; ``logit_scale`` as an input."""
 
-    B, k, V, Vd, r = 3, 5, 13, 11, 4  # distinct sizes ≥ 2 so no dimension specialises
+    def forward(self, cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                conf_base, conf_w, union_table, base_logits, logit_scale):
+        from .contract import reference_union_op
+
+        return reference_union_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                  position, conf_base, conf_w, union_table, base_logits, logit_scale=logit_scale)
+
+
+_B, _K, _V, _VD, _R, _M = 3, 5, 13, 11, 4, 6  # example sizes: distinct, ≥ 2, so no dimension specialises
+
+
+def _step_example(values_dtype: torch.dtype, weights_dtype: torch.dtype):
+    """The 11 contract inputs with N = 1 and their dynamic dims (B, k, V, V_d, r symbolic)."""
+    B, k, V, Vd, r = _B, _K, _V, _VD, _R
     i32 = torch.int32
     example = (
         torch.randn(B, 1, k).to(values_dtype), torch.randint(0, Vd, (B, 1, k), dtype=i32),
         torch.randint(0, V, (B,), dtype=i32), torch.randn(V, r).to(weights_dtype), torch.randn(Vd, r).to(weights_dtype),
         torch.zeros(Vd, dtype=i32), torch.ones(B), torch.zeros(B, dtype=i32), torch.ones(B, dtype=i32),
-        torch.zeros(B, 1), torch.zeros(r), torch.tensor(1.0),
+        torch.zeros(B, 1), torch.zeros(r),
     )
     dim = torch.export.Dim
-    Bd, kd, Vdim, Vdd, rd = dim("B"), dim("k"), dim("V"), dim("V_d"), dim("r")
+    dims = {name: dim(name) for name in ("B", "k", "V", "V_d", "r")}
+    Bd, kd, Vdim, Vdd, rd = (dims[n] for n in ("B", "k", "V", "V_d", "r"))
     dynamic = ({0: Bd, 2: kd}, {0: Bd, 2: kd}, {0: Bd}, {0: Vdim, 1: rd}, {0: Vdd, 1: rd}, {0: Vdd}, {0: Bd},
-               {0: Bd}, {0: Bd}, {0: Bd}, {0: rd}, None)
+               {0: Bd}, {0: Bd}, {0: Bd}, {0: rd})
+    return example, dynamic, dims
+
+
+@functools.cache
+def _step_graph(values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
+    """The exported single-step model (B, k, V, V_d, r symbolic; N = 1)."""
+    from ..torch_to_onnx import torch_onnx_export
+
+    example, dynamic, _ = _step_example(values_dtype, weights_dtype)
     names = [t.name for t in INPUTS] + ["logit_scale"]
-    return torch_onnx_export(_Step(), example, input_names=names, output_names=[t.name for t in OUTPUTS],
-                       dynamic_shapes=dynamic, opset=opset).model_proto
+    return torch_onnx_export(_Step(), example + (torch.tensor(1.0),), input_names=names,
+                             output_names=[t.name for t in OUTPUTS], dynamic_shapes=dynamic + (None,),
+                             opset=opset).model_proto
+
+
+@functools.cache
+def _union_step_graph(values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
+    """The exported single-step union model (B, k, M, V, V_d, r symbolic; N = 1)."""
+    from ..torch_to_onnx import torch_onnx_export
+
+    example, dynamic, dims = _step_example(values_dtype, weights_dtype)
+    union = (torch.randint(0, _VD, (_V, _M), dtype=torch.int32), torch.randn(_B, 1, _VD).to(values_dtype))
+    union_dynamic = ({0: dims["V"], 1: torch.export.Dim("M")}, {0: dims["B"], 2: dims["V_d"]})
+    names = [t.name for t in UNION_INPUTS] + ["logit_scale"]
+    return torch_onnx_export(_UnionStep(), example + union + (torch.tensor(1.0),), input_names=names,
+                             output_names=[t.name for t in UNION_OUTPUTS],
+                             dynamic_shapes=dynamic + union_dynamic + (None,), opset=opset).model_proto
