@@ -14,6 +14,11 @@
 
 Top-k: a standard ``TopK`` on the fp32 base logits, then one ``dspark::DSparkTopKMarkov`` node (the plugin in
 TensorRT) with its standard-op local function attached (onnxruntime, TensorRT without the plugin).
+Candidate union (``markov_topm`` M > 0): one ``dspark::DSparkTopKMarkovUnion`` node instead (``dspark`` domain
+version 2), fed the [V, M] int32 table (an initializer, ``union_table``, built at export by
+``markov_union_table`` from the checkpoint's weights in fp32) and the base logits the graph already computes;
+``cand_ids`` / ``cand_logits`` are then [B, N, k + M] (the k top-k ids, then the M union ids; −inf = a masked
+duplicate). M = 0 exports exactly the graph without a union.
 Dense (``topk=None``): the reference walk itself, inlined (no custom node; ``cand_logits`` has k = V_d and
 ``cand_ids`` is omitted, as it would be ``arange(V_d)``).
 
@@ -66,11 +71,19 @@ class ContextGraph(torch.nn.Module):
 
 
 class DraftGraph(torch.nn.Module):
-    """One round of the reference drafter; the top-k Markov walk is the custom op (reference_op eagerly)."""
+    """One round of the reference drafter; the top-k Markov walk is the custom op (reference_op eagerly), or with
+    ``markov_topm`` M > 0 the union op over the table registered as buffer ``union_table`` [V, M] int32."""
 
-    def __init__(self, drafter, topk: int | None):
+    def __init__(self, drafter, topk: int | None, markov_topm: int = 0):
         super().__init__()
-        self.drafter, self.topk = drafter, topk
+        self.drafter, self.topk, self.markov_topm = drafter, topk, int(markov_topm)
+        if self.markov_topm:
+            if topk is None:
+                from ..errors import DSparkTrtError
+
+                raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k export; pass --topk K "
+                                     "or --markov-topm 0")
+            self.register_buffer("union_table", drafter.union_table(self.markov_topm).to(torch.int32).clone())
 
     def forward(self, anchor, ctx_k, ctx_v, ctx_len, temperature, seed):
         d, c = self.drafter, self.drafter.config
@@ -83,16 +96,24 @@ class DraftGraph(torch.nn.Module):
         hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len)  # [B, N, d]
         B, N = hidden.shape[:2]
         conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r] fp32 (or None)
-        cand_vals, cand_ids = select_candidates(d.base_logits(hidden), self.topk)  # [B, N, k] fp32, int64
+        base = d.base_logits(hidden)  # [B, N, V_d] fp32
+        cand_vals, cand_ids = select_candidates(base, self.topk)  # [B, N, k] fp32, int64
         cand_ids = cand_ids.to(torch.int32)
-        tokens, logits, conf = topk_markov(
+        inputs = (
             cand_vals, cand_ids, anchor.to(torch.int32),
             d.markov_head.markov_w1.weight, d.markov_head.markov_w2.weight, d.d2t.to(torch.int32),
             temperature.to(torch.float32), seed.to(torch.int32), (ctx_len + 1).to(torch.int32),  # d_1 after p
             conf_base if conf_base is not None else hidden.new_zeros((B, N), dtype=torch.float32),
             conf_w if conf_w is not None else hidden.new_zeros((c.markov_rank,), dtype=torch.float32),
-            self.topk, float(c.logit_scale),
         )
+        if self.markov_topm:
+            from .topk_op import topk_markov_union
+
+            tokens, logits, conf, union_ids = topk_markov_union(*inputs, self.union_table, base, self.topk,
+                                                                float(c.logit_scale), self.markov_topm)
+            cand_ids = torch.cat((cand_ids, union_ids), dim=-1)  # [B, N, k + M] int32
+        else:
+            tokens, logits, conf = topk_markov(*inputs, self.topk, float(c.logit_scale))
         return (tokens, cand_ids, logits) + ((conf,) if conf_base is not None else ())
 
 
@@ -106,9 +127,11 @@ class GraphInfo:
     max_context: int
     topk: int | None
     config_digest: str
+    markov_topm: int = 0  # candidate union width M (draft graph); 0 = none, and then not in the metadata
 
     def metadata(self) -> dict[str, str]:
-        return {f"dspark.{k}": ("off" if v is None else str(v)) for k, v in self.__dict__.items()}
+        fields = {k: v for k, v in self.__dict__.items() if not (k == "markov_topm" and not v)}  # M = 0: as before
+        return {f"dspark.{k}": ("off" if v is None else str(v)) for k, v in fields.items()}
 
 
 def _example_context(drafter, B: int, T: int):
@@ -151,11 +174,17 @@ def export_draft(drafter, info: GraphInfo):
     Td = torch.export.Dim("T", max=info.max_context)
     kv = {1: Bd, 2: Td}
     has_conf = drafter.confidence_head is not None
+    union = bool(info.markov_topm)
+    table = None
+    if info.topk is not None:
+        from .topk_op import union_translation_table
+
+        table = union_translation_table() if union else translation_table()
     program = torch_onnx_export(
-        DraftGraph(drafter, info.topk), example, input_names=list(DRAFT_INPUTS),
+        DraftGraph(drafter, info.topk, info.markov_topm), example, input_names=list(DRAFT_INPUTS),
         output_names=list(draft_outputs(info.topk, has_conf)),
         dynamic_shapes=({0: Bd}, kv, kv, {0: Bd}, {0: Bd}, {0: Bd}),
-        custom_translation_table=translation_table() if info.topk is not None else None,
+        custom_translation_table=table,
     )
     model = program.model
     if info.topk is not None:
@@ -166,17 +195,20 @@ def export_draft(drafter, info: GraphInfo):
 def _attach_local_function(model, info: GraphInfo, weights_dtype: torch.dtype) -> None:
     import onnx_ir as ir
 
-    from ..plugins.contract import OP_DOMAIN, OP_NAME
-    from ..plugins.onnx_op import OPSET_VERSION, local_function
+    from ..plugins.contract import OP_DOMAIN, OP_NAME, UNION_OP_NAME
+    from ..plugins.onnx_op import OPSET_VERSION, UNION_OPSET_VERSION, local_function, union_local_function
 
     opset = model.opset_imports[""]
-    fn = ir.serde.deserialize_function(local_function(info.num_draft_tokens, torch.float32, weights_dtype,
-                                                      opset=opset))
+    if info.markov_topm:
+        build, version, name = union_local_function, UNION_OPSET_VERSION, UNION_OP_NAME
+    else:
+        build, version, name = local_function, OPSET_VERSION, OP_NAME
+    fn = ir.serde.deserialize_function(build(info.num_draft_tokens, torch.float32, weights_dtype, opset=opset))
     model.functions[fn.identifier()] = fn
-    model.opset_imports[OP_DOMAIN] = OPSET_VERSION
+    model.opset_imports[OP_DOMAIN] = version
     for node in model.graph:
         if node.domain == OP_DOMAIN:
-            node.name = OP_NAME  # the one custom node; readable in polygraphy / TensorRT layer names
+            node.name = name  # the one custom node; readable in polygraphy / TensorRT layer names
 
 
 def _finish(model, info: GraphInfo):
@@ -194,8 +226,9 @@ def run_context(graph, taps: torch.Tensor, positions: torch.Tensor):
     return out["ctx_k"], out["ctx_v"]
 
 
-def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int):
-    """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them).
+def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int, union_width: int = 0):
+    """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them; ``union_width`` = the export's
+    M: the last M candidates are union ids, −inf there = a masked duplicate).
 
     ``temperature=None`` drafts greedily (fed as zeros); seeds are reduced modulo the hash prime, which the
     noise hash does first anyway, so any non-negative int64 seed fits the graph's int32 input.
@@ -213,4 +246,4 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
     ids = out.get("cand_ids")
     ids = (torch.arange(draft_vocab).expand(logits.shape) if ids is None else ids.to(torch.int64))
     return MarkovWalkResult(tokens=out["draft_tokens"].to(torch.int64), cand_ids=ids, cand_logits=logits,
-                            confidence=out.get("confidence"))
+                            confidence=out.get("confidence"), union_width=int(union_width))

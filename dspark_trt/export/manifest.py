@@ -17,7 +17,7 @@ from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 
 __all__ = ["MANIFEST_FILE", "FORMAT_VERSION", "graph_io", "new_manifest", "read_manifest", "check_manifest",
-           "package_versions"]
+           "package_versions", "op_contract_version", "check_op_contract_version"]
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
@@ -59,6 +59,7 @@ def new_manifest(
     topk: int | None,
     dtype: str,
     graphs: dict[str, Path],
+    markov_topm: int = 0,
     export_dir: Path,
     plugin: dict | None = None,
     kernel: dict | None = None,
@@ -66,6 +67,7 @@ def new_manifest(
 ) -> dict[str, Any]:
     """The manifest for an export: config, shapes, I/O of each ONNX graph, plugin and kernel facts, versions."""
     from .. import __version__
+    from ..plugins.contract import OP_CONTRACT_VERSION
 
     return {
         "format_version": FORMAT_VERSION,
@@ -84,6 +86,8 @@ def new_manifest(
         "num_draft_tokens": config.num_draft_tokens,
         "sample_from_anchor": config.sample_from_anchor,
         "topk": topk,
+        "markov_topm": int(markov_topm),  # candidate union width M (0 = none)
+        "op_contract_version": OP_CONTRACT_VERSION if markov_topm else 1,  # readers: absent = 1
         "dtype": dtype,
         "graphs": {
             name: {"file": str(Path(path).relative_to(export_dir)), **graph_io(path)} for name, path in graphs.items()
@@ -96,6 +100,23 @@ def new_manifest(
     }
 
 
+def op_contract_version(manifest: dict[str, Any]) -> int:
+    """The export's ``dspark`` op contract version (``plugins/contract.py``): 1 when absent (exports made before
+    the candidate union), 2 when the draft graph uses ``DSparkTopKMarkovUnion``."""
+    return int(manifest.get("op_contract_version") or 1)
+
+
+def check_op_contract_version(manifest: dict[str, Any], path: str | Path) -> None:
+    """Refuse, in one line naming the fix, an export whose op contract is newer than this dspark-trt reads."""
+    from ..plugins.contract import OP_CONTRACT_VERSION
+
+    version = op_contract_version(manifest)
+    if version > OP_CONTRACT_VERSION:
+        raise DSparkTrtError(f"{path} uses dspark op contract version {version}, this dspark-trt reads versions "
+                             f"<= {OP_CONTRACT_VERSION}; upgrade dspark-trt, or re-export with this version's "
+                             f"dspark-export")
+
+
 def read_manifest(export_dir: str | Path) -> dict[str, Any]:
     from ..jsonfile import read_json
 
@@ -105,6 +126,7 @@ def read_manifest(export_dir: str | Path) -> dict[str, Any]:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise DSparkTrtError(f"{path} has format_version {manifest.get('format_version')}, this dspark-trt reads "
                              f"{FORMAT_VERSION}; re-run dspark-export with this version")
+    check_op_contract_version(manifest, path)
     return manifest
 
 

@@ -12,7 +12,8 @@ onnxruntime on random inputs against the reference drafter (``export/validate.py
 Export directory::
 
     context.onnx, draft.onnx            the graphs (``*.onnx.data`` beside them when weights exceed 1.5 GiB)
-    onnx_export.json                    ExportSpec, config digest, I/O, versions, validation summary
+    onnx_export.json                    ExportSpec, config digest, I/O, versions, validation summary,
+                                        op_contract_version (2 with the candidate union, 1 without; absent = 1)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
-from ..plugins.contract import TENSORRT_TOPK_LIMIT, parse_topk
+from ..plugins.contract import OP_CONTRACT_VERSION, TENSORRT_TOPK_LIMIT, parse_topk
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
@@ -56,21 +57,30 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "b
 
 @dataclass(frozen=True)
 class ExportSpec:
-    """What to export. ``topk`` None = dense Markov walk (``--topk off``)."""
+    """What to export. ``topk`` None = dense Markov walk (``--topk off``); ``markov_topm`` M > 0 = the candidate
+    union (``DSparkTopKMarkovUnion``, op contract version 2)."""
 
     topk: int | None = None
     dtype: str = "bf16"
     max_context: int = DEFAULT_MAX_CONTEXT
     target: Literal["tensorrt", "onnxruntime"] = "tensorrt"
+    markov_topm: int = 0
+
+    @property
+    def op_contract_version(self) -> int:
+        """1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the export uses ``DSparkTopKMarkovUnion``."""
+        return OP_CONTRACT_VERSION if self.markov_topm else 1
 
     @classmethod
     def resolve(cls, config: DSparkConfig, *, topk: int | str | None = None, dtype: str | torch.dtype | None = None,
                 max_context: int | None = None, target: str | None = None,
-                block_size: int | None = None) -> "ExportSpec":
+                block_size: int | None = None, markov_topm: int | str | None = None) -> "ExportSpec":
         """Defaults filled in and every argument checked against the drafter (one-line errors with the fix).
 
         ``topk``: None → the checkpoint's ``draft_topk`` (vLLM ``dspark_draft_topk``), dense when absent;
         ``"off"`` → dense; an int K >= 1 → that k (``plugins.contract.parse_topk``). ``block_size``, when given, must equal the checkpoint's.
+        ``markov_topm``: None → the checkpoint's ``draft_markov_topm`` where it applies (a top-k export; 0 for a
+        dense one); an int M in [0, V_d] → that union width (M > 0 needs a top-k).
         """
         dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else cls.dtype)]
         target = target or cls.target
@@ -94,7 +104,28 @@ class ExportSpec:
         if max_context < 2:
             raise DSparkTrtError(f"max context {max_context} is too small; use --max-context >= 2 "
                                  f"(the longest sequence the drafter will see)")
-        return cls(topk=topk, dtype=dtype_name, max_context=max_context, target=target)
+        markov_topm = resolve_markov_topm(config, markov_topm, topk)
+        return cls(topk=topk, dtype=dtype_name, max_context=max_context, target=target, markov_topm=markov_topm)
+
+
+def resolve_markov_topm(config: DSparkConfig, markov_topm: int | str | None, topk: int | None) -> int:
+    """The export's union width M: None → ``config.draft_markov_topm`` for a top-k export (0 for a dense one);
+    else an integer in [0, draft_vocab_size], > 0 only with a top-k. One-line errors naming the fix."""
+    if markov_topm is None:
+        return config.draft_markov_topm if topk is not None else 0
+    text = str(markov_topm).strip()
+    try:
+        m = int(text)
+    except ValueError:
+        m = -1
+    vd = config.draft_vocab_size
+    if isinstance(markov_topm, bool) or not 0 <= m <= vd:
+        raise DSparkTrtError(f"--markov-topm {text} must be an integer in [0, draft_vocab_size={vd}] (0 = no "
+                             f"candidate union); use a smaller M")
+    if m and topk is None:
+        raise DSparkTrtError(f"--markov-topm {m} needs a top-k export (the dense walk already scores every token); "
+                             f"pass --topk K, or --markov-topm 0 with --topk off")
+    return m
 
 
 @dataclass
@@ -119,6 +150,8 @@ class ExportedOnnx:
 
         return {
             "format_version": FORMAT_VERSION,
+            "op_contract_version": self.spec.op_contract_version,
+            "markov_topm": self.spec.markov_topm,
             "spec": dataclasses.asdict(self.spec),
             "config": dataclasses.asdict(self.config),
             "config_digest": self.config.digest(),
@@ -154,9 +187,10 @@ class OnnxFromDrafter:
 
     def __init__(self, drafter, *, topk: int | str | None = None, max_context: int | None = None,
                  target: str | None = None, block_size: int | None = None, validate: bool = True,
-                 context_graph=None):
+                 context_graph=None, markov_topm: int | str | None = None):
         self._drafter = drafter
-        self._options = dict(topk=topk, max_context=max_context, target=target, block_size=block_size)
+        self._options = dict(topk=topk, max_context=max_context, target=target, block_size=block_size,
+                             markov_topm=markov_topm)
         self.validate = validate
         self._context_graph = context_graph  # an already exported context graph of this drafter and dtype
 
@@ -169,13 +203,14 @@ class OnnxFromDrafter:
         spec = ExportSpec.resolve(c, dtype=model_dtype(drafter), **self._options)  # fc may be fp32 (fp16)
         info = dict(dtype=spec.dtype, num_draft_tokens=c.num_draft_tokens, max_context=spec.max_context,
                     config_digest=c.digest())
-        log.info(f"exporting ONNX graphs ({spec.dtype}, top-k {spec.topk or 'off'}, N {c.num_draft_tokens}, "
+        union = f", candidate union M {spec.markov_topm}" if spec.markov_topm else ""
+        log.info(f"exporting ONNX graphs ({spec.dtype}, top-k {spec.topk or 'off'}{union}, N {c.num_draft_tokens}, "
                  f"context ≤ {spec.max_context})")
         exported = ExportedOnnx(
             config=c, spec=spec,
             context=(_resolve(self._context_graph) if self._context_graph is not None
                      else export_context(drafter, GraphInfo("context", topk=None, **info))),
-            draft=export_draft(drafter, GraphInfo("draft", topk=spec.topk, **info)),
+            draft=export_draft(drafter, GraphInfo("draft", topk=spec.topk, markov_topm=spec.markov_topm, **info)),
             d2t=drafter.d2t.tolist() if c.has_reduced_vocab else None,
         )
         if self.validate:
@@ -183,7 +218,7 @@ class OnnxFromDrafter:
             from .validate import validate_onnx
 
             report = validate_onnx(OrtGraph(exported.context), OrtGraph(exported.draft), drafter, topk=spec.topk,
-                                   dtype=spec.dtype)
+                                   dtype=spec.dtype, markov_topm=spec.markov_topm)
             exported.validation = report.lines()
         return exported
 
@@ -251,6 +286,9 @@ class OnnxFromDir:
         if manifest.get("format_version") != FORMAT_VERSION:
             raise DSparkTrtError(f"{file} has format version {manifest.get('format_version')}, this dspark-trt "
                                  f"reads {FORMAT_VERSION}; re-export the drafter")
+        from .manifest import check_op_contract_version
+
+        check_op_contract_version(manifest, file)
         return manifest
 
     def config(self) -> DSparkConfig:
@@ -287,7 +325,8 @@ def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_d
     key = _digest(inputs, dataclasses.asdict(spec), validate)
     context_key = _digest(inputs, spec.dtype, spec.max_context)
     stem = f"{config.digest()[:12]}-{spec.dtype}-{context_key[:8]}"  # entries with equal stems share a context
-    out = Path(cache_dir) / f"{stem}-topk{spec.topk or 'off'}-{key[:16]}"
+    union = f"-m{spec.markov_topm}" if spec.markov_topm else ""
+    out = Path(cache_dir) / f"{stem}-topk{spec.topk or 'off'}{union}-{key[:16]}"
     if (out / MANIFEST).is_file():
         return out
     Path(cache_dir).mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,5 @@
-"""The ``DSparkTopKMarkov`` node as a PyTorch custom op, so ``torch.onnx.export`` emits exactly one node.
+"""The ``DSparkTopKMarkov`` node (and its candidate-union twin ``DSparkTopKMarkovUnion``) as PyTorch custom ops, so
+``torch.onnx.export`` emits exactly one node.
 
 ``torch.ops.dspark_export.topk_markov`` runs the contract's ``reference_op`` eagerly (so a graph module that
 calls it is still the reference) and has a fake implementation with the plugin's output shapes. The
@@ -15,10 +16,11 @@ import functools
 
 import torch
 
-from ..plugins.contract import OP_DOMAIN, OP_NAME, reference_op
-from ..plugins.onnx_op import OPSET_VERSION, node_attributes, register_schema
+from ..plugins.contract import OP_DOMAIN, OP_NAME, UNION_OP_NAME, reference_op, reference_union_op
+from ..plugins.onnx_op import (OPSET_VERSION, UNION_OPSET_VERSION, node_attributes, register_schema,
+                               union_node_attributes)
 
-__all__ = ["topk_markov", "translation_table"]
+__all__ = ["topk_markov", "topk_markov_union", "translation_table", "union_translation_table"]
 
 Tensor = torch.Tensor
 
@@ -61,8 +63,59 @@ def _to_onnx(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperatu
                                 position, conf_base, conf_w, **node_attributes(k, logit_scale))
 
 
+@torch.library.custom_op("dspark_export::topk_markov_union", mutates_args=())
+def topk_markov_union(
+    cand_values: Tensor,  # [B, N, k] T
+    cand_ids: Tensor,  # [B, N, k] int32 draft ids
+    anchor: Tensor,  # [B] int32 target ids
+    markov_w1: Tensor,  # [V, r] W
+    markov_w2: Tensor,  # [V_d, r] W
+    d2t: Tensor,  # [V_d] int32
+    temperature: Tensor,  # [B] fp32
+    seed: Tensor,  # [B] int32
+    position: Tensor,  # [B] int32: position of d_1
+    conf_base: Tensor,  # [B, N] fp32
+    conf_w: Tensor,  # [r] fp32
+    union_table: Tensor,  # [V, M] int32
+    base_logits: Tensor,  # [B, N, V_d] T
+    k: int,
+    logit_scale: float,
+    markov_topm: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # tokens [B, N] i32, logits [B, N, k+M] f32, conf [B, N] f32, ids [B, N, M] i32
+    return reference_union_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                              conf_base, conf_w, union_table, base_logits, logit_scale=logit_scale)
+
+
+@topk_markov_union.register_fake
+def _(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base, conf_w,
+      union_table, base_logits, k, logit_scale, markov_topm):
+    B, N, _ = cand_values.shape
+    return (cand_values.new_empty((B, N), dtype=torch.int32),
+            cand_values.new_empty((B, N, k + markov_topm), dtype=torch.float32),
+            cand_values.new_empty((B, N), dtype=torch.float32),
+            cand_values.new_empty((B, N, markov_topm), dtype=torch.int32))
+
+
+def _union_to_onnx(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base,
+                   conf_w, union_table, base_logits, k: int, logit_scale: float, markov_topm: int):
+    """Translation: one ``dspark::DSparkTopKMarkovUnion`` node (domain version 2)."""
+    from onnxscript.values import Opset
+
+    op = Opset(OP_DOMAIN, UNION_OPSET_VERSION)
+    return getattr(op, UNION_OP_NAME)(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                      position, conf_base, conf_w, union_table, base_logits,
+                                      **union_node_attributes(k, logit_scale, markov_topm))
+
+
 @functools.cache
 def translation_table() -> dict:
     """``custom_translation_table`` for ``torch.onnx.export``; registers the ONNX schema first."""
     register_schema()
     return {torch.ops.dspark_export.topk_markov.default: _to_onnx}
+
+
+@functools.cache
+def union_translation_table() -> dict:
+    """``custom_translation_table`` for a draft graph with the candidate union (the union op only)."""
+    register_schema()
+    return {torch.ops.dspark_export.topk_markov_union.default: _union_to_onnx}

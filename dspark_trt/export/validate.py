@@ -12,7 +12,11 @@ Rules (docs/dspark.md §10.14, §10.16):
   different token and are not compared;
 * candidate sets (top-k): an id chosen on one side only must sit at the top-k boundary — its reference base
   logit within the tolerance of the reference's k-th largest — since ties there flip with any rounding
-  (docs/dspark.md §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead.
+  (docs/dspark.md §10.14). Without the reference base logits, a mean overlap of ≥ 97 % is required instead;
+* candidate union (``markov_topm`` M > 0): the last M candidates of a slot are ``table[d_j]``, a function of the
+  predecessor only, so wherever the predecessor agrees they must be the reference's ids exactly, in order (a
+  wrong or stale table fails here); a masked duplicate (−inf in a union slot) is not a value of its id, so
+  candidates are compared by id over the values that are not masked.
 
 ``validate_onnx`` runs both graphs on random inputs (several batch sizes, greedy and mixed temperatures,
 and taps with four massive-activation channels at ±3·10⁴ whose K/V must be finite on both sides, for
@@ -137,6 +141,15 @@ def compare_context(got_k, got_v, ref_k, ref_v, tol: Tolerance, label: str = "co
     return [_close(f"{label} ctx_k", got_k, ref_k, tol), _close(f"{label} ctx_v", got_v, ref_v, tol)]
 
 
+def _union_masked(result: MarkovWalkResult) -> torch.Tensor:
+    """[B, N, k (+ M)] bool: the union's masked duplicates (−inf in one of the last M slots)."""
+    masked = torch.zeros(result.cand_logits.shape, dtype=torch.bool)
+    M = result.union_width
+    if M:
+        masked[..., -M:] = result.cand_logits[..., -M:].cpu() == float("-inf")
+    return masked
+
+
 def _scores(result: MarkovWalkResult, temperature, seed, positions) -> torch.Tensor:
     """The reference's selection scores per candidate [B, N, k]: z (greedy) or z/T + g (probabilistic)."""
     z = result.cand_logits.to(torch.float64)
@@ -150,10 +163,14 @@ def _scores(result: MarkovWalkResult, temperature, seed, positions) -> torch.Ten
     return torch.where(greedy, z, z / temp + g.to(torch.float64))
 
 
-def _dense_rows(ids: torch.Tensor, values: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Scatter candidates into −inf-filled rows [B, N, V_d] (so comparisons are by id, not position)."""
-    rows = torch.full((*ids.shape[:2], vocab), float("-inf"), dtype=torch.float64)
-    return rows.scatter(-1, ids.to(torch.int64), values.to(torch.float64))
+def _dense_rows(ids: torch.Tensor, values: torch.Tensor, vocab: int, skip: torch.Tensor | None = None) -> torch.Tensor:
+    """Scatter candidates into −inf-filled rows [B, N, V_d] (so comparisons are by id, not position); ``skip``
+    [B, N, k (+ M)] marks entries left out (the union's masked duplicates: their id's value is elsewhere)."""
+    ids = ids.to(torch.int64)
+    if skip is not None:
+        ids = torch.where(skip, vocab, ids)  # an extra column, dropped below
+    rows = torch.full((*ids.shape[:2], vocab + 1), float("-inf"), dtype=torch.float64)
+    return rows.scatter(-1, ids, values.to(torch.float64))[..., :vocab]
 
 
 def _present(ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -179,11 +196,16 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
     """
     checks = []
     B, N = ref.tokens.shape
+    M = ref.union_width  # candidate union width (0 = none): the last M candidates are table ids
+    if got.cand_ids.shape != ref.cand_ids.shape or got.union_width != M:
+        return [Check(f"{label} candidates", False, f"{list(got.cand_ids.shape)} with union width {got.union_width} "
+                      f"!= reference {list(ref.cand_ids.shape)} with union width {M}")]
     differs = got.tokens.to(torch.int64) != ref.tokens.to(torch.int64)  # [B, N]
     first = torch.where(differs.any(1), differs.to(torch.int8).argmax(1), torch.full((B,), N))  # [B]
     comparable = torch.arange(N).view(1, N) <= first.view(B, 1)  # slots whose predecessor agrees
-    got_rows = _dense_rows(got.cand_ids, got.cand_logits, vocab)  # [B, N, V_d], −inf off the candidates
-    ref_rows = _dense_rows(ref.cand_ids, ref.cand_logits, vocab)
+    got_skip, ref_skip = _union_masked(got), _union_masked(ref)  # [B, N, k + M]: masked duplicates
+    got_rows = _dense_rows(got.cand_ids, got.cand_logits, vocab, got_skip)  # [B, N, V_d], −inf off the candidates
+    ref_rows = _dense_rows(ref.cand_ids, ref.cand_logits, vocab, ref_skip)
     n_rows = int(differs.any(1).sum())
     if tol.exact_tokens or not n_rows:
         detail = f"{B * N - int(differs.sum())} of {B * N} equal"
@@ -191,8 +213,8 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
             detail += f", first difference at {tuple(int(i) for i in differs.nonzero()[0])}"
         checks.append(Check(f"{label} tokens", n_rows == 0, detail))
     else:
-        ref_scores = _dense_rows(ref.cand_ids, _scores(ref, temperature, seed, positions), vocab)
-        got_scores = _dense_rows(got.cand_ids, _scores(got, temperature, seed, positions), vocab)
+        ref_scores = _dense_rows(ref.cand_ids, _scores(ref, temperature, seed, positions), vocab, ref_skip)
+        got_scores = _dense_rows(got.cand_ids, _scores(got, temperature, seed, positions), vocab, got_skip)
         bad, at_boundary = [], 0
         for b in range(B):
             j = int(first[b])
@@ -215,17 +237,24 @@ def compare_draft(got: MarkovWalkResult, ref: MarkovWalkResult, tol: Tolerance, 
                   f"diverged at a near-tie" + (f", {at_boundary} at a top-k boundary tie" if at_boundary else "")
                   + " (later slots not compared)")
         checks.append(Check(f"{label} tokens", not bad, detail + ("; " + bad[0] if bad else "")))
-    k = ref.cand_ids.shape[-1]
+    k = ref.cand_ids.shape[-1] - M  # the top-k part
+    got_top, ref_top = got.cand_ids[..., :k], ref.cand_ids[..., :k]
     in_both = _present(got.cand_ids, vocab) & _present(ref.cand_ids, vocab)  # [B, N, V_d]
     if k < vocab and base_logits is not None:
-        checks.append(_boundary_check(f"{label} candidate ids", got.cand_ids, ref.cand_ids, base_logits, tol,
-                                      comparable, vocab))
+        checks.append(_boundary_check(f"{label} candidate ids", got_top, ref_top, base_logits, tol, comparable, vocab))
     else:
-        overlap = in_both.sum(-1).to(torch.float64) / k  # [B, N]
+        overlap = (_present(got_top, vocab) & _present(ref_top, vocab)).sum(-1).to(torch.float64) / k  # [B, N]
         mean_overlap = float(overlap[comparable].mean())
         need = tol.min_overlap if k < vocab else 1.0
         checks.append(Check(f"{label} candidate ids", mean_overlap >= need,
                             f"mean overlap {mean_overlap:.4f} (need ≥ {need:g})"))
+    if M:
+        same = (got.cand_ids[..., k:].to(torch.int64) == ref.cand_ids[..., k:].to(torch.int64)).all(-1)  # [B, N]
+        wrong = ~same & comparable
+        detail = f"{int((same & comparable).sum())} of {int(comparable.sum())} slots hold the reference's {M} table ids"
+        if wrong.any():
+            detail += f", first difference at {tuple(int(i) for i in wrong.nonzero()[0])}"
+        checks.append(Check(f"{label} union ids", not bool(wrong.any()), detail))
     checks.append(_close(f"{label} cand_logits", got_rows, ref_rows, tol, mask=in_both & comparable.unsqueeze(-1)))
     if (got.confidence is None) != (ref.confidence is None):
         checks.append(Check(f"{label} confidence", False, "present on one side only"))
@@ -252,13 +281,14 @@ def _boundary_check(name: str, got_ids: torch.Tensor, ref_ids: torch.Tensor, bas
 
 
 def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batch_sizes=(1, 3), seed: int = 0,
-                  raise_on_failure: bool = True) -> ValidationReport:
+                  raise_on_failure: bool = True, markov_topm: int = 0) -> ValidationReport:
     """Run the exported graphs (``OrtGraph``s) and the reference drafter on the same random inputs.
 
     Context: random taps → K/V. Draft: the reference's K/V with random valid lengths, random anchors, a
     greedy round (temperature 0 in the graph, ``None`` in the reference) and a probabilistic round with
     mixed per-request temperatures (greedy included) and seeds. Logs every check; raises
-    ``ValidationMismatch`` on a failure unless ``raise_on_failure=False``.
+    ``ValidationMismatch`` on a failure unless ``raise_on_failure=False``. ``markov_topm`` M > 0: the draft graph
+    walks the candidate union, checked against the reference round with the same M (its own table).
     """
     from .graphs import run_context, run_draft
 
@@ -287,10 +317,11 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
         seeds = torch.randint(0, 2**31 - 1, (B,), generator=gen)
         temps = torch.tensor([0.0, 0.8, 1.3])[torch.arange(B) % 3] if B > 1 else torch.tensor([0.9])
         for mode, temperature in (("greedy", None), ("sampled", temps)):
-            ref = drafter.draft(anchor, ref_k, ref_v, ctx_len, topk=topk, temperature=temperature, seed=seeds)
+            ref = drafter.draft(anchor, ref_k, ref_v, ctx_len, topk=topk, temperature=temperature, seed=seeds,
+                                markov_topm=markov_topm)
             base = drafter.base_logits(drafter.block_hidden(anchor, ref_k, ref_v, ctx_len))  # [B, N, V_d]
             got = run_draft(draft, anchor, ref_k, ref_v, ctx_len, temperature, seeds,
-                            draft_vocab=c.draft_vocab_size)
+                            draft_vocab=c.draft_vocab_size, union_width=markov_topm)
             report.checks += compare_draft(got, ref, tol, vocab=c.draft_vocab_size, d2t=drafter.d2t_or_none,
                                            temperature=temperature, seed=seeds, positions=ctx_len + 1,
                                            base_logits=base, label=f"{label} {mode} draft")
