@@ -173,16 +173,16 @@ STANDARD_ONNX_EXPORTS = [("tiny_pair", "fp32", 16), ("tiny_pair", "fp32", "off")
 
 @pytest.fixture(scope="session")
 def onnx_export(onnx_cache_dir, request):
-    """``onnx_export(pair, dtype, topk)`` → export directory (exported and validated once per run).
+    """``onnx_export(pair, dtype, topk, markov_topm=0)`` → export directory (exported and validated once per run).
 
     Under xdist, each worker first builds its share of ``STANDARD_ONNX_EXPORTS`` (entry i on worker
     i mod n), so the workers export in parallel instead of queueing on the same entry's lock.
     """
     from dspark_trt.export.onnx import cached_onnx_export
 
-    def export(pair, dtype: str = "fp32", topk="off"):
+    def export(pair, dtype: str = "fp32", topk="off", markov_topm: int = 0):
         return cached_onnx_export(pair.drafter, onnx_cache_dir, target_dir=pair.target, dtype=dtype, topk=topk,
-                                  target="onnxruntime")
+                                  target="onnxruntime", markov_topm=markov_topm)
 
     worker = getattr(request.config, "workerinput", None)
     if worker is not None:

@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, help="output directory (default: out/dspark-export)")
     p.add_argument("--topk", default=None, metavar="K|off",
                    help="top-k candidates of the Markov walk (default: the checkpoint's draft_topk, else off)")
+    p.add_argument("--markov-topm", default=None, metavar="M",
+                   help="candidate union: each draft slot also scores the M tokens the Markov head favours most after "
+                        "its predecessor (a [V, M] table in the graph; needs --topk; 0 = none; default: the "
+                        "checkpoint's draft_markov_topm)")
     p.add_argument("--engine", choices=("auto", "tensorrt", "tensorrt-rtx", "none"), default=None,
                    help="engine to build (default auto: TensorRT, else TensorRT-RTX, else none)")
     p.add_argument("--dtype", default=None, help="fp32 | fp16 | bf16 (default bf16)")
@@ -50,9 +54,16 @@ def options_from_args(args: argparse.Namespace):
 
     if args.topk is not None:
         parse_topk(args.topk)  # a bad --topk fails before the demo pair is built
+    markov_topm = getattr(args, "markov_topm", None)
+    if markov_topm is not None and not str(markov_topm).strip().isdigit():
+        from ..errors import DSparkTrtError
+
+        raise DSparkTrtError(f"--markov-topm {markov_topm}: use an integer M >= 0 (union candidates per draft slot; "
+                             f"0 = none)")
 
     given = {
         "topk": args.topk,
+        "markov_topm": getattr(args, "markov_topm", None),
         "dtype": args.dtype,
         "engine": getattr(args, "engine", None),
         "max_batch_size": args.max_batch_size,
@@ -84,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     result = export_model(model_dir, args.output or "out/dspark-export", options,
                           target_dir=target_dir, force=args.force)
     m = result.manifest
-    print(f"exported {result.out_dir}: top-k {m['topk'] or 'off'}, {m['dtype']}, N={m['num_draft_tokens']}")
+    union = f", candidate union M={m['markov_topm']}" if m.get("markov_topm") else ""
+    print(f"exported {result.out_dir}: top-k {m['topk'] or 'off'}{union}, {m['dtype']}, N={m['num_draft_tokens']}")
     if m.get("target"):
         t = m["target"]
         print(f"  target {t['onnx']} ({t['architecture']}, {t['num_layers']} layers, taps {t['layer_ids']}, "

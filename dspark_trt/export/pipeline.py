@@ -12,7 +12,8 @@ Export directory::
     manifest.json                  what was built, from what, with which versions (export/manifest.py)
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
-    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1)
+                                   (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
+    onnx/draft.plugin.onnx         top-k without a union: the graph full TensorRT builds (local function stripped, aot=1)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
     tokenizer/                     the target's tokenizer files
     onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
@@ -52,6 +53,7 @@ class ExportOptions:
     """What ``dspark-export`` builds. ``None`` fields take the library defaults named beside them."""
 
     topk: int | str | None = None  # None: the checkpoint's draft_topk, else dense; "off": dense
+    markov_topm: int | str | None = None  # None: the checkpoint's draft_markov_topm (top-k exports); 0: no union
     dtype: str = "bf16"
     engine: str = "auto"  # auto | tensorrt | tensorrt-rtx | none
     max_batch_size: int = 8
@@ -170,7 +172,7 @@ class EnginesForExport:
                                              dynamic_ranges=target_dynamic_ranges(int(target["max_context"])))
             else:
                 onnx_file = self.manifest["graphs"][graph]["file"]
-            if graph == "draft" and flavor == "tensorrt" and self.manifest.get("topk") is not None:
+            if graph == "draft" and flavor == "tensorrt" and self.manifest.get("plugin_graph"):
                 onnx_file = self.manifest["plugin_graph"]  # the plugin picks up the walk; PTX inside the engine
             name = f"{graph}.{ENGINE_SUFFIX[flavor]}"
             path = engines_dir / name
@@ -276,11 +278,13 @@ def _module_version(module: str) -> str | None:
 
 
 def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk: int | None,
-                  kernel: dict | None = None, kernel_dir: Path | None = None) -> EngineBuildConfig:
+                  kernel: dict | None = None, kernel_dir: Path | None = None, markov_topm: int = 0) -> EngineBuildConfig:
     """The build config of an export: batch 1..max, context 1..max_context; for TensorRT with top-k the plugin
-    registered and pointed at the export's PTX (``kernel``: the manifest's kernel section, files in ``kernel_dir``)."""
+    registered and pointed at the export's PTX (``kernel``: the manifest's kernel section, files in ``kernel_dir``).
+    With the candidate union (``markov_topm`` > 0) no plugin is registered: the union node is built from its
+    standard-op local function (full TensorRT and TensorRT-RTX alike), as TensorRT-RTX builds every walk."""
     register = None
-    if flavor == "tensorrt" and topk is not None:
+    if flavor == "tensorrt" and topk is not None and not markov_topm:
         def register() -> None:
             from ..plugins.tensorrt_plugin import register_plugin, use_export_ptx
 
@@ -311,11 +315,12 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     config = DSparkConfig.from_pretrained(model_dir)
     target_dir = resolve_target_dir(model_dir, target_dir)  # default: a speculators checkpoint's local verifier
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
-                              target="tensorrt")
+                              target="tensorrt", markov_topm=options.markov_topm)
     flavor = resolve_flavor(options.engine)
     if flavor is not None:
         engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
-    if spec.topk:
+    plugin = bool(spec.topk) and not spec.markov_topm  # the union has no TensorRT plugin in the export yet
+    if plugin:
         from ..optional import require
 
         require("triton", "compiling the top-k Markov kernel to PTX (--topk)")
@@ -327,9 +332,13 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
 
     names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
             (["target ONNX + validation"] if target else []) + \
-            (["plugin graph + PTX"] if spec.topk else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
+            (["plugin graph + PTX"] if plugin else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
+    if spec.markov_topm:
+        notes.append(f"candidate union M={spec.markov_topm}: the draft graph's DSparkTopKMarkovUnion node runs as its "
+                     f"standard-op local function (onnxruntime, TensorRT-RTX, TensorRT); this export has no plugin "
+                     f"PTX for it")
     if target_dir is not None and target is None:
         notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:
@@ -348,12 +357,13 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
     names = phases.names
     with atomic_output_dir(out_dir, force=force) as tmp:
         exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
-                                      max_context=spec.max_context, target="tensorrt", validate=options.validate)
+                                      max_context=spec.max_context, target="tensorrt", validate=options.validate,
+                                      markov_topm=spec.markov_topm)
         phases.run(names[0], SaveOnnx(exported, tmp / "onnx"))
         target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}
-        if spec.topk:
+        if spec.topk and not spec.markov_topm:
             def plugin_step():
                 plugin_graph(tmp / "onnx" / "draft.onnx", tmp / "onnx" / "draft.plugin.onnx")
                 return PtxForExport(tmp / "plugin", config, topk=spec.topk, dtype=spec.dtype,
@@ -365,14 +375,14 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
             extra["plugin_graph"] = "onnx/draft.plugin.onnx"
         manifest = new_manifest(config, model_dir=model_dir, topk=spec.topk, dtype=spec.dtype,
                                 graphs={g: tmp / "onnx" / f"{g}.onnx" for g in GRAPHS}, export_dir=tmp,
-                                plugin=plugin, kernel=kernel, extra=extra)
+                                plugin=plugin, kernel=kernel, extra=extra, markov_topm=spec.markov_topm)
         onnx_record = json.loads((tmp / "onnx" / "onnx_export.json").read_text())
         manifest["validation"] = onnx_record.get("validation")
         if target_record is not None:
             manifest["target"] = target_record
         if flavor is not None:
             build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk, kernel=kernel,
-                                  kernel_dir=tmp / "plugin")
+                                  kernel_dir=tmp / "plugin", markov_topm=spec.markov_topm)
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
         else:
             notes.append(_no_engine_note(out_dir, requested=options.engine))
@@ -393,7 +403,8 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     kernel = manifest.get("kernel")
     build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
                           topk=manifest.get("topk"), kernel=kernel,
-                          kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None)
+                          kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None,
+                          markov_topm=int(manifest.get("markov_topm") or 0))
     manifest["engines"] = {**manifest.get("engines", {}), **EnginesForExport(export_dir, manifest, build, force=force)()}
     atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -178,11 +178,20 @@ class SpeculativeDecoder:
         return torch.tensor(values, dtype=dtype, device=self.target.device)
 
     def _resolve_markov_topm(self, markov_topm, topk) -> int:
-        """The candidate union's M for a round (0 = top-k only); one-line errors where it cannot apply."""
+        """The candidate union's M for a round (0 = top-k only); one-line errors where it cannot apply.
+
+        ``None`` → an export's own M (``backend.fixed_markov_topm``), else the drafter config's
+        ``draft_markov_topm`` where it can apply (a top-k round on a union-capable backend), else 0."""
         c = self.config
-        if markov_topm is None:  # the drafter's recorded default, only where it can apply
-            usable = topk is not None and getattr(self.backend, "supports_markov_topm", False)
-            markov_topm = c.draft_markov_topm if usable else 0
+        fixed = getattr(self.backend, "fixed_markov_topm", None)
+        supports = getattr(self.backend, "supports_markov_topm", False)
+        if markov_topm is None:
+            if topk is None:
+                markov_topm = 0
+            elif fixed is not None:
+                markov_topm = fixed
+            else:
+                markov_topm = c.draft_markov_topm if supports else 0
         markov_topm = int(markov_topm)
         if markov_topm:
             if not 0 < markov_topm <= c.draft_vocab_size:
@@ -191,9 +200,14 @@ class SpeculativeDecoder:
             if topk is None:
                 raise DSparkTrtError("--markov-topm needs a top-k head (the dense head already scores every token); "
                                      "pass --topk K or --markov-topm 0")
-            if not getattr(self.backend, "supports_markov_topm", False):
-                raise DSparkTrtError(f"the {self.backend.name} backend has no candidate union yet; use --backend "
-                                     f"torch or --markov-topm 0")
+        if fixed is not None and topk is not None:  # an export: its M only (a top-k mismatch: the backend says so)
+            from .backends.base import check_export_variant
+
+            check_export_variant("this export", have_topk=topk, have_markov_topm=fixed, topk=topk,
+                                 markov_topm=markov_topm)
+        if markov_topm and not supports:
+            raise DSparkTrtError(f"the {self.backend.name} backend has no candidate union yet; use --backend "
+                                 f"torch or --markov-topm 0")
         return markov_topm
 
     # -- generation -----------------------------------------------------------------------------------
@@ -225,8 +239,9 @@ class SpeculativeDecoder:
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
             markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
-                favours most after its predecessor (needs a top-k; torch backend); 0 = top-k only; ``None``
-                uses the config's ``draft_markov_topm`` where it applies (a top-k round on the torch backend).
+                favours most after its predecessor (needs a top-k; torch backend, or an export made with
+                ``dspark-export --markov-topm M``); 0 = top-k only; ``None`` uses an export's own M, else the
+                config's ``draft_markov_topm`` where it applies (a top-k round on a union-capable backend).
         """
         prompts = self._prompts(inputs)
         B = len(prompts)

@@ -18,7 +18,10 @@ What ``SpeculativeDecoder`` additionally uses (all optional):
 * ``d2t`` — the drafter's ``[V_d]`` int64 draft→target offsets; **required when V_d < V** (the verifier needs
   the candidates as target ids); ``None`` for a full vocabulary;
 * ``set_active_requests(request_ids)`` — called whenever the batch changes (finished requests leave it), for
-  backends that keep per-request state.
+  backends that keep per-request state;
+* ``supports_markov_topm`` / ``fixed_markov_topm`` — the candidate union: ``draft(..., markov_topm=M)`` walks it
+  when supported; a backend running one export has that export's M fixed (``fixed_markov_topm``; any other M
+  is refused by ``check_export_variant``), ``None`` where any M runs.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
 
-__all__ = ["DrafterBackend", "BACKENDS", "backend_class", "TARGET_BACKENDS", "target_backend_class"]
+__all__ = ["DrafterBackend", "BACKENDS", "backend_class", "TARGET_BACKENDS", "target_backend_class",
+           "check_export_variant"]
 
 #: backend name → "module:Class" (imported on demand so optional packages stay optional)
 BACKENDS: dict[str, str] = {
@@ -77,12 +81,32 @@ def backend_class(name: str) -> type["DrafterBackend"]:
         raise hint from None
 
 
+def check_export_variant(what: str, *, have_topk: int | None, have_markov_topm: int, topk: int | None,
+                         markov_topm: int) -> None:
+    """Refuse a round that asks an export for another top-k or union width than it was exported with.
+
+    ``what`` starts the message (``"this ONNX export"``, ``"these engines"``); one line naming the flag to run
+    with and the ``dspark-export`` flag to export with.
+    """
+    if topk != have_topk:
+        have = have_topk or "off"
+        raise DSparkTrtError(f"{what} draft{'s' if what.startswith('this') else ''} with top-k {have} but top-k "
+                             f"{topk or 'off'} was requested; run with --topk {have} or export again with --topk "
+                             f"{topk or 'off'}")
+    if int(markov_topm) != int(have_markov_topm):
+        walk = (f"walk{'s' if what.startswith('this') else ''} the candidate union with M={have_markov_topm}"
+                if have_markov_topm else f"ha{'s' if what.startswith('this') else 've'} no candidate union")
+        raise DSparkTrtError(f"{what} {walk} but --markov-topm {markov_topm} was requested; run with --markov-topm "
+                             f"{have_markov_topm}, or export again with dspark-export --markov-topm {markov_topm}")
+
+
 class DrafterBackend(abc.ABC):
     name: str = "abstract"
     config: DSparkConfig
     device: torch.device
     d2t: torch.Tensor | None = None  # [V_d] int64 draft→target offsets; required when V_d < V
     supports_markov_topm: bool = False  # True: draft(..., markov_topm=M) walks the candidate union
+    fixed_markov_topm: int | None = None  # an export's union width M (only that M runs); None: any M
 
     def activate(self) -> None:
         """Acquire sessions, buffers, graphs. Called by ``__enter__``."""

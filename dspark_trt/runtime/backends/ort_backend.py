@@ -4,9 +4,11 @@ It runs exactly what TensorRT is built from (the top-k walk through the node's s
 so it is both a portable executor and the proof that the ONNX hand-off computes what the reference does.
 Inputs and outputs are torch tensors on the CPU; ids come back as int64 like the reference's.
 
-Construct it from an export directory (``SaveOnnx`` / ``dspark export``; its top-k is fixed) or, with
-``from_pretrained``, from a drafter checkpoint: the graphs are exported (and validated) once into a
-content-addressed cache directory, and a ``draft`` call with another top-k exports and loads that variant.
+Construct it from an export directory (``SaveOnnx`` / ``dspark export``; its top-k and candidate-union width M
+are fixed) or, with ``from_pretrained``, from a drafter checkpoint: the graphs are exported (and validated) once
+into a content-addressed cache directory, and a ``draft`` call with another top-k or M exports and loads that
+variant. An export with ``--markov-topm M`` walks the candidate union (``DSparkTopKMarkovUnion`` through its
+local function): ``draft(..., markov_topm=M)``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
-from .base import DrafterBackend
+from .base import DrafterBackend, check_export_variant
 
 __all__ = ["OnnxRuntimeDrafterBackend", "default_cache_dir"]
 
@@ -68,6 +70,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         source = OnnxFromDir(export_dir)
         self.config, spec = source.config(), source.spec()
         self.topk: int | None = spec.topk
+        self.markov_topm: int = int(spec.markov_topm)  # candidate union width of the graphs (0: none)
         self.dtype = _TORCH_DTYPES[spec.dtype]
         self.max_context: int = spec.max_context
         self.device = torch.device("cpu")
@@ -80,6 +83,16 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
                                      f"onnx_export.json (an older export); export the drafter again")
             self.d2t = torch.tensor(d2t, dtype=torch.int64)
 
+    @property
+    def supports_markov_topm(self) -> bool:
+        """The graphs walk a candidate union, or (``from_pretrained``) any M can be exported on demand."""
+        return self.markov_topm > 0 or self._rebuild is not None
+
+    @property
+    def fixed_markov_topm(self) -> int | None:
+        """An export directory's M (no other runs); None when built from a checkpoint (any M exports)."""
+        return None if self._rebuild is not None else self.markov_topm
+
     @classmethod
     def from_export(cls, export_dir: str | Path, *, device=None, **kwargs) -> "OnnxRuntimeDrafterBackend":
         """The drafter graphs of a ``dspark-export`` directory (``OUT/onnx``; the export's top-k and dtype)."""
@@ -89,7 +102,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None,
                         dtype: str | None = None, topk: int | str | None = None, cache_dir: str | Path | None = None,
-                        max_context: int | None = None, validate: bool = True,
+                        max_context: int | None = None, validate: bool = True, markov_topm: int = 0,
                         **kwargs) -> "OnnxRuntimeDrafterBackend":
         """Export ``drafter_dir`` into ``cache_dir`` (default ``default_cache_dir()``) unless cached, then load it.
 
@@ -100,18 +113,21 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         options = dict(target_dir=target_dir, dtype=dtype or "fp32", target="onnxruntime", max_context=max_context,
                        validate=validate)
         cache_dir = cache_dir or default_cache_dir()
-        path = cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk, **options)
+        path = cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk,
+                                  markov_topm=int(markov_topm), **options)
         backend = cls(path, **kwargs)
         backend._rebuild = (drafter_dir, cache_dir, options)
         return backend
 
-    def _switch_topk(self, topk: int | None) -> None:
-        """Load (exporting into the cache on a miss) the graphs for another top-k (from_pretrained only)."""
+    def _switch_topk(self, topk: int | None, markov_topm: int = 0) -> None:
+        """Load (exporting into the cache on a miss) the graphs for another top-k / union width (from_pretrained)."""
         from ...export.onnx import cached_onnx_export
 
         drafter_dir, cache_dir, options = self._rebuild
-        log.info(f"onnxruntime backend: switching to top-k {topk or 'off'} (export cached in {cache_dir})")
-        self._load(cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk, **options))
+        union = f", candidate union M {markov_topm}" if markov_topm else ""
+        log.info(f"onnxruntime backend: switching to top-k {topk or 'off'}{union} (export cached in {cache_dir})")
+        self._load(cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk,
+                                      markov_topm=int(markov_topm), **options))
         if self._graphs is not None:
             self._graphs = None
             self.activate()
@@ -139,18 +155,17 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         self._check_context(taps.shape[1])
         return run_context(self._graph("context"), taps, positions)  # K, V [L, B, T, H_kv, D] model dtype
 
-    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed,
+              markov_topm: int = 0) -> MarkovWalkResult:
         from ...export.graphs import run_draft
 
-        if topk != self.topk and self._rebuild is not None:
-            self._switch_topk(topk)
-        if topk != self.topk:
-            have = self.topk or "off"
-            raise DSparkTrtError(f"this ONNX export drafts with top-k {have} but top-k {topk or 'off'} was "
-                                 f"requested; run with --topk {have} or export again with --topk {topk or 'off'}")
+        if (topk, int(markov_topm)) != (self.topk, self.markov_topm) and self._rebuild is not None:
+            self._switch_topk(topk, markov_topm)
+        check_export_variant("this ONNX export", have_topk=self.topk, have_markov_topm=self.markov_topm, topk=topk,
+                             markov_topm=markov_topm)
         self._check_context(ctx_k.shape[2])
         return run_draft(self._graph("draft"), anchor, ctx_k, ctx_v, ctx_len, temperature, seed,
-                         draft_vocab=self.config.draft_vocab_size)
+                         draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm)
 
     def _check_context(self, length: int) -> None:
         if length > self.max_context:

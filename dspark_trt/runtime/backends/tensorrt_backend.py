@@ -23,15 +23,20 @@ from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
 from ..tensorrt_engine import engine_entry, require_tensorrt
-from .base import DrafterBackend
+from .base import DrafterBackend, check_export_variant
 
-__all__ = ["TensorRTDrafterBackend", "config_from_manifest"]
+__all__ = ["TensorRTDrafterBackend", "config_from_manifest", "markov_topm_from_manifest"]
 
 
 def config_from_manifest(manifest: dict) -> DSparkConfig:
     """The drafter's ``DSparkConfig`` as the manifest recorded it."""
     raw = manifest["checkpoint"]["config"]
     return DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+
+
+def markov_topm_from_manifest(manifest: dict) -> int:
+    """The export's candidate-union width M (0 = none; absent in exports made before the union)."""
+    return int(manifest.get("markov_topm") or 0)
 
 
 class TensorRTDrafterBackend(DrafterBackend):
@@ -57,6 +62,9 @@ class TensorRTDrafterBackend(DrafterBackend):
         manifest = read_manifest(self.export_dir)
         self.config = config_from_manifest(manifest)
         self.topk: int | None = manifest.get("topk")
+        self.markov_topm = markov_topm_from_manifest(manifest)  # the engine's union width (0: none)
+        self.supports_markov_topm = self.markov_topm > 0
+        self.fixed_markov_topm = self.markov_topm
         self.max_context = int(manifest.get("max_context", 8192))
         self.device = torch.device(device or "cuda")
         entries = {g: engine_entry(manifest, g) for g in ("context", "draft")}
@@ -98,20 +106,19 @@ class TensorRTDrafterBackend(DrafterBackend):
 
         return run_context(self._graphs["context"], taps.to(self.device), positions.to(self.device))
 
-    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0
+              ) -> MarkovWalkResult:
         from ...export.graphs import run_draft
 
-        if topk != self.topk:
-            have = self.topk or "off"
-            raise DSparkTrtError(f"these engines draft with top-k {have} but top-k {topk or 'off'} was requested; "
-                                 f"run with --topk {have} or export again with --topk {topk or 'off'}")
+        check_export_variant("these engines", have_topk=self.topk, have_markov_topm=self.markov_topm, topk=topk,
+                             markov_topm=markov_topm)
         if ctx_k.shape[2] > self.max_context:
             raise DSparkTrtError(f"context length {ctx_k.shape[2]} exceeds the engines' bound of {self.max_context} "
                                  f"tokens; export again with a larger --max-context")
         dev = self.device
         return run_draft(self._graphs["draft"], anchor.to(dev), ctx_k.to(dev), ctx_v.to(dev), ctx_len.to(dev),
                          None if temperature is None else temperature.to(dev), None if seed is None else seed.to(dev),
-                         draft_vocab=self.config.draft_vocab_size)
+                         draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm)
 
 
 def _context_symbol(io) -> str | None:
