@@ -35,7 +35,8 @@ from typing import Callable
 from ..atomic import atomic_output_dir, atomic_write_bytes, atomic_write_text, check_output_dir
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
-from .engine import FLAVORS, EngineBuildConfig, build_engine, onnx_inputs, profile_shapes, resolve_flavor
+from .engine import (FLAVORS, EngineBuildConfig, build_engine, onnx_inputs, profile_shapes, resolve_flavor,
+                     union_engine_refusal)
 from .manifest import MANIFEST_FILE, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
@@ -317,6 +318,10 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt", markov_topm=options.markov_topm)
     flavor = resolve_flavor(options.engine)
+    if flavor is not None and spec.markov_topm:  # no engine for the union graph yet (export/engine.py)
+        if options.engine != "auto":
+            raise DSparkTrtError(union_engine_refusal(flavor, spec.markov_topm))
+        flavor = None
     if flavor is not None:
         engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
     plugin = bool(spec.topk) and not spec.markov_topm  # the union has no TensorRT plugin in the export yet
@@ -337,8 +342,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     notes: list[str] = []
     if spec.markov_topm:
         notes.append(f"candidate union M={spec.markov_topm}: the draft graph's DSparkTopKMarkovUnion node runs as its "
-                     f"standard-op local function (onnxruntime, TensorRT-RTX, TensorRT); this export has no plugin "
-                     f"PTX for it")
+                     f"standard-op local function with the onnxruntime backend (dspark generate --export OUT); no "
+                     f"engine and no plugin PTX: " + union_engine_refusal("TensorRT", spec.markov_topm))
     if target_dir is not None and target is None:
         notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:
@@ -384,7 +389,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
             build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk, kernel=kernel,
                                   kernel_dir=tmp / "plugin", markov_topm=spec.markov_topm)
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
-        else:
+        elif not spec.markov_topm:  # a union export says why in its own note
             notes.append(_no_engine_note(out_dir, requested=options.engine))
         phases.run("manifest", lambda: atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"))
     return manifest
@@ -395,6 +400,9 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
+    if manifest.get("markov_topm"):
+        raise DSparkTrtError(f"{export_dir}: " + union_engine_refusal(engine if engine != "auto" else "TensorRT",
+                                                                    int(manifest["markov_topm"])))
     flavor = resolve_flavor(engine, none_allowed=False)
     if flavor is None:
         raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
