@@ -39,6 +39,9 @@ def big_vocab_pair(tmp_path_factory):
     ("k>3840", "exceeds TensorRT's TopK limit of 3840"),
     ("dtype", "unknown dtype 'int4'"),
     ("batch", "--opt-batch-size 9 must be in [1, --max-batch-size 4]"),
+    ("union+off", "--markov-topm 5 needs a top-k export"),
+    ("union>Vd", "--markov-topm 2501 must be an integer in [0, draft_vocab_size=2500]"),
+    ("union<0", "--markov-topm -1: use an integer M >= 0"),
 ])
 def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pair, big_vocab_pair, tmp_path):
     out = tmp_path / "out"
@@ -50,6 +53,9 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pai
         "dtype": [tiny_pair.drafter, "--dtype", "int4"],
         "batch": [tiny_pair.drafter, "--topk", "16", "--engine", "none", "--max-batch-size", "4",
                   "--opt-batch-size", "9"],
+        "union+off": [tiny_pair.drafter, "--topk", "off", "--markov-topm", "5"],
+        "union>Vd": [tiny_pair.drafter, "--topk", "16", "--markov-topm", "2501"],
+        "union<0": [tiny_pair.drafter, "--topk", "16", "--markov-topm=-1"],
     }[case]
     proc = dspark("export", *args, "-o", out)
     assert proc.returncode == 1, proc.stderr

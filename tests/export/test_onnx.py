@@ -148,7 +148,8 @@ def test_export_from_checkpoint_end_to_end(tiny_odd_pair, tmp_path, caplog):
     out = SaveOnnx(OnnxFromCheckpoint(tiny_odd_pair.drafter, target_dir=tiny_odd_pair.target, dtype="fp16",
                                       topk=16, max_context=512), tmp_path / "odd")()
     manifest = json.loads((out / "onnx_export.json").read_text())
-    assert manifest["spec"] == {"topk": 16, "dtype": "fp16", "max_context": 512, "target": "tensorrt"}
+    assert manifest["spec"] == {"topk": 16, "dtype": "fp16", "max_context": 512, "target": "tensorrt", "markov_topm": 0}
+    assert manifest["op_contract_version"] == 1 and manifest["markov_topm"] == 0
     assert manifest["validation"][0].startswith("validation (fp16")
     assert any("B=3 sampled draft tokens" in r.message for r in caplog.records)
 
