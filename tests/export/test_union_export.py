@@ -186,11 +186,11 @@ def test_explicit_engine_with_a_union_is_refused_before_anything_runs(tiny_pair,
 
 @pytest.mark.rtx
 @pytest.mark.onnx
-@pytest.mark.slow  # ~20 s: the builder on one union step
-def test_rtx_builds_one_union_step_but_far_slower_than_the_plain_op():
-    """Why the union graph is refused: TensorRT-RTX (real builder, SM80) takes a one-step union function, so the
-    graph is valid for it, but needs far longer than for the plain op's step (measured 15 s vs 0.5 s; the
-    N = 7 draft graph did not finish in 15 min). Checks the build succeeds; the timing is reported, not asserted."""
+def test_rtx_parses_and_builds_one_static_union_step():
+    """TensorRT-RTX (real parser and builder, SM80) takes the union's local function: one step with static shapes
+    builds (well under a second here). What it does not finish is the exported draft graph (N = 7 chained steps,
+    dynamic batch and context: > 15 min; one step with a dynamic batch took 15 s vs 0.5 s for the plain op's),
+    which is why engines refuse the union graph (export/engine.py). The time is printed, not asserted."""
     import time
 
     import tensorrt_rtx as trt
