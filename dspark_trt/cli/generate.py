@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="top-k Markov head candidates per slot, or 'off' for the dense head (default: config)")
     i.add_argument("--markov-topm", type=int, default=None, metavar="M",
                    help="candidate union: each slot also scores the M tokens the Markov head favours most after "
-                        "its predecessor (needs --topk; torch backend; default 0 = top-k only)")
+                        "its predecessor (needs --topk; torch backend, or an export made with --markov-topm M; "
+                        "0 = top-k only; default: the export's M, else the config's draft_markov_topm where it "
+                        "applies)")
     i.add_argument("--seed", type=int, default=None, help="noise seed of request 0; request i uses seed + i")
     i.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only the leading drafts with confidence >= this")
@@ -139,7 +141,7 @@ def generation_options(args: argparse.Namespace, n: int, offset: int = 0) -> dic
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, topk=parse_topk(args.topk),
                    confidence_threshold=args.confidence_threshold)
     options = {k: v for k, v in options.items() if v is not None}
-    if getattr(args, "markov_topm", None):
+    if getattr(args, "markov_topm", None) is not None:  # 0 forces plain top-k (over a config or export default)
         if args.markov_topm < 0:
             raise DSparkTrtError(f"--markov-topm must be >= 0 (0 = top-k only), got {args.markov_topm}")
         options["markov_topm"] = args.markov_topm

@@ -24,6 +24,12 @@ Two things live here:
   integer noise hash included (int64 Mul/Add/Mod, plus Div by 256) — and the function chains N copies of
   that step, feeding step j the slices ``[:, j]``, ``position + j`` and the previous step's token, exactly
   as ``walk_candidates`` loops. Tests compare it with ``reference_op``.
+
+The candidate union (``--markov-topm M``) is a second op of the domain, ``dspark::DSparkTopKMarkovUnion``
+(contract ``UNION_*``; schema since ``dspark`` domain version 2 = ``OP_CONTRACT_VERSION``): ``union_op_schema``
+and ``union_local_function`` are built the same way from ``contract.reference_union_op`` (its two extra
+inputs: the table, shared by every step, and the base logits, sliced per step). ``register_schema`` registers
+both schemas.
 """
 
 from __future__ import annotations
