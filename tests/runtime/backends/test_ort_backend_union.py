@@ -170,3 +170,24 @@ def test_export_variant_check_of_both_export_backends():
     with pytest.raises(DSparkTrtError, match="these engines have no candidate union"):
         check_export_variant("these engines", have_topk=16, have_markov_topm=0, topk=16, markov_topm=2)
     assert markov_topm_from_manifest({}) == 0 and markov_topm_from_manifest({"markov_topm": 7}) == 7
+
+
+@pytest.mark.slow  # a dspark-export directory with the union and the target graph (~60 s, once per run)
+def test_dspark_export_with_a_union_decodes_through_from_export(tmp_path_factory, random_pair):
+    """``dspark-export --topk 16 --markov-topm 5`` → ``SpeculativeDecoder.from_export``: the export's M is the
+    default, greedy output is the target's; M = 0 is refused naming ``dspark-export --markov-topm 0``."""
+    from dspark_trt.export.manifest import read_manifest
+    from dspark_trt.runtime import SpeculativeDecoder
+    from tests.conftest import export_once
+
+    out = export_once(tmp_path_factory, "export-qwen3-topk16-m5-fp32", random_pair, topk=K, markov_topm=M,
+                      dtype="fp32")
+    assert (read_manifest(out)["markov_topm"], read_manifest(out)["op_contract_version"]) == (M, 2)
+    dec = SpeculativeDecoder.from_export(out, tokenizer=False)
+    assert dec.backend.fixed_markov_topm == M and dec._resolve_markov_topm(None, K) == M
+    prompts = [[1, 2, 3], [4, 5]]
+    spec = dec.generate(prompts, max_new_tokens=8, eos_token_id=[])
+    alone = dec.generate(prompts, max_new_tokens=8, eos_token_id=[], draft=False)
+    assert spec.tokens == alone.tokens and spec.stats.drafted > 0
+    with pytest.raises(DSparkTrtError, match="dspark-export --markov-topm 0"):
+        dec.generate(prompts, max_new_tokens=2, markov_topm=0)
