@@ -177,14 +177,15 @@ def _walk(
             for m0 in range(0, M, BLOCK_M):
                 mm = m0 + offs_m
                 mmask = mm < M
-                uids = tl.load(table_row + mm, mask=mmask, other=0).to(tl.int64)  # [BLOCK_M] draft ids
-                tl.store(union_ids + (b * N + j) * M + mm, uids.to(tl.int32), mask=mmask)
+                uids32 = tl.load(table_row + mm, mask=mmask, other=0)  # [BLOCK_M] int32 draft ids
+                tl.store(union_ids + (b * N + j) * M + mm, uids32, mask=mmask)
                 dup = tl.zeros([BLOCK_M], dtype=tl.int32)
-                for d0 in range(0, K, BLOCK_D):  # is uids[m] one of the slot's K top-k ids?
+                for d0 in range(0, K, BLOCK_D):  # is uids[m] one of the slot's K top-k ids? (int32 compares)
                     dd = d0 + offs_d
-                    cids = tl.load(cand_ids + row + dd, mask=dd < K, other=-1).to(tl.int64)  # [BLOCK_D]
-                    hit = (uids[:, None] == cids[None, :]) & (dd < K)[None, :]  # [BLOCK_M, BLOCK_D]
+                    cids = tl.load(cand_ids + row + dd, mask=dd < K, other=-1)  # [BLOCK_D] int32
+                    hit = (uids32[:, None] == cids[None, :]) & (dd < K)[None, :]  # [BLOCK_M, BLOCK_D]
                     dup = tl.maximum(dup, tl.max(hit.to(tl.int32), axis=1))
+                uids = uids32.to(tl.int64)
                 safe = tl.minimum(tl.maximum(uids, 0), draft_vocab - 1)
                 vals = tl.load(base_row + safe, mask=mmask, other=0.0).to(tl.float32)
                 vals = tl.where(dup > 0, -float("inf"), vals)  # masked duplicate: never drawn
