@@ -64,26 +64,29 @@ def make_walk_inputs(case: WalkCase, device: torch.device | str = "cpu", *, shuf
 def make_union_inputs(case: WalkCase, topm: int, device: torch.device | str = "cpu", *, plant: bool = True) -> tuple:
     """The union op's 13 inputs (``contract.UNION_INPUTS`` order): ``make_walk_inputs``'s 11, a random
     ``union_table`` [V, M] int32 (M distinct draft ids per row) and the ``base_logits`` [B, N, V_d] the
-    candidates were taken from.
+    candidates were taken from. Cheap at real vocabularies (no [V, V_d] intermediate).
 
-    ``plant``: each request's anchor row of the table starts with some of its slot-0 top-k ids (so step 0
-    always has masked duplicates), and every other row holds a few "hot" ids whose base logits are raised
-    into most slots' top-k (duplicates at later steps too)."""
+    ``plant``: each request's anchor row of the table holds some of its slot-0 top-k ids (so step 0 always
+    has masked duplicates), and half the other rows hold "hot" ids whose base logits are raised into most
+    slots' top-k (duplicates at later steps too)."""
     g = torch.Generator().manual_seed(case.seed + 7919)
-    B, N, V, Vd, k, M = case.batch, case.steps, case.vocab, case.vd, case.topk, topm
-    inputs, base = _walk_inputs(case, "cpu", shuffle=True, hot=min(4, M, k) if plant else 0)
-    table = torch.argsort(torch.rand(V, Vd, generator=g), dim=-1)[:, :M]  # [V, M] distinct ids per row
+    B, V, Vd, k, M = case.batch, case.vocab, case.vd, case.topk, topm
+    h = min(4, M, k) if plant else 0  # hot ids 0..h-1, never drawn by the random rows
+    inputs, base = _walk_inputs(case, "cpu", shuffle=True, hot=h)
+    # row t: an arithmetic progression r_t + m·s_t over [h, V_d) with s_t·(M-1) < V_d - h: M distinct ids
+    span = Vd - h
+    start = torch.randint(0, span, (V, 1), generator=g)
+    step = torch.randint(1, max(2, span // max(M, 1)), (V, 1), generator=g)
+    table = h + (start + torch.arange(M) * step) % span  # [V, M]
     if plant:
-        hot = torch.arange(min(4, M, k))  # the ids _walk_inputs raised (0..h-1)
         rows = torch.rand(V, generator=g) < 0.5
-        for t in rows.nonzero().flatten().tolist():
-            rest = table[t][~torch.isin(table[t], hot)][: M - len(hot)]
-            table[t] = torch.cat((hot, rest))[torch.randperm(M, generator=g)]
+        table[rows, :h] = torch.arange(h)  # no random id is < h: still distinct
         ids, anchor = inputs[1], inputs[2]
         for b in range(B):
-            take = ids[b, 0, : max(1, min(k, M) // 2)].to(torch.int64)  # top-k ids of slot 0 (random order)
-            rest = table[int(anchor[b])][~torch.isin(table[int(anchor[b])], take)][: M - len(take)]
-            table[int(anchor[b])] = torch.cat((take, rest))[torch.randperm(M, generator=g)]
+            a = int(anchor[b])
+            take = ids[b, 0, : max(1, min(k, M) // 2)].to(torch.int64)  # slot-0 top-k ids (random order)
+            rest = table[a][~torch.isin(table[a], take)][: M - len(take)]
+            table[a] = torch.cat((take, rest))[torch.randperm(M, generator=g)]
     union = (table.to(torch.int32), base.to(case.logits_dtype))
     return tuple(t.to(device) for t in (*inputs, *union))
 
