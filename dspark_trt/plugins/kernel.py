@@ -23,6 +23,9 @@ Cost model per round: B·N·k·r MACs and B·N·k·r·|W| bytes of gathered W2 r
 [B, N, k] values/logits are small beside it), versus N·V_d·r·|W| bytes for a dense round whatever B is.
 Qwen3-8B (V_d = 151936, r = 256, N = 7, bf16), k = 512: 1.8 MB per request against 545 MB dense.
 
+The body is ``_walk``, shared with the candidate union's kernel (``union_kernel.py``) through a
+``tl.constexpr`` union width M: this kernel passes M = 0, so none of the union code is generated.
+
 Launch: grid = (B,), ``num_warps`` × 32 threads, no shared memory beyond what Triton's reductions take.
 The argument order is TensorRT's AOT calling convention: the 11 input pointers (contract order), the int32
 extra arguments (``vocab`` = rows of W1, ``draft_vocab`` = rows of W2; ids are clamped into range so a bad
