@@ -134,6 +134,11 @@ def _int32_key(x: torch.Tensor | None, like: torch.Tensor, B: int) -> torch.Tens
     return (x.to(device=like.device, dtype=torch.int64) % HASH_PRIME).to(torch.int32)
 
 
+def _kernel_float(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as is when the fused kernels read its dtype (fp32 / fp16 / bf16), else as fp32."""
+    return x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.to(torch.float32)
+
+
 def fused_markov_walk(
     base_logits: torch.Tensor,  # [B, N, V_d] already × logit_scale
     anchor: torch.Tensor,  # [B] int target ids
@@ -203,7 +208,7 @@ def fused_walk_candidates(
 
         M = union_table.shape[-1]
         tokens, cand_logits, confidence, union_ids = union_markov_walk(
-            *inputs, union_table.to(dev, torch.int32), base_logits.to(dev, cand_vals.dtype),
+            *inputs, union_table.to(dev, torch.int32), _kernel_float(base_logits.to(dev)),  # no fp32 copy
             logit_scale=float(logit_scale))
         all_ids = torch.cat((cand_ids.to(torch.int64), union_ids.to(torch.int64)), dim=-1)  # [B, N, k + M]
     else:

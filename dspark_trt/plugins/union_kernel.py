@@ -139,7 +139,7 @@ def union_markov_walk(
     conf_base: torch.Tensor,  # [B, N] fp32
     conf_w: torch.Tensor,  # [r] fp32
     union_table: torch.Tensor,  # [V, M] int32
-    base_logits: torch.Tensor,  # [B, N, V_d], cand_values' dtype
+    base_logits: torch.Tensor,  # [B, N, V_d] fp32 | fp16 | bf16 (the contract's T; here any of the three)
     *,
     logit_scale: float,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -149,6 +149,9 @@ def union_markov_walk(
 
     ``out``: preallocated outputs to write into (every element is written). CUDA tensors run the compiled
     kernel; CPU tensors run in Triton's interpreter (``TRITON_INTERPRET=1`` before triton was imported).
+    ``base_logits`` may have another float dtype than ``cand_values`` (the JIT kernel specialises on both; the
+    TensorRT plugin's signature gives both the logits type T): the runtime passes the model's logits as they
+    are, without an fp32 copy of [B, N, V_d].
     """
     if (cand_values.dim() != 3 or markov_w1.dim() != 2 or markov_w2.dim() != 2 or union_table.dim() != 2
             or base_logits.dim() != 3):
@@ -168,7 +171,7 @@ def union_markov_walk(
             ("seed", seed, (B,), (torch.int32,)), ("position", position, (B,), (torch.int32,)),
             ("conf_base", conf_base, (B, N), (torch.float32,)), ("conf_w", conf_w, (r,), (torch.float32,)),
             ("union_table", union_table, (V, M), (torch.int32,)),
-            ("base_logits", base_logits, (B, N, Vd), (cand_values.dtype,))):
+            ("base_logits", base_logits, (B, N, Vd), floats)):
         _check(name, t, shape, dtypes, UNION_OP_NAME)
     if markov_w1.dtype != markov_w2.dtype:
         raise DSparkTrtError(f"markov_w1 ({markov_w1.dtype}) and markov_w2 ({markov_w2.dtype}) must share a dtype")

@@ -105,6 +105,16 @@ def test_mixed_logits_and_weights_dtypes(device):
     compare_union_walks(run_union(inputs, 1.0), reference(inputs, 1.0), inputs, **TOL)
 
 
+def test_base_logits_in_another_dtype_than_the_candidate_values(device):
+    """bf16 base logits with fp32 candidate values (what the runtime passes: no fp32 copy of [B, N, V_d])."""
+    case = WalkCase(batch=5, steps=7, vocab=257, rank=8, topk=16, logits_dtype=BF16, weights_dtype=BF16,
+                    mode="mixed", seed=17)
+    inputs = list(make_union_inputs(case, 5, device))
+    inputs[0] = inputs[0].float()  # [B, N, k] fp32 values, exactly the bf16 base logits at the candidates
+    report = compare_union_walks(run_union(tuple(inputs), 1.0), reference(inputs, 1.0), inputs, **TOL)
+    assert report["duplicates"] > 0
+
+
 def test_without_duplicates_the_union_extends_the_plain_walk(device):
     """Unplanted random table: the first k logits of step 0 are the plain kernel's bit for bit (same body,
     same sums), and with a table whose ids never win the tokens equal the plain walk's."""
@@ -167,8 +177,8 @@ def test_rejects_inputs_outside_the_contract(device):
     bad_table = (*inputs[:11], inputs[11][:-1], inputs[12])
     with pytest.raises(DSparkTrtError, match=r"DSparkTopKMarkovUnion tensor union_table has shape \(256, 5\)"):
         union_markov_walk(*bad_table, logit_scale=1.0)
-    bad_base = (*inputs[:12], inputs[12].to(torch.bfloat16))
-    with pytest.raises(DSparkTrtError, match="base_logits has dtype torch.bfloat16"):
+    bad_base = (*inputs[:12], inputs[12].to(torch.float64))
+    with pytest.raises(DSparkTrtError, match="base_logits has dtype torch.float64"):
         union_markov_walk(*bad_base, logit_scale=1.0)
     wide = (*inputs[:11], torch.zeros(257, 4000, dtype=torch.int32, device=device), inputs[12])
     with pytest.raises(DSparkTrtError, match="markov_topm 4000 is outside"):
