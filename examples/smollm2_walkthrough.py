@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct end to end on a CPU: build the pair, export it, generate text, benchmark.
 
     python examples/smollm2_walkthrough.py OUT              # the real drafter: ~30 min of training on 2 cores
-    python examples/smollm2_walkthrough.py OUT --steps 4    # a 4-step drafter: checks the path, not the quality
+    python examples/smollm2_walkthrough.py OUT --steps 4 --bank-prompts 0   # checks the path, not the quality
 
 The same steps as the commands
 
@@ -32,12 +32,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out", nargs="?", default="out/smollm2-walkthrough")
     p.add_argument("--steps", type=int, default=None, help="drafter training steps (default: 30 minutes)")
-    p.add_argument("--new-tokens", type=int, default=96, help="tokens the target writes per training prompt")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per training prompt")
+    p.add_argument("--bank-prompts", type=int, default=640, help="prompt-bank prompts for the training text")
     args = p.parse_args()
     out = Path(args.out)
 
     # 1. the pair: SmolLM2 as a Hugging Face directory, held-out prompts, a DSpark drafter distilled on the CPU
-    pair = build_smollm2_pair(out / "pair", train_drafter=True, steps=args.steps, new_tokens=args.new_tokens)
+    pair = build_smollm2_pair(out / "pair", train_drafter=True, steps=args.steps, new_tokens=args.new_tokens,
+                              bank_prompts=args.bank_prompts)
     print("pair:", {k: str(v) for k, v in pair.items()})
 
     # 2. export: the drafter with a top-k 512 Markov head and the target, as ONNX graphs (fp32 for the CPU)

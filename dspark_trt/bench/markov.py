@@ -13,8 +13,9 @@ PyTorch implementations, and the device's native kernels when they support the c
 
 With ``--markov-topm M`` (the candidate union, ``reference/markov.py``) every row also times the union
 round over a random [V, M] table (its cost does not depend on which ids it holds; the real table is built
-once at load/export): ``union_topk_ms`` (reference) and, with the CPU kernels, ``union_fused_ms`` (native
-selection + union walk) and ``union_vs_topk`` = union_fused_ms / union_plain_ms, the union round's cost
+once at load/export): ``union_topk_ms`` (reference) and, with the native kernels, ``union_fused_ms`` (CPU:
+the Numba selection + union walk; CUDA: torch.topk + the fused union kernel) and ``union_vs_topk`` =
+union_fused_ms / union_plain_ms, the union round's cost
 over the plain native round, both timed alternately (medians) so that the ratio survives a busy machine.
 
 Ratios are measured in one run; nothing here passes or fails.
@@ -224,10 +225,21 @@ def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dty
                           cfg.warmup)
         floor_ms = B * N * k * w1.shape[1] * w2.element_size() / (bw * 1e6)  # the gathered W2 rows at read bandwidth
         fused_ms = timer(fused, cfg.repeats, cfg.warmup)
-        return dict(kernel_ms=_ms(kernel_ms), kernel_speedup=round(cublas_ms / kernel_ms, 2),
-                    fused_ms=_ms(fused_ms), fused_speedup=round(cublas_ms / fused_ms, 2),
-                    fused_vs_pass=round(fused_ms / pass_ms, 2),
-                    kernel_floor_ms=_ms(floor_ms), kernel_vs_floor=round(kernel_ms / floor_ms, 2))
+        out = dict(kernel_ms=_ms(kernel_ms), kernel_speedup=round(cublas_ms / kernel_ms, 2),
+                   fused_ms=_ms(fused_ms), fused_speedup=round(cublas_ms / fused_ms, 2),
+                   fused_vs_pass=round(fused_ms / pass_ms, 2),
+                   kernel_floor_ms=_ms(floor_ms), kernel_vs_floor=round(kernel_ms / floor_ms, 2))
+        if table is not None:  # TopK + the union kernel, interleaved with TopK + the plain kernel
+            from ..plugins.union_kernel import union_markov_walk
+
+            def union():
+                v, i = torch.topk(base, k, dim=-1)
+                return union_markov_walk(v, i.to(torch.int32), *rest, table, base, logit_scale=1.0)
+
+            plain_ms, union_ms = _paired(timer, fused, union, cfg.repeats, cfg.warmup)
+            out.update(union_fused_ms=_ms(union_ms), union_plain_ms=_ms(plain_ms),
+                       union_vs_topk=round(union_ms / plain_ms, 3))
+        return out
 
     return time_cuda
 

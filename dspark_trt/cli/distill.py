@@ -27,6 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--taps", default=None, metavar="I,J,K", help="target layer ids (DeepSeek convention)")
     p.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default: the target's)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per prompt")
+    p.add_argument("--bank-prompts", type=int, default=0, metavar="N",
+                   help="also continue N prompts of the prompt bank (dspark_trt/training/prompt_bank.py; default 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--force", action="store_true", help="replace an existing drafter")
 
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     shape = DrafterShape(num_layers=args.layers, target_layer_ids=taps, markov_rank=args.markov_rank,
                          block_size=args.block_size, draft_vocab_size=args.draft_vocab)
     settings = DistillSettings(steps=args.steps, minutes=args.minutes, seed=args.seed, new_tokens=args.new_tokens,
-                               threads=args.threads)
+                               threads=args.threads, bank_prompts=args.bank_prompts)
     out = distill(args.target, args.out, shape=shape, settings=settings, force=args.force)
     print(f"drafter {out}")
     return 0

@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-drafter", action="store_true", help="also distil OUT/drafter (dspark distill)")
     p.add_argument("--minutes", type=float, default=30.0, help="training budget of the drafter (default 30)")
     p.add_argument("--steps", type=int, default=None, help="exact training steps instead of --minutes")
+    p.add_argument("--bank-prompts", type=int, default=None, metavar="N",
+                   help="prompt-bank prompts the target continues for the training text (default 640)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads for training")
     p.add_argument("--force", action="store_true", help="retrain and replace OUT/drafter (the target, deterministic, is kept once built)")
@@ -25,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from ..models.smollm2 import build_smollm2_pair
 
     result = build_smollm2_pair(args.out, train_drafter=args.train_drafter, force=args.force, minutes=args.minutes,
-                                steps=args.steps, seed=args.seed, threads=args.threads)
+                                steps=args.steps, seed=args.seed, threads=args.threads,
+                                **({} if args.bank_prompts is None else {"bank_prompts": args.bank_prompts}))
     for name, path in result.items():
         print(f"{name:8s} {path}")
     return 0

@@ -143,6 +143,7 @@ def write_smollm2_target(out: str | Path, *, force: bool = False) -> Path:
 
 #: the drafter ``dspark smollm2 --train-drafter`` trains (see docs/smollm2.md for why)
 DRAFT_VOCAB = 8192
+BANK_PROMPTS = 640  # prompt-bank prompts the target continues for the drafter's training text (docs/smollm2.md)
 
 
 def write_heldout_prompts(out: str | Path, target_dir: str | Path) -> Path:
@@ -162,7 +163,7 @@ def write_heldout_prompts(out: str | Path, target_dir: str | Path) -> Path:
 
 def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: bool = False, minutes: float = 30.0,
                        steps: int | None = None, seed: int = 0, threads: int | None = None,
-                       progress: bool = True, new_tokens: int = 64) -> dict:
+                       progress: bool = True, new_tokens: int = 128, bank_prompts: int = BANK_PROMPTS) -> dict:
     """``out/target`` (SmolLM2-135M-Instruct), ``out/prompts.json`` (held-out prompts) and, with
     ``train_drafter``, ``out/drafter`` distilled on the CPU. Idempotent; an interrupted training resumes."""
     out = Path(out)
@@ -177,7 +178,7 @@ def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: b
         result["drafter"] = distill(target, out / "drafter", shape=DrafterShape(draft_vocab_size=DRAFT_VOCAB),
                                     settings=DistillSettings(steps=steps, minutes=None if steps else minutes,
                                                              seed=seed, threads=threads, new_tokens=new_tokens,
-                                                             lr=2e-3),
+                                                             bank_prompts=bank_prompts),
                                     force=force, progress=progress)
     return result
 

@@ -32,8 +32,14 @@ documented parameters, for every TensorRT and Triton version (``stripped_params`
 ``trailing_params``, what a launcher must still pass as null, is then 0). The CUDA toolkit's ptxas
 assembles the stripped PTX (``--validate``).
 
-Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 ...]``: prints the dict and
-writes it to ``DIR/dspark_topk_markov_walk.json`` (what ``gpu_check --ptx-dir DIR`` reads).
+The candidate union's kernel (``union_kernel.py``, op ``DSparkTopKMarkovUnion``) builds the same way from a
+spec with ``markov_topm`` M > 0: calling convention ``(13 input pointers, 2 int32 extras, 4 output
+pointers)``, the same grid and block, its own kernel name, file names with ``m{M}`` and its own description
+file (``description_file(M)``).
+
+Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 --markov-topm M ...]``: prints
+the dict and writes it to ``DIR/dspark_topk_markov_walk.json`` (``..._union.json`` with ``--markov-topm``;
+what ``gpu_check --ptx-dir DIR`` reads).
 It refuses to run under ``TRITON_INTERPRET=1``: the interpreter replaces the kernel that would be compiled.
 """
 
@@ -54,12 +60,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DSparkTrtError
-from .contract import INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, PLUGIN_VERSION
+from .contract import (INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, PLUGIN_VERSION, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS,
+                       UNION_PLUGIN_ID)
 
 __all__ = [
     "DTYPE_NAMES",
     "DEFAULT_ARCHS",
     "DEFAULT_PTX_ISA",
+    "DESCRIPTION_FILE",
+    "UNION_DESCRIPTION_FILE",
+    "description_file",
     "EXTRA_ARGS",
     "WalkKernelSpec",
     "CompiledWalkKernel",
@@ -91,6 +101,12 @@ DEFAULT_ARCHS = (80, 90)
 DEFAULT_PTX_ISA = 90  # ISA 9.0: what a CUDA 13.0 driver (580) JIT-compiles
 MAX_STATIC_SHARED_MEM = 48 * 1024  # bytes a launch may use without cudaFuncAttributeMaxDynamicSharedMemorySize
 DESCRIPTION_FILE = "dspark_topk_markov_walk.json"  # what the CLI writes beside the .ptx files
+UNION_DESCRIPTION_FILE = "dspark_topk_markov_walk_union.json"  # the same for the union kernel (--markov-topm M)
+
+
+def description_file(markov_topm: int = 0) -> str:
+    """The JSON description's file name: one per op, so both kernels' PTX can share a directory."""
+    return UNION_DESCRIPTION_FILE if markov_topm else DESCRIPTION_FILE
 
 #: the int32 extra arguments, in order: (kernel argument, input whose shape gives the value, dimension)
 EXTRA_ARGS = (("vocab", "markov_w1", 0), ("draft_vocab", "markov_w2", 0))
@@ -108,9 +124,14 @@ class WalkKernelSpec:
     weights_dtype: str = "bfloat16"  # contract "W"
     arch: int = 90  # compute capability, e.g. 80, 90
     ptx_isa: int | None = DEFAULT_PTX_ISA  # cap on the PTX ISA (90 = 9.0); None = Triton's default
+    markov_topm: int = 0  # M: 0 = the DSparkTopKMarkov kernel, > 0 = the DSparkTopKMarkovUnion kernel
 
     def __post_init__(self):
         from .kernel import MAX_RANK, MAX_TOPK
+        from .union_kernel import MAX_TOPM
+
+        if not 0 <= self.markov_topm <= MAX_TOPM:
+            raise DSparkTrtError(f"markov_topm {self.markov_topm} is outside [0, {MAX_TOPM}] (0 = no candidate union)")
 
         for what, dt in (("logits_dtype", self.logits_dtype), ("weights_dtype", self.weights_dtype)):
             if dt not in DTYPE_NAMES:
@@ -129,12 +150,30 @@ class WalkKernelSpec:
         return f"sm_{self.arch}{'a' if self.arch >= 90 else ''}"  # Triton's naming: sm_90a
 
     @property
+    def union(self) -> bool:
+        return self.markov_topm > 0
+
+    @property
+    def op_name(self) -> str:
+        return UNION_OP_NAME if self.union else OP_NAME
+
+    @property
+    def plugin_id(self) -> str:
+        return UNION_PLUGIN_ID if self.union else PLUGIN_ID
+
+    @property
     def file_name(self) -> str:
         t, w = DTYPE_NAMES[self.logits_dtype], DTYPE_NAMES[self.weights_dtype]
-        return f"{kernel_name()}.{self.sm}.{t}-{w}.n{self.num_draft_tokens}k{self.topk}r{self.rank}.ptx"
+        m = f"m{self.markov_topm}" if self.union else ""
+        return f"{kernel_name(self)}.{self.sm}.{t}-{w}.n{self.num_draft_tokens}k{self.topk}{m}r{self.rank}.ptx"
 
 
-def kernel_name() -> str:
+def kernel_name(spec: WalkKernelSpec | None = None) -> str:
+    """The kernel's (PTX entry's) name: the union kernel's for a spec with ``markov_topm`` > 0."""
+    if spec is not None and spec.union:
+        from .union_kernel import UNION_KERNEL_NAME
+
+        return UNION_KERNEL_NAME
     from .kernel import KERNEL_NAME
 
     return KERNEL_NAME
@@ -149,14 +188,21 @@ def kernel_signature(spec: WalkKernelSpec) -> list[tuple[str, str]]:
             return DTYPE_NAMES[spec.weights_dtype]
         return _FIXED[dtype]
 
-    return ([(c.name, "*" + ty(c.dtype)) for c in INPUTS]
+    inputs, outputs = (UNION_INPUTS, UNION_OUTPUTS) if spec.union else (INPUTS, OUTPUTS)
+    return ([(c.name, "*" + ty(c.dtype)) for c in inputs]
             + [(name, "i32") for name, _, _ in EXTRA_ARGS]
-            + [(c.name, "*" + ty(c.dtype)) for c in OUTPUTS])
+            + [(c.name, "*" + ty(c.dtype)) for c in outputs])
 
 
 def kernel_constexprs(spec: WalkKernelSpec) -> dict[str, int | float]:
     from .kernel import tile_config
 
+    if spec.union:
+        from .union_kernel import union_tile_config
+
+        t = union_tile_config(spec.topk, spec.rank, spec.markov_topm)
+        return dict(N=spec.num_draft_tokens, K=spec.topk, M=spec.markov_topm, R=spec.rank, BLOCK_K=t.block_k,
+                    BLOCK_M=t.block_m, BLOCK_D=t.block_d, BLOCK_R=t.block_r, LOGIT_SCALE=float(spec.logit_scale))
     tiles = tile_config(spec.topk, spec.rank)
     return dict(N=spec.num_draft_tokens, K=spec.topk, R=spec.rank, BLOCK_K=tiles.block_k, BLOCK_R=tiles.block_r,
                 LOGIT_SCALE=float(spec.logit_scale))
@@ -267,11 +313,12 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
     from triton.compiler import ASTSource
 
     from .kernel import dspark_topk_markov_walk, interpreting
+    from .union_kernel import dspark_topk_markov_walk_union
 
     if interpreting():
         raise DSparkTrtError("AOT compilation cannot run with TRITON_INTERPRET=1 (the interpreter replaces the "
                              "kernel); run `python -m dspark_trt.plugins.aot` in a process without it")
-    fn = dspark_topk_markov_walk
+    fn = dspark_topk_markov_walk_union if spec.union else dspark_topk_markov_walk
     signature = dict(kernel_signature(spec))
     constexprs = kernel_constexprs(spec)
     signature.update({name: "constexpr" for name in constexprs})
@@ -375,12 +422,15 @@ def select_export_kernel(kernel: dict, kernel_dir: str | Path, spec: WalkKernelS
     ``{"name", "ptx", "launch", "entry"}``; one-line errors when there is none, its checksum differs, a
     hardware-compatible engine would get sm_90a PTX, or the build host's driver cannot JIT its ISA."""
     c = kernel.get("constexprs", {})
-    built = (c.get("N"), c.get("K"), c.get("R"))
+    if kernel.get("op", OP_NAME) != spec.op_name:
+        raise DSparkTrtError(f"the export's PTX is for {kernel.get('op', OP_NAME)}, the graph's node is {spec.op_name}; "
+                             "re-run dspark-export")
+    built = (c.get("N"), c.get("K"), c.get("R"), c.get("M", 0))
     same_scale = _f32(float(c.get("LOGIT_SCALE", "nan"))) == _f32(spec.logit_scale)  # the attribute is FLOAT (fp32)
-    if built != (spec.num_draft_tokens, spec.topk, spec.rank) or not same_scale:
-        raise DSparkTrtError(f"the export's PTX was built for N, k, r = {built} and logit_scale "
-                             f"{c.get('LOGIT_SCALE')}, the graph needs {(spec.num_draft_tokens, spec.topk, spec.rank)} "
-                             f"and {spec.logit_scale}; re-run dspark-export")
+    need = (spec.num_draft_tokens, spec.topk, spec.rank, spec.markov_topm)
+    if built != need or not same_scale:
+        raise DSparkTrtError(f"the export's PTX was built for N, k, r, M = {built} and logit_scale "
+                             f"{c.get('LOGIT_SCALE')}, the graph needs {need} and {spec.logit_scale}; re-run dspark-export")
     matches = [e for e in kernel.get("kernels", []) if e["compute_capability"] == spec.arch
                and e["logits_dtype"] == spec.logits_dtype and e["weights_dtype"] == spec.weights_dtype]
     if not matches:
@@ -468,8 +518,12 @@ def write_ptx_artifacts(
     archs: tuple[int, ...] = DEFAULT_ARCHS,
     ptx_isa: int | None = DEFAULT_PTX_ISA,
     validate_with: str | None = None,
+    markov_topm: int = 0,
 ) -> dict:
     """Compile one PTX per (arch, dtype pair) into ``out_dir`` and return their JSON-able description.
+
+    ``markov_topm`` M > 0 builds the union kernel (``DSparkTopKMarkovUnion``) instead: the description then
+    names that op and plugin and carries ``markov_topm`` and the constexpr ``M``.
 
     ``validate_with``: a ptxas to assemble each file with (``find_ptxas()``: the CUDA toolkit's); the result
     is recorded under ``validated``. Files are written atomically; an existing file of the same name is
@@ -484,7 +538,7 @@ def write_ptx_artifacts(
     for arch in archs:
         for logits_dtype, weights_dtype in dtypes:
             spec = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), logits_dtype, weights_dtype,
-                                  arch, ptx_isa)
+                                  arch, ptx_isa, markov_topm)
             ck = compile_walk_kernel(spec)
             triton_version = ck.triton_version
             path = out_dir / spec.file_name
@@ -509,12 +563,14 @@ def write_ptx_artifacts(
             if validate_with:
                 entry["validated"] = validate_ptx(ck.ptx, spec.sm, validate_with)
             kernels.append(entry)
-    first = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), *dtypes[0], archs[0], ptx_isa)
+    first = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), *dtypes[0], archs[0], ptx_isa,
+                           markov_topm)
     return {
-        "op": OP_NAME,
-        "plugin": PLUGIN_ID,
+        "op": first.op_name,
+        "plugin": first.plugin_id,
         "plugin_version": PLUGIN_VERSION,
-        "kernel_name": kernel_name(),
+        **({"markov_topm": markov_topm} if markov_topm else {}),
+        "kernel_name": kernel_name(first),
         "triton_version": triton_version,
         "calling_convention": "input pointers, int32 extra arguments, output pointers (TensorRT AOT), then a "
                               "null pointer for each trailing parameter",
@@ -547,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=7, help="num_draft_tokens N (default 7)")
     p.add_argument("--k", type=int, default=512, help="top-k candidates per slot (default 512)")
     p.add_argument("--rank", type=int, default=256, help="Markov rank r (default 256)")
+    p.add_argument("--markov-topm", type=int, default=0, help="union width M: > 0 builds the DSparkTopKMarkovUnion "
+                                                              "kernel (default 0: DSparkTopKMarkov)")
     p.add_argument("--logit-scale", type=float, default=1.0)
     p.add_argument("--dtypes", default="bf16-bf16", help="comma list of LOGITS-WEIGHTS (default bf16-bf16)")
     p.add_argument("--archs", default="80,90", help="compute capabilities (default 80,90)")
@@ -562,10 +620,10 @@ def main(argv: list[str] | None = None) -> int:
         info = write_ptx_artifacts(args.out, num_draft_tokens=args.n, topk=args.k, rank=args.rank,
                                    logit_scale=args.logit_scale, dtypes=_parse_dtypes(args.dtypes),
                                    archs=tuple(int(a) for a in args.archs.split(",")), ptx_isa=isa,
-                                   validate_with=ptxas)
+                                   validate_with=ptxas, markov_topm=args.markov_topm)
         from ..atomic import atomic_write_text
 
-        atomic_write_text(Path(args.out) / DESCRIPTION_FILE, json.dumps(info, indent=2) + "\n")
+        atomic_write_text(Path(args.out) / description_file(args.markov_topm), json.dumps(info, indent=2) + "\n")
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -58,9 +58,6 @@ def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, 
     device = torch.device(device)
     if topk is None:
         return "dense Markov head (no top-k): one GEMM per step is already the fast path"
-    if markov_topm and device.type != "cpu":
-        return (f"candidate union (markov_topm={markov_topm}): only the CPU kernels walk it so far, the fused "
-                f"Triton kernel walks top-k candidates only")
     if device.type == "cpu":
         if draft_vocab_size is not None and draft_vocab_size * rank < CPU_KERNEL_MIN_HEAD:
             return (f"small Markov head (V_d·r = {draft_vocab_size * rank} < {CPU_KERNEL_MIN_HEAD}): the PyTorch "
@@ -74,6 +71,11 @@ def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, 
         return f"no native Markov kernel for {device.type} devices"
     if importlib.util.find_spec("triton") is None:
         return "OpenAI Triton is not installed (pip install 'dspark-trt[kernels]')"
+    if markov_topm:
+        from .union_kernel import union_unsupported_reason
+
+        return union_unsupported_reason(k=topk, r=rank, n=num_draft_tokens, m=markov_topm, logits_dtype=logits_dtype,
+                                        weights_dtype=weights_dtype, device=device)
     from .kernel import kernel_unsupported_reason
 
     return kernel_unsupported_reason(k=topk, r=rank, n=num_draft_tokens, logits_dtype=logits_dtype,
@@ -132,6 +134,11 @@ def _int32_key(x: torch.Tensor | None, like: torch.Tensor, B: int) -> torch.Tens
     return (x.to(device=like.device, dtype=torch.int64) % HASH_PRIME).to(torch.int32)
 
 
+def _kernel_float(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as is when the fused kernels read its dtype (fp32 / fp16 / bf16), else as fp32."""
+    return x if x.dtype in (torch.float32, torch.float16, torch.bfloat16) else x.to(torch.float32)
+
+
 def fused_markov_walk(
     base_logits: torch.Tensor,  # [B, N, V_d] already × logit_scale
     anchor: torch.Tensor,  # [B] int target ids
@@ -147,6 +154,8 @@ def fused_markov_walk(
     if topk is None:
         raise DSparkTrtError("the fused Markov kernel walks top-k candidates; use reference markov_walk for dense")
     cand_vals, cand_ids = select_candidates(base_logits, topk)  # [B, N, k] fp32, int64 (the reference's choice)
+    if walk_options.get("union_table") is not None:
+        walk_options.setdefault("base_logits", base_logits)
     return fused_walk_candidates(cand_vals, cand_ids, anchor, w1, w2, **walk_options)
 
 
@@ -164,19 +173,24 @@ def fused_walk_candidates(
     positions: torch.Tensor | None = None,
     conf_base: torch.Tensor | None = None,
     conf_w_markov: torch.Tensor | None = None,
+    union_table: torch.Tensor | None = None,  # [V, M] int draft ids: the candidate union (reference.markov)
+    base_logits: torch.Tensor | None = None,  # [B, N, V_d] base logits (× s), read at the union's ids
 ) -> MarkovWalkResult:
-    """``reference.markov.walk_candidates`` in one fused kernel launch (the DSparkTopKMarkov op)."""
+    """``reference.markov.walk_candidates`` in one fused kernel launch: the DSparkTopKMarkov op, or with
+    ``union_table`` (M > 0) the DSparkTopKMarkovUnion op (``union_kernel.py``; candidates [B, N, k + M])."""
     from ..errors import DSparkTrtError
-    from .kernel import topk_markov_walk
 
     if cand_ids is None:
         raise DSparkTrtError("the fused Markov kernel walks top-k candidates; use reference walk_candidates for dense")
     if temperature is not None and (seed is None or positions is None):
         raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
+    union = union_table is not None and union_table.shape[-1] > 0
+    if union and base_logits is None:
+        raise DSparkTrtError("the candidate union needs the base logits [B, N, V_d] to value the table's ids")
     B, N, k = cand_vals.shape
     dev = cand_vals.device
     r = w1.shape[1]
-    tokens, cand_logits, confidence = topk_markov_walk(
+    inputs = (
         cand_vals,
         cand_ids.to(torch.int32),
         anchor.to(device=dev, dtype=torch.int32),
@@ -188,7 +202,20 @@ def fused_walk_candidates(
         _int32_key(positions, cand_vals, B),
         torch.zeros(B, N, device=dev) if conf_base is None else conf_base.to(dev, torch.float32).contiguous(),
         torch.zeros(r, device=dev) if conf_w_markov is None else conf_w_markov.to(dev, torch.float32),
-        logit_scale=float(logit_scale),
     )
-    return MarkovWalkResult(tokens=tokens.to(torch.int64), cand_ids=cand_ids.to(torch.int64), cand_logits=cand_logits,
-                            confidence=confidence if conf_base is not None else None)
+    if union:
+        from .union_kernel import union_markov_walk
+
+        M = union_table.shape[-1]
+        tokens, cand_logits, confidence, union_ids = union_markov_walk(
+            *inputs, union_table.to(dev, torch.int32), _kernel_float(base_logits.to(dev)),  # no fp32 copy
+            logit_scale=float(logit_scale))
+        all_ids = torch.cat((cand_ids.to(torch.int64), union_ids.to(torch.int64)), dim=-1)  # [B, N, k + M]
+    else:
+        from .kernel import topk_markov_walk
+
+        M = 0
+        tokens, cand_logits, confidence = topk_markov_walk(*inputs, logit_scale=float(logit_scale))
+        all_ids = cand_ids.to(torch.int64)
+    return MarkovWalkResult(tokens=tokens.to(torch.int64), cand_ids=all_ids, cand_logits=cand_logits,
+                            confidence=confidence if conf_base is not None else None, union_width=M)

@@ -23,6 +23,9 @@ Cost model per round: B·N·k·r MACs and B·N·k·r·|W| bytes of gathered W2 r
 [B, N, k] values/logits are small beside it), versus N·V_d·r·|W| bytes for a dense round whatever B is.
 Qwen3-8B (V_d = 151936, r = 256, N = 7, bf16), k = 512: 1.8 MB per request against 545 MB dense.
 
+The body is ``_walk``, shared with the candidate union's kernel (``union_kernel.py``) through a
+``tl.constexpr`` union width M: this kernel passes M = 0, so none of the union code is generated.
+
 Launch: grid = (B,), ``num_warps`` × 32 threads, no shared memory beyond what Triton's reductions take.
 The argument order is TensorRT's AOT calling convention: the 11 input pointers (contract order), the int32
 extra arguments (``vocab`` = rows of W1, ``draft_vocab`` = rows of W2; ids are clamped into range so a bad
@@ -73,6 +76,148 @@ _U_SCALE = tl.constexpr(2.0**-23)
 
 
 @triton.jit
+def _mix(x):
+    """Two rounds of the reference noise hash on int64 values in [0, P) (``reference/sampling.py``)."""
+    x = (x * x + _C1) % _P
+    x = (x * _A1) % _P
+    x = (x * x + _C2) % _P
+    return (x * _A2) % _P
+
+
+@triton.jit
+def _gumbel_scores(z, ids, temp, prefix):
+    """z / T + G(seed, position, id) for a tile: ``prefix`` is the hashed (seed, position) key."""
+    y = _mix((prefix + ids % _P) % _P)
+    u = ((y // 256).to(tl.float32) + 0.5) * _U_SCALE  # (0, 1), exact in fp32
+    return tl.math.div_rn(z, temp) - tl.log(-tl.log(u))
+
+
+@triton.jit
+def _markov_bias(ids, mask, w1_row, markov_w2, draft_vocab, R: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Σ_r W2[ids, r] · W1[prev, r] for a tile of ids (clamped into [0, V_d)), accumulated in fp32."""
+    offs_r = tl.arange(0, BLOCK_R)
+    w2_rows = markov_w2 + tl.minimum(tl.maximum(ids, 0), draft_vocab - 1)[:, None] * R
+    acc = tl.zeros(ids.shape, dtype=tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rr = r0 + offs_r
+        rmask = rr < R
+        e = tl.load(w1_row + rr, mask=rmask, other=0.0).to(tl.float32)  # [BLOCK_R]
+        w = tl.load(w2_rows + rr[None, :], mask=mask[:, None] & rmask[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * e[None, :], axis=1)  # [tile] fp32
+    return acc
+
+
+@triton.jit
+def _walk(
+    cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base, conf_w,
+    union_table, base_logits,  # only read when M > 0
+    vocab, draft_vocab,
+    draft_tokens, cand_logits, confidence,
+    union_ids,  # only written when M > 0
+    N: tl.constexpr,
+    K: tl.constexpr,
+    M: tl.constexpr,  # union width; 0 = the plain walk (every union branch compiles away)
+    R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    LOGIT_SCALE: tl.constexpr,
+):
+    """One request's walk (both kernels; module docstrings of ``kernel`` and ``union_kernel``)."""
+    b = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temperature + b)  # fp32 scalar
+    greedy = temp < tl.full([], _GREEDY_T, tl.float32)  # compared in fp32, as torch does
+    # noise: mix((seed mod P + salt) mod P), once per request; the position is folded in per step
+    seed_h = _mix((tl.load(seed + b).to(tl.int64) % _P + _SALT) % _P)
+    pos0 = tl.load(position + b).to(tl.int64)
+    prev = tl.load(anchor + b).to(tl.int64)
+
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    for j in range(N):
+        prev = tl.minimum(tl.maximum(prev, 0), vocab - 1)
+        w1_row = markov_w1 + prev * R
+        # confidence: σ(conf_base + conf_w · e)
+        c_acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+        for r0 in range(0, R, BLOCK_R):
+            rr = r0 + offs_r
+            e = tl.load(w1_row + rr, mask=rr < R, other=0.0).to(tl.float32)
+            c_acc += e * tl.load(conf_w + rr, mask=rr < R, other=0.0)
+        c_in = tl.load(conf_base + b * N + j) + tl.sum(c_acc, axis=0)
+        tl.store(confidence + b * N + j, 1.0 / (1.0 + tl.exp(-c_in)))
+        # noise prefix for (seed, position + j)
+        prefix = _mix((seed_h + (pos0 + j) % _P) % _P)
+
+        row = (b * N + j) * K  # cand_values / cand_ids row
+        out_row = (b * N + j) * (K + M)  # cand_logits row: the k top-k candidates, then the M union ones
+        best_score = tl.full([], -float("inf"), tl.float32)
+        best_pos = tl.zeros([], tl.int32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            kmask = kk < K
+            ids = tl.load(cand_ids + row + kk, mask=kmask, other=0).to(tl.int64)  # [BLOCK_K]
+            acc = _markov_bias(ids, kmask, w1_row, markov_w2, draft_vocab, R, BLOCK_R)
+            vals = tl.load(cand_values + row + kk, mask=kmask, other=0.0).to(tl.float32)
+            z = vals + LOGIT_SCALE * acc  # [BLOCK_K] corrected logits, pre-temperature
+            tl.store(cand_logits + out_row + kk, z, mask=kmask)
+            if greedy:
+                score = z
+            else:
+                score = _gumbel_scores(z, ids, temp, prefix)
+            score = tl.where(kmask, score, -float("inf"))
+            tile_best = tl.max(score, axis=0)
+            tile_pos = tl.argmax(score, axis=0)  # first maximum, like torch.argmax
+            better = tile_best > best_score
+            best_pos = tl.where(better, k0 + tile_pos, best_pos)
+            best_score = tl.where(better, tile_best, best_score)
+        if M > 0:
+            # the candidate union: table[d_j], valued from the base logits, −inf where already a top-k id
+            offs_m = tl.arange(0, BLOCK_M)
+            offs_d = tl.arange(0, BLOCK_D)
+            table_row = union_table + prev * M
+            base_row = base_logits + (b * N + j) * draft_vocab
+            for m0 in range(0, M, BLOCK_M):
+                mm = m0 + offs_m
+                mmask = mm < M
+                uids32 = tl.load(table_row + mm, mask=mmask, other=0)  # [BLOCK_M] int32 draft ids
+                tl.store(union_ids + (b * N + j) * M + mm, uids32, mask=mmask)
+                dup = tl.zeros([BLOCK_M], dtype=tl.int32)
+                for d0 in range(0, K, BLOCK_D):  # is uids[m] one of the slot's K top-k ids? (int32 compares)
+                    dd = d0 + offs_d
+                    cids = tl.load(cand_ids + row + dd, mask=dd < K, other=-1)  # [BLOCK_D] int32
+                    hit = (uids32[:, None] == cids[None, :]) & (dd < K)[None, :]  # [BLOCK_M, BLOCK_D]
+                    dup = tl.maximum(dup, tl.max(hit.to(tl.int32), axis=1))
+                uids = uids32.to(tl.int64)
+                safe = tl.minimum(tl.maximum(uids, 0), draft_vocab - 1)
+                vals = tl.load(base_row + safe, mask=mmask, other=0.0).to(tl.float32)
+                vals = tl.where(dup > 0, -float("inf"), vals)  # masked duplicate: never drawn
+                acc = _markov_bias(uids, mmask, w1_row, markov_w2, draft_vocab, R, BLOCK_R)
+                z = vals + LOGIT_SCALE * acc  # [BLOCK_M], −inf at masked duplicates
+                tl.store(cand_logits + out_row + K + mm, z, mask=mmask)
+                if greedy:
+                    score = z
+                else:
+                    score = _gumbel_scores(z, uids, temp, prefix)
+                score = tl.where(mmask, score, -float("inf"))
+                tile_best = tl.max(score, axis=0)
+                tile_pos = tl.argmax(score, axis=0)
+                better = tile_best > best_score  # strict: a top-k candidate wins a tie, like torch.argmax
+                best_pos = tl.where(better, K + m0 + tile_pos, best_pos)
+                best_score = tl.where(better, tile_best, best_score)
+            from_table = best_pos >= K
+            tok_top = tl.load(cand_ids + row + tl.minimum(best_pos, K - 1)).to(tl.int64)
+            tok_tab = tl.load(table_row + tl.maximum(best_pos - K, 0)).to(tl.int64)
+            tok = tl.where(from_table, tok_tab, tok_top)
+        else:
+            tok = tl.load(cand_ids + row + best_pos).to(tl.int64)
+        tok = tl.minimum(tl.maximum(tok, 0), draft_vocab - 1)
+        target = tok + tl.load(d2t + tok).to(tl.int64)
+        tl.store(draft_tokens + b * N + j, target.to(tl.int32))
+        prev = target
+
+
+@triton.jit
 def dspark_topk_markov_walk(
     # ---- inputs (contract order) ----
     cand_values,  # [B, N, k] T: base logits at the candidates
@@ -101,77 +246,10 @@ def dspark_topk_markov_walk(
     BLOCK_R: tl.constexpr,
     LOGIT_SCALE: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    temp = tl.load(temperature + b)  # fp32 scalar
-    greedy = temp < tl.full([], _GREEDY_T, tl.float32)  # compared in fp32, as torch does
-    # noise: mix((seed mod P + salt) mod P), once per request; the position is folded in per step
-    h = (tl.load(seed + b).to(tl.int64) % _P + _SALT) % _P
-    h = (h * h + _C1) % _P
-    h = (h * _A1) % _P
-    h = (h * h + _C2) % _P
-    seed_h = (h * _A2) % _P
-    pos0 = tl.load(position + b).to(tl.int64)
-    prev = tl.load(anchor + b).to(tl.int64)
-
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_r = tl.arange(0, BLOCK_R)
-    for j in range(N):
-        prev = tl.minimum(tl.maximum(prev, 0), vocab - 1)
-        w1_row = markov_w1 + prev * R
-        # confidence: σ(conf_base + conf_w · e)
-        c_acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-        for r0 in range(0, R, BLOCK_R):
-            rr = r0 + offs_r
-            e = tl.load(w1_row + rr, mask=rr < R, other=0.0).to(tl.float32)
-            c_acc += e * tl.load(conf_w + rr, mask=rr < R, other=0.0)
-        c_in = tl.load(conf_base + b * N + j) + tl.sum(c_acc, axis=0)
-        tl.store(confidence + b * N + j, 1.0 / (1.0 + tl.exp(-c_in)))
-        # noise prefix for (seed, position + j)
-        x = (seed_h + (pos0 + j) % _P) % _P
-        x = (x * x + _C1) % _P
-        x = (x * _A1) % _P
-        x = (x * x + _C2) % _P
-        prefix = (x * _A2) % _P
-
-        row = (b * N + j) * K
-        best_score = tl.full([], -float("inf"), tl.float32)
-        best_pos = tl.zeros([], tl.int32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            kmask = kk < K
-            ids = tl.load(cand_ids + row + kk, mask=kmask, other=0).to(tl.int64)  # [BLOCK_K]
-            w2_rows = markov_w2 + tl.minimum(tl.maximum(ids, 0), draft_vocab - 1)[:, None] * R
-            acc = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for r0 in range(0, R, BLOCK_R):
-                rr = r0 + offs_r
-                rmask = rr < R
-                e = tl.load(w1_row + rr, mask=rmask, other=0.0).to(tl.float32)  # [BLOCK_R]
-                w = tl.load(w2_rows + rr[None, :], mask=kmask[:, None] & rmask[None, :], other=0.0)
-                acc += tl.sum(w.to(tl.float32) * e[None, :], axis=1)  # [BLOCK_K] fp32
-            vals = tl.load(cand_values + row + kk, mask=kmask, other=0.0).to(tl.float32)
-            z = vals + LOGIT_SCALE * acc  # [BLOCK_K] corrected logits, pre-temperature
-            tl.store(cand_logits + row + kk, z, mask=kmask)
-            if greedy:
-                score = z
-            else:
-                y = (prefix + ids % _P) % _P
-                y = (y * y + _C1) % _P
-                y = (y * _A1) % _P
-                y = (y * y + _C2) % _P
-                y = (y * _A2) % _P
-                u = ((y // 256).to(tl.float32) + 0.5) * _U_SCALE  # (0, 1), exact in fp32
-                score = tl.math.div_rn(z, temp) - tl.log(-tl.log(u))
-            score = tl.where(kmask, score, -float("inf"))
-            tile_best = tl.max(score, axis=0)
-            tile_pos = tl.argmax(score, axis=0)  # first maximum, like torch.argmax
-            better = tile_best > best_score
-            best_pos = tl.where(better, k0 + tile_pos, best_pos)
-            best_score = tl.where(better, tile_best, best_score)
-        tok = tl.load(cand_ids + row + best_pos).to(tl.int64)
-        tok = tl.minimum(tl.maximum(tok, 0), draft_vocab - 1)
-        target = tok + tl.load(d2t + tok).to(tl.int64)
-        tl.store(draft_tokens + b * N + j, target.to(tl.int32))
-        prev = target
+    # M = 0: the union pointers are never touched (placeholders), the union code is not generated
+    _walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base, conf_w,
+          cand_ids, cand_values, vocab, draft_vocab, draft_tokens, cand_logits, confidence, draft_tokens,
+          N, K, 0, R, BLOCK_K, 1, 1, BLOCK_R, LOGIT_SCALE)
 
 
 # ------------------------------------------------------------------------------------------------ launch
@@ -224,12 +302,13 @@ def interpreting() -> bool:
     return isinstance(dspark_topk_markov_walk, InterpretedFunction)
 
 
-def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple) -> None:
+def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple, op: str = "DSparkTopKMarkov") -> None:
+    where = "UNION_INPUTS" if op.endswith("Union") else "INPUTS"
     if tuple(t.shape) != shape:
-        raise DSparkTrtError(f"DSparkTopKMarkov tensor {name} has shape {tuple(t.shape)}, the op contract needs "
-                             f"{shape}; see dspark_trt.plugins.contract.INPUTS")
+        raise DSparkTrtError(f"{op} tensor {name} has shape {tuple(t.shape)}, the op contract needs "
+                             f"{shape}; see dspark_trt.plugins.contract.{where}")
     if t.dtype not in dtypes:
-        raise DSparkTrtError(f"DSparkTopKMarkov tensor {name} has dtype {t.dtype}, the op contract needs one of "
+        raise DSparkTrtError(f"{op} tensor {name} has dtype {t.dtype}, the op contract needs one of "
                              f"{', '.join(str(d) for d in dtypes)}")
 
 

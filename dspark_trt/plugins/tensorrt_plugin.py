@@ -1,4 +1,5 @@
-"""``dspark::DSparkTopKMarkov`` v1 as a TensorRT quickly-deployable plugin (``tensorrt.plugin``), AOT only.
+"""``dspark::DSparkTopKMarkov`` v1 and ``dspark::DSparkTopKMarkovUnion`` v1 as TensorRT quickly-deployable
+plugins (``tensorrt.plugin``), AOT only.
 
 The engine embeds the kernel's PTX (the export's ``plugin/*.ptx``), so it runs in any TensorRT runtime —
 trtexec, Triton's ``tensorrt_plan`` backend — with no Python and no plugin library. Thin on purpose: the
@@ -6,15 +7,21 @@ shapes, dtypes, type combinations, launch parameters and extra arguments come fr
 in ``aot.py`` that the CPU tests cover; only the decorated functions touch ``tensorrt``.
 
     from dspark_trt.plugins.tensorrt_plugin import register_plugin
-    register_plugin()            # before parsing an ONNX file with the DSparkTopKMarkov node (aot=1)
+    register_plugin()            # before parsing an ONNX file with a DSparkTopKMarkov(Union) node (aot=1)
 
-The node's attributes: ``k`` (int) and ``logit_scale`` (float). AOT plugins do not serialize attributes;
-both are compiled into the PTX as constants, with N and r read from the (static) input shapes.
+``register_plugin`` registers both ops (``register_plugins`` returns both ids). The node's attributes: ``k``
+(int) and ``logit_scale`` (float), and for the union ``markov_topm`` (int, M). AOT plugins do not serialize
+attributes; all are compiled into the PTX as constants, with N and r read from the (static) input shapes.
+The union op (``union_kernel.py``): 13 inputs (``contract.UNION_INPUTS``: the 11 of the plain op, then
+``union_table`` [V, M] int32 and ``base_logits`` [B, N, V_d] T), 4 outputs (``draft_tokens`` [B, N],
+``cand_logits`` [B, N, k + M] fp32, ``confidence`` [B, N], ``union_ids`` [B, N, M] int32), the same launch
+(grid B, block warps·32) and int32 extras (rows of W1 and W2).
 
 Which PTX the engine embeds: ``use_export_ptx(kernel, kernel_dir)`` (what ``dspark-export`` and
 ``dspark build-engine`` do) makes the AOT hook hand TensorRT the export's own ``plugin/*.ptx`` — the files the
 export built, assembled with ptxas and checksummed — after checking its ISA against this host's driver
-(``aot.select_export_kernel``). Without it (a network built by hand, the tests) the hook compiles the
+(``aot.select_export_kernel``). ``kernel`` is one kernel description (``aot.write_ptx_artifacts``) or a list
+of them, one per op (``description["op"]``); a node whose op has no description is refused. Without it (a network built by hand, the tests) the hook compiles the
 kernel here, once per spec (``aot.cached_walk_kernel``), with the ISA capped by the driver too. Either way
 the PTX arch follows ``aot.plugin_arch``: sm_80 for hardware-compatible engines, else the building GPU's.
 ``embedded_kernels()`` lists what went into the engines built in this process (for the manifest).
@@ -29,10 +36,11 @@ import itertools
 
 from ..errors import DSparkTrtError
 from .aot import DEFAULT_PTX_ISA, EXTRA_ARGS, WalkKernelSpec
-from .contract import INPUTS, OUTPUTS, PLUGIN_ID
+from .contract import INPUTS, OUTPUTS, PLUGIN_ID, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS, UNION_PLUGIN_ID
 
 __all__ = ["TRT_TYPE_NAMES", "DTYPE_COMBINATIONS", "MIN_TENSORRT", "autotune_type_strings", "output_layout",
-           "register_plugin", "build_arch", "check_tensorrt_version", "use_export_ptx", "embedded_kernels"]
+           "union_output_layout", "output_shapes", "register_plugin", "register_plugins", "register_union_plugin",
+           "build_arch", "check_tensorrt_version", "use_export_ptx", "embedded_kernels", "union_kernel_spec"]
 
 MIN_TENSORRT = (10, 9)  # tensorrt.plugin.aot_impl / KernelLaunchParams
 #: (kernel description, its directory, hardware compatibility) set by use_export_ptx
@@ -45,18 +53,65 @@ TRT_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int
 DTYPE_COMBINATIONS = tuple(itertools.product(("float32", "float16", "bfloat16"), repeat=2))
 
 
-def autotune_type_strings() -> list[str]:
-    """One ``AutoTuneCombination`` type string per (T, W): the 11 inputs then the 3 outputs, in contract order."""
+def autotune_type_strings(union: bool = False) -> list[str]:
+    """One ``AutoTuneCombination`` type string per (T, W): the inputs then the outputs, in contract order (11 + 3;
+    the union op's 13 + 4)."""
     def name(dtype: str, t: str, w: str) -> str:
         return TRT_TYPE_NAMES[{"T": t, "W": w}.get(dtype, dtype)]
 
-    return [", ".join(name(c.dtype, t, w) for c in (*INPUTS, *OUTPUTS)) for t, w in DTYPE_COMBINATIONS]
+    io = (*UNION_INPUTS, *UNION_OUTPUTS) if union else (*INPUTS, *OUTPUTS)
+    return [", ".join(name(c.dtype, t, w) for c in io) for t, w in DTYPE_COMBINATIONS]
 
 
 def output_layout() -> list[tuple[tuple[tuple[int, int], ...], str]]:
     """For each output: its dims as (input index, dim index) pairs, and its fixed dtype name."""
     dims = {"[B, N]": ((0, 0), (0, 1)), "[B, N, k]": ((0, 0), (0, 1), (0, 2))}
     return [(dims[c.shape], c.dtype) for c in OUTPUTS]
+
+
+#: where the union op's symbolic dims come from: B, N, k from cand_values (input 0), M from union_table (11)
+_UNION_DIMS = {"B": (0, 0), "N": (0, 1), "k": (0, 2), "M": (11, 1)}
+
+
+def union_output_layout() -> list[tuple[tuple[tuple[tuple[int, int], ...], ...], str]]:
+    """For each union output: its dims, each a sum of (input index, dim index) terms (``k + M`` has two), and
+    its fixed dtype name — parsed from ``contract.UNION_OUTPUTS``' shapes."""
+    def dim(text: str) -> tuple[tuple[int, int], ...]:
+        return tuple(_UNION_DIMS[term.strip()] for term in text.split("+"))
+
+    return [(tuple(dim(d) for d in c.shape.strip("[]").split(",")), c.dtype) for c in UNION_OUTPUTS]
+
+
+def output_shapes(layout, input_shapes) -> list[tuple]:
+    """The outputs' shapes from the inputs' (``input_shapes[i][d]``: ints, or TensorRT shape expressions, which
+    add): what the describe function returns, evaluated by the same code on either."""
+    out = []
+    for dims, _ in layout:
+        shape = []
+        for terms in dims:
+            if isinstance(terms[0], int):  # output_layout(): one (input, dim) pair per dim
+                terms = (terms,)
+            expr = input_shapes[terms[0][0]][terms[0][1]]
+            for i, d in terms[1:]:
+                expr = expr + input_shapes[i][d]
+            shape.append(expr)
+        out.append(tuple(shape))
+    return out
+
+
+def union_kernel_spec(cand_values_shape, union_table_shape, *, k: int, markov_topm: int, rank: int,
+                      logit_scale: float, logits_dtype: str, weights_dtype: str, arch: int) -> WalkKernelSpec:
+    """The union kernel spec of a node (static N, k, M from the input shapes as ints), checking the attributes
+    against the shapes: a mismatch means a stale export."""
+    n, k_shape = int(cand_values_shape[1]), int(cand_values_shape[2])
+    m_shape = int(union_table_shape[1])
+    if k_shape != k:
+        raise DSparkTrtError(f"{UNION_OP_NAME} attribute k={k} but cand_values has k={k_shape}; re-export")
+    if m_shape != markov_topm:
+        raise DSparkTrtError(f"{UNION_OP_NAME} attribute markov_topm={markov_topm} but union_table has M={m_shape}; "
+                             "re-export")
+    return WalkKernelSpec(n, k, rank, float(logit_scale), logits_dtype, weights_dtype, arch, DEFAULT_PTX_ISA,
+                          markov_topm)
 
 
 def build_arch(hardware_compatibility: str = "none") -> int:
@@ -87,12 +142,16 @@ def check_tensorrt_version(version: str, has_kernel_launch_params: bool = True) 
                              f"TensorRT >= {MIN_TENSORRT[0]}.{MIN_TENSORRT[1]}); upgrade TensorRT on the build host")
 
 
-def use_export_ptx(kernel: dict | None, kernel_dir=None, *, hardware_compatibility: str = "none") -> None:
-    """Embed the export's own PTX (manifest ``kernel`` section, files under ``kernel_dir``) in engines built
-    from now on in this process; ``None`` goes back to compiling here."""
+def use_export_ptx(kernel: dict | list[dict] | None, kernel_dir=None, *, hardware_compatibility: str = "none") -> None:
+    """Embed the export's own PTX (manifest ``kernel`` section: one description or a list, one per op; files
+    under ``kernel_dir``) in engines built from now on in this process; ``None`` goes back to compiling here."""
     _EXPORT_PTX.clear()
     if kernel is not None:
-        _EXPORT_PTX.update(kernel=kernel, dir=kernel_dir, hardware_compatibility=hardware_compatibility)
+        from .contract import OP_NAME
+
+        kernels = [kernel] if isinstance(kernel, dict) else list(kernel)
+        _EXPORT_PTX.update(kernels={k.get("op", OP_NAME): k for k in kernels}, dir=kernel_dir,
+                           hardware_compatibility=hardware_compatibility)
     else:
         _EXPORT_PTX.update(hardware_compatibility=hardware_compatibility)
 
@@ -110,29 +169,31 @@ def _kernel_for(spec: WalkKernelSpec) -> tuple[str, str, dict, dict]:
     from .ptx_launch import driver_ptx_isa_cap
 
     driver_cap = driver_ptx_isa_cap()
-    if "kernel" in _EXPORT_PTX:
-        k = select_export_kernel(_EXPORT_PTX["kernel"], _EXPORT_PTX["dir"], spec,
+    if "kernels" in _EXPORT_PTX:
+        if spec.op_name not in _EXPORT_PTX["kernels"]:
+            raise DSparkTrtError(f"the export has no PTX for {spec.op_name} (it has "
+                                 f"{', '.join(_EXPORT_PTX['kernels']) or 'none'}); re-run dspark-export")
+        k = select_export_kernel(_EXPORT_PTX["kernels"][spec.op_name], _EXPORT_PTX["dir"], spec,
                                  hardware_compatibility=_EXPORT_PTX["hardware_compatibility"], driver_cap=driver_cap)
         e = k["entry"]
-        record = {"source": "export", "file": e["file"], "sha256": e["sha256"], "arch": e["arch"],
+        record = {"source": "export", "op": spec.op_name, "file": e["file"], "sha256": e["sha256"], "arch": e["arch"],
                   "ptx_isa": e["ptx_isa"], "driver_isa_cap": driver_cap}
         return k["name"], k["ptx"], k["launch"], record
     compiled = cached_walk_kernel(spec)
-    record = {"source": "compiled", "file": spec.file_name, "sha256": hashlib.sha256(compiled.ptx.encode()).hexdigest(),
+    record = {"source": "compiled", "op": spec.op_name, "file": spec.file_name, "sha256": hashlib.sha256(compiled.ptx.encode()).hexdigest(),
               "arch": spec.sm, "ptx_isa": compiled.ptx_isa, "driver_isa_cap": compiled.driver_isa_cap}
     return compiled.name, compiled.ptx, compiled.launch, record
 
 
-def _constant(expr, what: str) -> int:
+def _constant(expr, what: str, op: str = "DSparkTopKMarkov") -> int:
     if expr.is_fake or not expr.is_constant:
-        raise DSparkTrtError(f"DSparkTopKMarkov needs a static {what} (one engine profile per batch bucket keeps "
+        raise DSparkTrtError(f"{op} needs a static {what} (one engine profile per batch bucket keeps "
                              "N, k and r fixed); export with static shapes for that dimension")
     return int(expr.constant_value())
 
 
-@functools.cache
-def register_plugin() -> str:
-    """Register the plugin with TensorRT in this process (idempotent); returns its id ``dspark::DSparkTopKMarkov``."""
+def _tensorrt_plugin_api():
+    """(tensorrt, tensorrt.plugin) after the version check; one-line errors without full TensorRT >= 10.9."""
     try:
         import tensorrt as trt
     except Exception as e:  # the PyPI stub fails in many ways
@@ -144,6 +205,26 @@ def register_plugin() -> str:
         trtp = None
     check_tensorrt_version(str(trt.__version__), trtp is not None and hasattr(trtp, "KernelLaunchParams")
                            and hasattr(trtp, "aot_impl"))
+    return trt, trtp
+
+
+def register_plugins() -> tuple[str, str]:
+    """Register both plugins (idempotent); returns their ids (``PLUGIN_ID``, ``UNION_PLUGIN_ID``)."""
+    return register_plugin(), register_union_plugin()
+
+
+@functools.cache
+def register_plugin() -> str:
+    """Register both plugins with TensorRT in this process (idempotent; ``register_plugins``); returns the plain
+    op's id ``dspark::DSparkTopKMarkov`` (``register_union_plugin`` returns the union's)."""
+    _register_plain_plugin()
+    register_union_plugin()
+    return PLUGIN_ID
+
+
+@functools.cache
+def _register_plain_plugin() -> str:
+    trt, trtp = _tensorrt_plugin_api()
     dtypes = {"float32": trt.float32, "float16": trt.float16, "bfloat16": trt.bfloat16, "int32": trt.int32}
     names = {v: k for k, v in dtypes.items()}
 
@@ -189,3 +270,57 @@ def register_plugin() -> str:
         return name.encode(), ptx.encode(), params, extra
 
     return PLUGIN_ID
+
+
+@functools.cache
+def register_union_plugin() -> str:
+    """Register ``dspark::DSparkTopKMarkovUnion`` with TensorRT in this process (idempotent); returns its id."""
+    trt, trtp = _tensorrt_plugin_api()
+    dtypes = {"float32": trt.float32, "float16": trt.float16, "bfloat16": trt.bfloat16, "int32": trt.int32}
+    names = {v: k for k, v in dtypes.items()}
+
+    @trtp.register(UNION_PLUGIN_ID)
+    def _describe(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
+                  markov_w1: trtp.TensorDesc, markov_w2: trtp.TensorDesc, d2t: trtp.TensorDesc,
+                  temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
+                  conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, union_table: trtp.TensorDesc,
+                  base_logits: trtp.TensorDesc, k: int, logit_scale: float, markov_topm: int
+                  ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+        layout = union_output_layout()
+        shapes = {0: cand_values.shape_expr, 11: union_table.shape_expr}  # the only inputs the layout reads
+        return tuple(trtp.from_shape_expr(shape, dtype=dtypes[dt])
+                     for shape, (_, dt) in zip(output_shapes(layout, shapes), layout))
+
+    @trtp.autotune(UNION_PLUGIN_ID)
+    def _autotune(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                  conf_base, conf_w, union_table, base_logits, outputs) -> list[trtp.AutoTuneCombination]:
+        return [trtp.AutoTuneCombination(s) for s in autotune_type_strings(union=True)]
+
+    @trtp.aot_impl(UNION_PLUGIN_ID)
+    def _aot(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
+             markov_w1: trtp.TensorDesc, markov_w2: trtp.TensorDesc, d2t: trtp.TensorDesc,
+             temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
+             conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, union_table: trtp.TensorDesc,
+             base_logits: trtp.TensorDesc, k: int, logit_scale: float, markov_topm: int,
+             outputs: tuple[trtp.TensorDesc], tactic: int
+             ) -> tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+        op = UNION_OP_NAME
+        cv = [_constant(cand_values.shape_expr[d], f"cand_values dim {d}", op) if d else None for d in range(3)]
+        m = _constant(union_table.shape_expr[1], "union width (union_table dim 1)", op)
+        rank = _constant(markov_w1.shape_expr[1], "Markov rank (markov_w1 dim 1)", op)
+        spec = union_kernel_spec(cv, (None, m), k=k, markov_topm=markov_topm, rank=rank, logit_scale=logit_scale,
+                                 logits_dtype=names[cand_values.dtype], weights_dtype=names[markov_w1.dtype],
+                                 arch=build_arch(_EXPORT_PTX.get("hardware_compatibility", "none")))
+        name, ptx, launch, record = _kernel_for(spec)
+        _EMBEDDED.append(record)
+        params = trtp.KernelLaunchParams()
+        params.grid_x = cand_values.shape_expr[0]  # one program per request
+        params.block_x = launch["block"][0]
+        params.shared_mem = launch["shared_mem"]
+        descs = dict(zip((c.name for c in UNION_INPUTS),
+                         (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                          conf_base, conf_w, union_table, base_logits)))
+        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(descs[src].shape_expr[dim]) for _, src, dim in EXTRA_ARGS])
+        return name.encode(), ptx.encode(), params, extra
+
+    return UNION_PLUGIN_ID

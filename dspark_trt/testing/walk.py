@@ -18,7 +18,8 @@ import torch
 from ..reference.markov import MarkovWalkResult
 from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["WalkCase", "make_walk_inputs", "compare_walks", "WalkMismatch", "by_candidate_id"]
+__all__ = ["WalkCase", "make_walk_inputs", "make_union_inputs", "compare_walks", "compare_union_walks", "WalkMismatch",
+           "by_candidate_id"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,46 @@ def make_walk_inputs(case: WalkCase, device: torch.device | str = "cpu", *, shuf
 
     Candidates are the top-k of random base logits, in random order when ``shuffle`` (order must not matter).
     """
+    return _walk_inputs(case, device, shuffle=shuffle)[0]
+
+
+def make_union_inputs(case: WalkCase, topm: int, device: torch.device | str = "cpu", *, plant: bool = True) -> tuple:
+    """The union op's 13 inputs (``contract.UNION_INPUTS`` order): ``make_walk_inputs``'s 11, a random
+    ``union_table`` [V, M] int32 (M distinct draft ids per row) and the ``base_logits`` [B, N, V_d] the
+    candidates were taken from. Cheap at real vocabularies (no [V, V_d] intermediate).
+
+    ``plant``: each request's anchor row of the table holds some of its slot-0 top-k ids (so step 0 always
+    has masked duplicates), and half the other rows hold "hot" ids whose base logits are raised into most
+    slots' top-k (duplicates at later steps too)."""
+    g = torch.Generator().manual_seed(case.seed + 7919)
+    B, V, Vd, k, M = case.batch, case.vocab, case.vd, case.topk, topm
+    h = min(4, M, k) if plant else 0  # hot ids 0..h-1, never drawn by the random rows
+    inputs, base = _walk_inputs(case, "cpu", shuffle=True, hot=h)
+    # row t: an arithmetic progression r_t + m·s_t over [h, V_d) with s_t·(M-1) < V_d - h: M distinct ids
+    span = Vd - h
+    start = torch.randint(0, span, (V, 1), generator=g)
+    step = torch.randint(1, max(2, span // max(M, 1)), (V, 1), generator=g)
+    table = h + (start + torch.arange(M) * step) % span  # [V, M]
+    if plant:
+        rows = torch.rand(V, generator=g) < 0.5
+        table[rows, :h] = torch.arange(h)  # no random id is < h: still distinct
+        ids, anchor = inputs[1], inputs[2]
+        for b in range(B):
+            a = int(anchor[b])
+            take = ids[b, 0, : max(1, min(k, M) // 2)].to(torch.int64)  # slot-0 top-k ids (random order)
+            rest = table[a][~torch.isin(table[a], take)][: M - len(take)]
+            table[a] = torch.cat((take, rest))[torch.randperm(M, generator=g)]
+    union = (table.to(torch.int32), base.to(case.logits_dtype))
+    return tuple(t.to(device) for t in (*inputs, *union))
+
+
+def _walk_inputs(case: WalkCase, device, *, shuffle: bool, hot: int = 0) -> tuple[tuple, torch.Tensor]:
+    """(the 11 inputs, the fp32 base logits [B, N, V_d] they came from); ``hot``: raise ids 0..hot-1 by 5."""
     g = torch.Generator().manual_seed(case.seed)
     B, N, V, Vd, r, k = case.batch, case.steps, case.vocab, case.vd, case.rank, case.topk
     base = torch.randn(B, N, Vd, generator=g) * 3.0  # [B, N, V_d]
+    if hot:
+        base[..., :hot] += 5.0  # in most slots' top-k (union tests: duplicates between top-k and table rows)
     base = base.to(case.logits_dtype).to(torch.float32)  # representable in the logits dtype
     vals, ids = torch.topk(base, k, dim=-1)  # [B, N, k]
     if shuffle:
@@ -85,7 +123,7 @@ def make_walk_inputs(case: WalkCase, device: torch.device | str = "cpu", *, shuf
         torch.randn(B, N, generator=g),  # conf_base [B, N] fp32
         torch.randn(r, generator=g) / r**0.5,  # conf_w [r] fp32
     )
-    return tuple(t.to(device) for t in inputs)
+    return tuple(t.to(device) for t in inputs), base
 
 
 class WalkMismatch(AssertionError):
@@ -141,6 +179,30 @@ def compare_walks(got: tuple, want: tuple, inputs: tuple, *, atol: float, rtol: 
             ties += 1
             break  # later steps of this request follow a different predecessor
     return {"steps": steps, "near_ties": ties}
+
+
+def compare_union_walks(got: tuple, want: tuple, inputs: tuple, *, atol: float, rtol: float,
+                        tie_tol: float = 1e-4) -> dict:
+    """``compare_walks`` for the union op: (draft_tokens, cand_logits [B, N, k + M], confidence, union_ids) against
+    the reference's, with S_j = cand_ids ++ the reference's union_ids. The union ids must be equal at every step
+    up to and including a request's first token difference (they are table[d_j]); −inf (masked duplicates)
+    must sit at the same places. Returns ``compare_walks``' dict plus ``duplicates`` (masked entries seen)."""
+    uid_g, uid_w = got[3].detach().cpu(), want[3].detach().cpu()
+    if uid_g.shape != uid_w.shape or uid_g.dtype != uid_w.dtype:
+        raise WalkMismatch(f"union_ids: got {uid_g.dtype}{tuple(uid_g.shape)}, want {uid_w.dtype}{tuple(uid_w.shape)}")
+    ids = torch.cat((inputs[1].detach().cpu(), uid_w.to(inputs[1].dtype)), dim=-1)  # [B, N, k + M]
+    report = compare_walks(got[:3], want[:3], (inputs[0], ids, *inputs[2:]), atol=atol, rtol=rtol, tie_tol=tie_tol)
+    tok_g, tok_w = got[0].detach().cpu(), want[0].detach().cpu()
+    B, N, M = uid_w.shape
+    for b in range(B):
+        diff = (tok_g[b] != tok_w[b]).nonzero()
+        last = int(diff[0]) if len(diff) else N - 1  # steps 0..last walked from the same predecessors
+        for j in range(last + 1):
+            if not torch.equal(uid_g[b, j], uid_w[b, j]):
+                raise WalkMismatch(f"union_ids[{b}, {j}] = {uid_g[b, j].tolist()}, reference {uid_w[b, j].tolist()}")
+    log_w = want[1].detach().cpu()
+    report["duplicates"] = int((log_w[..., -M:] == float("-inf")).sum()) if M else 0
+    return report
 
 
 def by_candidate_id(result: MarkovWalkResult) -> MarkovWalkResult:

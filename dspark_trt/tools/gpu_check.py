@@ -12,6 +12,10 @@
    the files built on the CPU machine — loaded with ``cuModuleLoadDataEx`` (the driver's JIT) and launched
    with ``cuLaunchKernel`` in TensorRT's AOT order; a file runs only where it loads (``aot.ptx_runs_on``:
    sm_90a PTX on capability 9.0 exactly, sm_80 PTX on 8.0 and newer).
+   The candidate union's kernel (``union_kernel.py``, M = 32) the same way: JIT against
+   ``contract.reference_union_op`` (planted duplicates between top-k and table rows), its AOT PTX through the
+   driver API in the 13-input / 4-output order, and its time against the plain kernel's at k = 512, M = 32
+   (B ∈ {1, 8, 64}: the union's cost, reported as a ratio).
 3. **``dspark bench markov --device cuda``**: the fused walk vs the dense cuBLAS round, and vs its bytes floor.
 4. **CUDA graphs**: a Qwen3-8B-shaped drafter (5 layers, d = 4096, V = 151936, random bf16 weights), the
    torch backend's captured round (backbone + top-k + fused walk) against the same padded round run
@@ -92,9 +96,14 @@ class Checks:
 
 
 # ---------------------------------------------------------------------------------------------- 1–2 kernel
-def _outputs(B: int, N: int, k: int):
-    return (torch.full((B, N), -1, dtype=torch.int32, device="cuda"),
-            torch.full((B, N, k), float("nan"), device="cuda"), torch.full((B, N), float("nan"), device="cuda"))
+def _outputs(B: int, N: int, k: int, device: str = "cuda"):
+    return (torch.full((B, N), -1, dtype=torch.int32, device=device),
+            torch.full((B, N, k), float("nan"), device=device), torch.full((B, N), float("nan"), device=device))
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _jit_case(case) -> str:
@@ -111,16 +120,37 @@ def _jit_case(case) -> str:
     return f"{report['steps']} steps, {report['near_ties']} near-ties"
 
 
-def _aot_case(ptx: str, entry: dict, kernel_name: str, case) -> str:
-    from ..plugins.aot import extra_arg_values
-    from ..plugins.contract import INPUTS, reference_op
-    from ..plugins.ptx_launch import PtxModule, aot_kernel_params
-    from ..testing.walk import compare_walks, make_walk_inputs
+def _union_outputs(B: int, N: int, k: int, M: int, device: str = "cuda"):
+    return (*_outputs(B, N, k + M, device), torch.full((B, N, M), -1, dtype=torch.int32, device=device))
 
-    inputs = make_walk_inputs(case, "cuda")
+
+def _jit_union_case(case, M: int, device: str = "cuda") -> str:
+    """The union kernel against ``reference_union_op`` (``device`` cpu: Triton's interpreter, for the tests)."""
+    from ..plugins.contract import reference_union_op
+    from ..plugins.union_kernel import union_markov_walk
+    from ..testing.walk import compare_union_walks, make_union_inputs
+
+    inputs = make_union_inputs(case, M, device)
+    out = _union_outputs(*inputs[0].shape, M, device)
+    union_markov_walk(*inputs, logit_scale=case.logit_scale, out=out)
+    _sync(device)
+    want = reference_union_op(*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+    report = compare_union_walks(out, want, inputs, atol=2e-5, rtol=1e-5)
+    assert report["duplicates"] > 0, "no masked duplicate reached the comparison"
+    return f"{report['steps']} steps, {report['near_ties']} near-ties, {report['duplicates']} masked duplicates"
+
+
+def _aot_case(ptx: str, entry: dict, kernel_name: str, case, markov_topm: int = 0) -> str:
+    from ..plugins.aot import extra_arg_values
+    from ..plugins.contract import INPUTS, UNION_INPUTS, reference_op, reference_union_op
+    from ..plugins.ptx_launch import PtxModule, aot_kernel_params
+    from ..testing.walk import compare_union_walks, compare_walks, make_union_inputs, make_walk_inputs
+
+    union = markov_topm > 0
+    inputs = make_union_inputs(case, markov_topm, "cuda") if union else make_walk_inputs(case, "cuda")
     B = inputs[0].shape[0]
-    outs = _outputs(*inputs[0].shape)
-    shapes = {c.name: tuple(t.shape) for c, t in zip(INPUTS, inputs)}
+    outs = _union_outputs(*inputs[0].shape, markov_topm) if union else _outputs(*inputs[0].shape)
+    shapes = {c.name: tuple(t.shape) for c, t in zip(UNION_INPUTS if union else INPUTS, inputs)}
     params = aot_kernel_params([t.data_ptr() for t in inputs], extra_arg_values(shapes), [t.data_ptr() for t in outs],
                                entry["trailing_params"])
     launch = entry["launch"]
@@ -128,8 +158,12 @@ def _aot_case(ptx: str, entry: dict, kernel_name: str, case) -> str:
     with PtxModule(ptx, kernel_name) as module:
         module.launch((B, 1, 1), tuple(launch["block"]), launch["shared_mem"], stream.cuda_stream, params)
         stream.synchronize()
-    want = reference_op(*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
-    report = compare_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)
+    if union:
+        want = reference_union_op(*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+        report = compare_union_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)
+    else:
+        want = reference_op(*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+        report = compare_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)
     return f"ISA {entry['ptx_isa']} {entry.get('arch', '')}: {report['steps']} steps, {report['near_ties']} near-ties"
 
 
@@ -137,7 +171,33 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def _kernel_checks(checks: Checks, arch: int, quick: bool, ptx_dir: str | None) -> None:
+UNION_M = 32  # the union width the GPU check builds and times (k = 512)
+
+
+def _union_timing(batches=(1, 8, 64), k: int = 512, M: int = UNION_M, *, shapes: dict = QWEN3_8B,
+                  device: str = "cuda", repeats: int = 50) -> tuple[str, dict]:
+    """The union kernel's time against the plain kernel's on the same requests (Qwen3-8B shapes, bf16)."""
+    from ..plugins.kernel import topk_markov_walk
+    from ..plugins.union_kernel import union_markov_walk
+    from ..testing.walk import WalkCase, make_union_inputs
+
+    rows = []
+    for B in batches:
+        case = WalkCase(batch=B, topk=k, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16, mode="mixed",
+                        seed=B, **shapes)
+        inputs = make_union_inputs(case, M, device)
+        plain_out, union_out = _outputs(B, case.steps, k, device), _union_outputs(B, case.steps, k, M, device)
+        plain_ms = _median_ms(lambda: topk_markov_walk(*inputs[:11], logit_scale=1.0, out=plain_out), repeats,
+                              device=device)
+        union_ms = _median_ms(lambda: union_markov_walk(*inputs, logit_scale=1.0, out=union_out), repeats,
+                              device=device)
+        rows.append({"batch": B, "topk": k, "markov_topm": M, "plain_ms": round(plain_ms, 4),
+                     "union_ms": round(union_ms, 4), "union_vs_plain": round(union_ms / plain_ms, 3)})
+    detail = "; ".join(f"B={r['batch']}: {r['union_ms']:.3f} ms = {r['union_vs_plain']}x plain" for r in rows)
+    return detail, {"rows": rows}
+
+
+def _kernel_checks(checks: Checks, arch: int, quick: bool, ptx_dir: str | None) -> dict | None:
     from ..plugins.aot import DESCRIPTION_FILE, WalkKernelSpec, compile_walk_kernel, plugin_arch, ptx_param_count
     from ..plugins.aot import ptx_runs_on
     from ..testing.walk import WalkCase
@@ -150,18 +210,29 @@ def _kernel_checks(checks: Checks, arch: int, quick: bool, ptx_dir: str | None) 
                         logit_scale=1.0, seed=B + k, **QWEN3_8B)
         checks.run(f"jit B={B} k={k} {str(dt)[6:]} {mode}" + (f" V_d={vd}" if vd else ""), lambda c=case: _jit_case(c))
 
-    def local_aot(dt: str) -> str:
-        spec = WalkKernelSpec(7, 512, 256, 1.0, dt, dt, plugin_arch("none", arch))
+    union_cases = [(64, 512, bf16, "mixed"), (8, 512, fp32, "sampled"), (1, 512, bf16, "greedy")]
+    for B, k, dt, mode in union_cases[:2] if quick else union_cases:
+        case = WalkCase(batch=B, topk=k, logits_dtype=dt, weights_dtype=dt, mode=mode, logit_scale=1.0, seed=B + k + 1,
+                        **QWEN3_8B)
+        checks.run(f"jit union B={B} k={k} M={UNION_M} {str(dt)[6:]} {mode}",
+                   lambda c=case: _jit_union_case(c, UNION_M))
+
+    def local_aot(dt: str, markov_topm: int = 0) -> str:
+        spec = WalkKernelSpec(7, 512, 256, 1.0, dt, dt, plugin_arch("none", arch), markov_topm=markov_topm)
         ck = compile_walk_kernel(spec)  # ISA capped by this host's driver too
         entry = {"ptx_isa": ck.ptx_isa, "arch": spec.sm, "launch": ck.launch, "trailing_params": ck.trailing_params,
                  "params": ptx_param_count(ck.ptx, ck.name)}
         case = WalkCase(batch=8, topk=512, logits_dtype=_dtype(dt), weights_dtype=_dtype(dt), mode="mixed", seed=3,
                         **QWEN3_8B)
-        return _aot_case(ck.ptx, entry, ck.name, case)
+        return _aot_case(ck.ptx, entry, ck.name, case, markov_topm)
 
     checks.run("aot (built here) bf16 k=512", lambda: local_aot("bfloat16"))
+    checks.run(f"aot union (built here) bf16 k=512 M={UNION_M}", lambda: local_aot("bfloat16", UNION_M))
+    timing = checks.run(f"union vs plain kernel time k=512 M={UNION_M}", _union_timing)
     if not ptx_dir:
-        return
+        return timing
+    from ..plugins.aot import UNION_DESCRIPTION_FILE
+
     desc_path = Path(ptx_dir) / DESCRIPTION_FILE
 
     def missing():
@@ -169,18 +240,22 @@ def _kernel_checks(checks: Checks, arch: int, quick: bool, ptx_dir: str | None) 
 
     if not desc_path.is_file():
         checks.run(f"aot ({ptx_dir})", missing)
-        return
-    desc = json.loads(desc_path.read_text())
-    c = desc["constexprs"]
-    for entry in desc["kernels"]:
-        if not ptx_runs_on(entry["arch"], arch):  # sm_90a: capability 9.0 only; sm_80: 8.0 and newer
+    for path in (desc_path, Path(ptx_dir) / UNION_DESCRIPTION_FILE):  # the union's: when built (--markov-topm)
+        if not path.is_file():
             continue
-        case = WalkCase(batch=8, steps=c["N"], topk=c["K"], rank=c["R"], vocab=QWEN3_8B["vocab"],
-                        logits_dtype=_dtype(entry["logits_dtype"]), weights_dtype=_dtype(entry["weights_dtype"]),
-                        logit_scale=c["LOGIT_SCALE"], mode="mixed", seed=5)
-        ptx = (Path(ptx_dir) / entry["file"]).read_text()
-        checks.run(f"aot (triton {desc['triton_version']}) {entry['file']}",
-                   lambda ptx=ptx, entry=entry, case=case: _aot_case(ptx, entry, desc["kernel_name"], case))
+        desc = json.loads(path.read_text())
+        c = desc["constexprs"]
+        for entry in desc["kernels"]:
+            if not ptx_runs_on(entry["arch"], arch):  # sm_90a: capability 9.0 only; sm_80: 8.0 and newer
+                continue
+            case = WalkCase(batch=8, steps=c["N"], topk=c["K"], rank=c["R"], vocab=QWEN3_8B["vocab"],
+                            logits_dtype=_dtype(entry["logits_dtype"]), weights_dtype=_dtype(entry["weights_dtype"]),
+                            logit_scale=c["LOGIT_SCALE"], mode="mixed", seed=5)
+            ptx = (Path(ptx_dir) / entry["file"]).read_text()
+            checks.run(f"aot (triton {desc['triton_version']}) {entry['file']}",
+                       lambda ptx=ptx, entry=entry, case=case, desc=desc: _aot_case(
+                           ptx, entry, desc["kernel_name"], case, desc.get("markov_topm", 0)))
+    return timing
 
 
 # ---------------------------------------------------------------------------------------------- 3 bench
@@ -224,15 +299,15 @@ def _round_inputs(drafter, B: int, T: int, seed: int):
     return anchor, ctx_k, ctx_v, ctx_len, temperature, seeds
 
 
-def _median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
+def _median_ms(fn, repeats: int = 20, warmup: int = 3, device: str = "cuda") -> float:
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    _sync(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -295,7 +370,7 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
             "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
     print(" ".join(f"{k}={v}" for k, v in info.items()), flush=True)
     checks = Checks()
-    _kernel_checks(checks, arch, quick, ptx_dir)
+    union_timing = _kernel_checks(checks, arch, quick, ptx_dir)
     bench = None if skip_bench else checks.run("bench markov --device cuda (k=512)", lambda: _bench(quick))
     graphs = [] if skip_graphs else _graph_checks(checks, layers, context, topk)
     rows512 = [r for r in (bench or {}).get("rows", []) if r["topk"] == 512 and "kernel_ms" in r]
@@ -304,9 +379,11 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
         "graph_vs_eager_b1 >= 3": None if b1 is None else b1["speedup"],
         "kernel_vs_cublas_dense_b<=8 >= 10": {r["batch"]: r["kernel_speedup"] for r in rows512 if r["batch"] <= 8},
         "kernel_vs_floor_b64 <= 1.5": next((r.get("kernel_vs_floor") for r in rows512 if r["batch"] == 64), None),
+        f"union_vs_plain_k512_m{UNION_M} (recorded)": {r["batch"]: r["union_vs_plain"]
+                                                      for r in (union_timing or {}).get("rows", [])},
     }
     report = {**info, "checks": checks.rows, "bench_markov": (bench or {}).get("rows"), "graphs": graphs,
-              "goals": goals, "passed": checks.passed}
+              "union_timing": (union_timing or {}).get("rows"), "goals": goals, "passed": checks.passed}
     atomic_write_text(out / OUT_FILE, json.dumps(report, indent=1) + "\n")
     print("\n" + checks.table())
     print(f"\ngoals: {json.dumps(goals)}\nwrote {out / OUT_FILE}")

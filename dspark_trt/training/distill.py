@@ -38,7 +38,7 @@ from ..atomic import atomic_output_dir, atomic_write_text
 from ..errors import DSparkTrtError
 from .drafter_init import DrafterShape, drafter_config, init_drafter
 
-__all__ = ["DistillSettings", "distill", "work_dir"]
+__all__ = ["DistillSettings", "distill", "work_dir", "training_prompts"]
 
 log = logging.getLogger("dspark")
 
@@ -60,11 +60,14 @@ class DistillSettings:
     position_decay: float = 4.0  # γ in exp(-j / γ)
     conf_weight: float = 0.2
     random_prompts: int = 32  # targets without a tokenizer
+    bank_prompts: int = 0  # extra prompts from ``prompt_bank`` (forms × subjects) besides TRAIN_PROMPTS
+    data_batch: int = 64  # prompts the target continues at once while writing the training text
     threads: int | None = None
     checkpoint_every_s: float = 60.0
 
     def data_key(self) -> dict:
-        return {k: getattr(self, k) for k in ("seed", "new_tokens", "top", "random_prompts")}
+        return {k: getattr(self, k) for k in ("seed", "new_tokens", "top", "random_prompts")} | (
+            {"bank_prompts": self.bank_prompts} if self.bank_prompts else {})  # older data keys stay valid
 
 
 def work_dir(out: str | Path) -> Path:
@@ -82,21 +85,28 @@ def _save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def training_prompts(tokenizer, settings: DistillSettings, vocab_size: int, mask_id: int) -> list[list[int]]:
+    """Token ids of the prompts the target continues: ``TRAIN_PROMPTS`` + ``settings.bank_prompts`` of the prompt
+    bank through the tokenizer (chat template), or random token prompts for a target without a tokenizer."""
+    from .data import random_prompts
+    from .prompt_bank import prompt_bank
+    from .prompts import TRAIN_PROMPTS, render_prompts
+
+    if tokenizer is None:
+        return random_prompts(vocab_size, settings.random_prompts, 6, seed=settings.seed, avoid=(mask_id,))
+    return render_prompts(TRAIN_PROMPTS + prompt_bank(settings.bank_prompts, seed=settings.seed), tokenizer)
+
+
 def _build_data(target, tokenizer, config_raw: dict, shape: DrafterShape, settings: DistillSettings,
                 mask_id: int, hf_indices: list[int]) -> dict:
     from tqdm.auto import tqdm
 
-    from .data import random_prompts, stack_rows, target_sequences
-    from .prompts import TRAIN_PROMPTS, render_prompts
+    from .data import stack_rows, target_sequences
 
     V = int(config_raw["vocab_size"])
-    if tokenizer is not None:
-        prompts = render_prompts(TRAIN_PROMPTS, tokenizer)
-        eos = tuple(_eos_ids(tokenizer, config_raw))
-    else:
-        prompts = random_prompts(V, settings.random_prompts, 6, seed=settings.seed, avoid=(mask_id,))
-        eos = ()
-    batch = 32
+    prompts = training_prompts(tokenizer, settings, V, mask_id)
+    eos = tuple(_eos_ids(tokenizer, config_raw)) if tokenizer is not None else ()
+    batch = settings.data_batch
     jobs = 2 * math.ceil(len(prompts) / batch)
     start = time.perf_counter()
     with tqdm(total=jobs, desc="target writes training text", unit="batch", mininterval=5) as bar:

@@ -112,3 +112,10 @@ def test_cuda_columns_in_triton_interpreter():
     assert row["kernel_vs_floor"] == pytest.approx(row["kernel_ms"] / row["kernel_floor_ms"], rel=0.01)
     assert row["kernel_ms"] > 0 and row["fused_speedup"] == pytest.approx(2.0 / row["fused_ms"], rel=0.01, abs=0.01)
     assert time_round(torch.randn(B, N, V), torch.zeros(B, dtype=torch.long), 4096, 2.0, 0.5) == {}  # > MAX_TOPK
+    # --markov-topm: the union kernel's round, paired with the plain one
+    table = torch.randint(0, V, (V, 5), generator=g, dtype=torch.int32)
+    time_union = _native_round(torch.device("cuda"), cfg, torch.float32, w1, w2, _timer(torch.device("cpu")), 10.0,
+                               table)
+    row = time_union(torch.randn(B, N, V, generator=g), torch.randint(0, V, (B,), generator=g), k, 2.0, 0.5)
+    assert {"union_fused_ms", "union_plain_ms", "union_vs_topk"} <= set(row)
+    assert row["union_vs_topk"] == pytest.approx(row["union_fused_ms"] / row["union_plain_ms"], rel=0.02)

@@ -15,7 +15,7 @@ import pytest
 
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.plugins import aot
-from dspark_trt.plugins.contract import INPUTS, OUTPUTS
+from dspark_trt.plugins.contract import INPUTS, OUTPUTS, UNION_INPUTS, UNION_OUTPUTS
 
 pytestmark = pytest.mark.triton
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +74,80 @@ def test_ptx_files_are_what_the_engine_needs(small_build):
         assert k["ptx_isa_caps"]["requested"] == aot.DEFAULT_PTX_ISA  # the chosen ISA and its caps are recorded
         if aot.find_ptxas():  # the stripped PTX assembled by the CUDA toolkit's ptxas, as the driver's JIT would
             assert k["validated"]["spill_store_bytes"] == 0 and k["validated"]["registers"] > 0
+
+
+@pytest.fixture(scope="module")
+def union_build(tmp_path_factory):
+    """The union kernel (--markov-topm 5) into the same kind of directory: its own files and description."""
+    out = tmp_path_factory.mktemp("ptx-union")
+    args = ["--n", "3", "--k", "16", "--rank", "8", "--logit-scale", "0.5", "--dtypes", "fp32-bf16",
+            "--markov-topm", "5"]
+    if aot.find_ptxas():
+        args.append("--validate")
+    return out, build(out, *args)
+
+
+def test_union_build_describes_the_union_op(union_build):
+    out, info = union_build
+    assert (info["op"], info["plugin"], info["markov_topm"]) == ("DSparkTopKMarkovUnion", "dspark::DSparkTopKMarkovUnion", 5)
+    assert info["kernel_name"] == "dspark_topk_markov_walk_union"
+    assert json.loads((out / aot.UNION_DESCRIPTION_FILE).read_text()) == info
+    assert not (out / aot.DESCRIPTION_FILE).exists()  # the plain op's description is not overwritten
+    assert info["constexprs"] == {"N": 3, "K": 16, "M": 5, "R": 8, "BLOCK_K": 16, "BLOCK_M": 16, "BLOCK_D": 16,
+                                  "BLOCK_R": 8, "LOGIT_SCALE": 0.5}
+    assert [a["name"] for a in info["signature"]] == [c.name for c in UNION_INPUTS] + ["vocab", "draft_vocab"] + [
+        c.name for c in UNION_OUTPUTS]
+    types = {a["name"]: a["type"] for a in info["signature"]}
+    assert (types["union_table"], types["base_logits"], types["union_ids"]) == ("*i32", "*fp32", "*i32")
+    assert sorted(p.name for p in out.glob("*.ptx")) == sorted(k["file"] for k in info["kernels"])
+    assert {k["file"] for k in info["kernels"]} == {
+        f"dspark_topk_markov_walk_union.{sm}.fp32-bf16.n3k16m5r8.ptx" for sm in ("sm_80", "sm_90a")}
+    for k in info["kernels"]:
+        ptx = (out / k["file"]).read_text()
+        assert re.search(r"\.visible \.entry dspark_topk_markov_walk_union\(", ptx)
+        # TensorRT's AOT parameters exactly: 13 inputs, 2 int32 extras, 4 outputs (scratch pointers stripped)
+        assert k["params"] == len(UNION_INPUTS) + 2 + len(UNION_OUTPUTS) == 19 and k["trailing_params"] == 0
+        assert len(re.findall(r"\.param \.u32 ", ptx)) == 2
+        assert k["launch"]["grid"] == ["B", 1, 1] and k["launch"]["block"] == [k["num_warps"] * 32, 1, 1]
+        assert 0 <= k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM
+        assert aot._isa_number(k["ptx_isa"]) <= aot.DEFAULT_PTX_ISA
+        if aot.find_ptxas():
+            assert k["validated"]["spill_store_bytes"] == 0 and k["validated"]["registers"] > 0
+
+
+def test_select_export_kernel_matches_the_op_and_the_union_width(small_build, union_build):
+    out, info = union_build
+    spec = aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "bfloat16", arch=90, markov_topm=5)
+    k = aot.select_export_kernel(info, out, spec)
+    assert k["name"] == "dspark_topk_markov_walk_union" and k["entry"]["file"].endswith("n3k16m5r8.ptx")
+    with pytest.raises(DSparkTrtError, match=r"built for N, k, r, M = \(3, 16, 8, 5\)"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "bfloat16", arch=90,
+                                                               markov_topm=6))
+    with pytest.raises(DSparkTrtError, match="PTX is for DSparkTopKMarkovUnion, the graph's node is DSparkTopKMarkov;"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "bfloat16", arch=90))
+    plain_out, plain_info = small_build
+    with pytest.raises(DSparkTrtError, match="PTX is for DSparkTopKMarkov, the graph's node is DSparkTopKMarkovUnion"):
+        aot.select_export_kernel(plain_info, plain_out, spec)
+
+
+def test_union_kernel_arguments_follow_the_aot_calling_convention():
+    from dspark_trt.plugins.union_kernel import dspark_topk_markov_walk_union
+
+    spec = aot.WalkKernelSpec(7, 512, 256, 1.0, "float16", "bfloat16", 90, markov_topm=32)
+    sig = aot.kernel_signature(spec)
+    constexprs = aot.kernel_constexprs(spec)
+    assert [n for n, _ in sig] + list(constexprs) == list(dspark_topk_markov_walk_union.arg_names)
+    types = dict(sig)
+    assert types["base_logits"] == types["cand_values"] == "*fp16" and types["markov_w2"] == "*bf16"
+    assert types["union_table"] == types["union_ids"] == "*i32" and types["cand_logits"] == "*fp32"
+    assert (constexprs["M"], constexprs["BLOCK_M"]) == (32, 32)
+    assert spec.op_name == "DSparkTopKMarkovUnion" and spec.plugin_id == "dspark::DSparkTopKMarkovUnion"
+    assert spec.file_name == "dspark_topk_markov_walk_union.sm_90a.fp16-bf16.n7k512m32r256.ptx"
+    assert aot.description_file(32) == aot.UNION_DESCRIPTION_FILE and aot.description_file(0) == aot.DESCRIPTION_FILE
+    plain = aot.WalkKernelSpec(7, 512, 256, 1.0, "float16", "bfloat16", 90)
+    assert "M" not in aot.kernel_constexprs(plain) and plain.file_name.endswith(".n7k512r256.ptx")
+    with pytest.raises(DSparkTrtError, match="markov_topm -1 is outside"):
+        aot.WalkKernelSpec(7, 512, 256, 1.0, markov_topm=-1)
 
 
 @pytest.mark.slow

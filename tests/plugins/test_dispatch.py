@@ -125,3 +125,50 @@ def test_fused_walk_is_a_drop_in_for_markov_walk(sampled):
     no_conf = fused_markov_walk(base, anchor, w1, w2, topk=k)
     assert no_conf.confidence is None
     assert torch.equal(no_conf.tokens.cpu(), markov_walk(base.cpu(), anchor.cpu(), w1.cpu(), w2.cpu(), topk=k).tokens)
+
+
+def test_the_union_kernel_is_chosen_on_cuda_when_supported():
+    pytest.importorskip("triton")
+    assert fallback_reason("cuda", **CASE, markov_topm=32) is None
+    assert select_markov_walk("cuda", **CASE, markov_topm=32) is fused_markov_walk
+    assert select_markov_impl("cuda", **CASE, markov_topm=5).name == "fused Triton kernel"
+    reason = fallback_reason("cuda", **CASE, markov_topm=4000)
+    assert reason is not None and "markov_topm 4000" in reason
+    assert "dense Markov head" in fallback_reason("cuda", **{**CASE, "topk": None}, markov_topm=32)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_fused_union_walk_is_a_drop_in_for_markov_walk(sampled):
+    """The candidate union through ``fused_markov_walk`` (bf16 logits and weights, a reduced vocabulary, int64
+    keys): the same MarkovWalkResult as the reference, cand_ids [B, N, k + M] and −inf duplicates included."""
+    from dspark_trt.reference.markov import markov_union_table
+    from dspark_trt.testing.walk import compare_union_walks
+
+    dev = _device()
+    g = torch.Generator().manual_seed(6)
+    B, N, V, Vd, r, k, M = 3, 7, 257, 101, 8, 16, 5
+    base = (torch.randn(B, N, Vd, generator=g) * 3).bfloat16()
+    anchor = torch.randint(0, V, (B,), generator=g)
+    w1, w2 = (torch.randn(V, r, generator=g) / r**0.5).bfloat16(), torch.randn(Vd, r, generator=g).bfloat16()
+    d2t = torch.sort(torch.randperm(V, generator=g)[:Vd]).values - torch.arange(Vd)
+    table = markov_union_table(w1, w2, M, logit_scale=0.5)
+    table[anchor] = torch.topk(base[:, 0].float(), M, dim=-1).indices.int()  # slot 0: all duplicates
+    opts = dict(topk=k, logit_scale=0.5, d2t=d2t, conf_base=torch.randn(B, N, generator=g),
+                conf_w_markov=torch.randn(r, generator=g), union_table=table)
+    if sampled:
+        opts.update(temperature=torch.tensor([0.7, 0.0, 1.0]), seed=torch.tensor([2**40 + 3, 5, 2**33]),
+                    positions=torch.tensor([7, 2**31 + 9, 100]))
+    on_dev = {key: (v.to(dev) if isinstance(v, torch.Tensor) else v) for key, v in opts.items()}
+    got = fused_markov_walk(base.to(dev), anchor.to(dev), w1.to(dev), w2.to(dev), **on_dev)
+    want = markov_walk(base, anchor, w1, w2, **opts)
+    assert got.union_width == want.union_width == M and got.cand_ids.shape == want.cand_ids.shape == (B, N, k + M)
+    assert (want.cand_logits[:, 0, k:] == float("-inf")).all()
+    assert torch.equal(got.cand_ids[..., :k].cpu(), want.cand_ids[..., :k])
+    ids32 = want.cand_ids[..., :k].to(torch.int32)
+    inputs = (None, ids32, None, None, None, d2t.to(torch.int32), opts.get("temperature", torch.zeros(B)),
+              (opts["seed"] % (2**31 - 1)) if sampled else torch.zeros(B),
+              (opts["positions"] % (2**31 - 1)) if sampled else torch.zeros(B))
+    compare_union_walks((got.tokens.cpu(), got.cand_logits.cpu(), got.confidence.cpu(), got.cand_ids[..., k:].cpu()),
+                        (want.tokens, want.cand_logits, want.confidence, want.cand_ids[..., k:]), inputs,
+                        atol=2e-5, rtol=1e-5)

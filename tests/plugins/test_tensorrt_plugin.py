@@ -144,3 +144,131 @@ def test_engine_with_the_aot_plugin_matches_the_reference(mode):
     stream.synchronize()
     want = reference_op(*(t.cpu() for t in inputs), logit_scale=0.5)
     compare_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------- dspark::DSparkTopKMarkovUnion (pure parts)
+def test_union_autotune_lists_13_inputs_and_4_outputs_per_dtype_pair():
+    from dspark_trt.plugins.contract import UNION_INPUTS, UNION_OUTPUTS
+
+    strings = autotune_type_strings(union=True)
+    assert len(strings) == 9
+    names = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+    for s, (t, w) in zip(strings, DTYPE_COMBINATIONS):
+        types = [x.strip() for x in s.split(",")]
+        assert len(types) == len(UNION_INPUTS) + len(UNION_OUTPUTS) == 17
+        assert types[:11] == [x.strip() for x in autotune_type_strings()[DTYPE_COMBINATIONS.index((t, w))].split(",")][:11]
+        # union_table int32, base_logits the logits type T; outputs int32, fp32, fp32, int32
+        assert types[11:] == ["INT32", names[t], "INT32", "FP32", "FP32", "INT32"], s
+
+
+def test_union_output_shapes_follow_the_contract():
+    from dspark_trt.plugins.contract import UNION_OUTPUTS
+    from dspark_trt.plugins.tensorrt_plugin import output_shapes, union_output_layout
+
+    layout = union_output_layout()
+    assert [dt for _, dt in layout] == [c.dtype for c in UNION_OUTPUTS] == ["int32", "float32", "float32", "int32"]
+    # evaluated on ints where TensorRT evaluates shape expressions: B=5, N=7, k=16 (cand_values), M=32 (union_table)
+    shapes = {0: (5, 7, 16), 11: (257, 32)}
+    assert output_shapes(layout, shapes) == [(5, 7), (5, 7, 48), (5, 7), (5, 7, 32)]
+    assert output_shapes(output_layout(), shapes) == [(5, 7), (5, 7, 16), (5, 7)]  # the plain op's, same helper
+
+    class Expr:  # what TensorRT's ShapeExpr offers the describe function: addition, nothing else
+        def __init__(self, text):
+            self.text = text
+
+        def __add__(self, other):
+            return Expr(f"({self.text} + {other.text})")
+
+    sym = {0: tuple(Expr(f"cv{d}") for d in range(3)), 11: (Expr("t0"), Expr("t1"))}
+    assert [[e.text for e in s] for s in output_shapes(layout, sym)] == [
+        ["cv0", "cv1"], ["cv0", "cv1", "(cv2 + t1)"], ["cv0", "cv1"], ["cv0", "cv1", "t1"]]
+
+
+def test_union_kernel_spec_from_a_node():
+    from dspark_trt.plugins.tensorrt_plugin import union_kernel_spec
+
+    spec = union_kernel_spec((None, 7, 512), (None, 32), k=512, markov_topm=32, rank=256, logit_scale=0.5,
+                             logits_dtype="float32", weights_dtype="bfloat16", arch=90)
+    assert (spec.num_draft_tokens, spec.topk, spec.markov_topm, spec.rank, spec.logit_scale) == (7, 512, 32, 256, 0.5)
+    assert spec.op_name == "DSparkTopKMarkovUnion" and spec.plugin_id == "dspark::DSparkTopKMarkovUnion"
+    with pytest.raises(DSparkTrtError, match="attribute markov_topm=16 but union_table has M=32; re-export"):
+        union_kernel_spec((None, 7, 512), (None, 32), k=512, markov_topm=16, rank=256, logit_scale=0.5,
+                          logits_dtype="float32", weights_dtype="bfloat16", arch=90)
+    with pytest.raises(DSparkTrtError, match="attribute k=64 but cand_values has k=512"):
+        union_kernel_spec((None, 7, 512), (None, 32), k=64, markov_topm=32, rank=256, logit_scale=0.5,
+                          logits_dtype="float32", weights_dtype="bfloat16", arch=90)
+
+
+def test_export_ptx_is_chosen_per_op(tmp_path):
+    """``use_export_ptx`` with one description per op: a node of an op the export did not build is refused."""
+    from dspark_trt.plugins import tensorrt_plugin as tp
+    from dspark_trt.plugins.aot import WalkKernelSpec
+
+    plain = {"op": "DSparkTopKMarkov", "constexprs": {"N": 7, "K": 16, "R": 8, "LOGIT_SCALE": 1.0}, "kernels": []}
+    try:
+        tp.use_export_ptx([plain], tmp_path)
+        spec = WalkKernelSpec(7, 16, 8, 1.0, "float32", "float32", 80, markov_topm=4)
+        with pytest.raises(DSparkTrtError, match="no PTX for DSparkTopKMarkovUnion .it has DSparkTopKMarkov."):
+            tp._kernel_for(spec)
+        tp.use_export_ptx(plain, tmp_path)  # a single description still works (the plain op's)
+        with pytest.raises(DSparkTrtError, match="no PTX for sm_80 float32-float32"):  # found, then checked
+            tp._kernel_for(WalkKernelSpec(7, 16, 8, 1.0, "float32", "float32", 80))
+    finally:
+        tp.use_export_ptx(None)
+
+
+def test_register_union_plugin_refuses_without_tensorrt():
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("TensorRT is importable here")
+    except Exception:
+        pass
+    from dspark_trt.plugins.tensorrt_plugin import register_plugins, register_union_plugin
+
+    with pytest.raises(DSparkTrtError, match="needs full TensorRT"):
+        register_union_plugin.__wrapped__()
+    with pytest.raises(DSparkTrtError, match="needs full TensorRT"):
+        register_plugins()
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["greedy", "mixed"])
+def test_engine_with_the_union_plugin_matches_the_reference(mode):
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+
+    from dspark_trt.plugins.contract import UNION_INPUTS, UNION_OUTPUTS, UNION_PLUGIN_ID, reference_union_op
+    from dspark_trt.plugins.tensorrt_plugin import register_plugins
+    from dspark_trt.testing.walk import WalkCase, compare_union_walks, make_union_inputs
+
+    register_plugins()
+    M = 32
+    case = WalkCase(batch=5, steps=7, vocab=1031, draft_vocab=769, rank=192, topk=512, mode=mode,
+                    logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16, logit_scale=0.5)
+    inputs = [t.cuda() for t in make_union_inputs(case, M)]
+    to_trt = {torch.float32: trt.float32, torch.bfloat16: trt.bfloat16, torch.int32: trt.int32}
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    tensors = [network.add_input(c.name, to_trt[t.dtype], tuple(t.shape)) for c, t in zip(UNION_INPUTS, inputs)]
+    ns, name = UNION_PLUGIN_ID.split("::")
+    op = getattr(getattr(trtp.op, ns), name)
+    layer = network.add_plugin(op(*tensors, k=case.topk, logit_scale=0.5, markov_topm=M), aot=True)
+    for i, c in enumerate(UNION_OUTPUTS):
+        layer.get_output(i).name = c.name
+        network.mark_output(layer.get_output(i))
+    engine_bytes = builder.build_serialized_network(network, builder.create_builder_config())
+    assert engine_bytes is not None, "engine build failed"
+    engine = trt.Runtime(logger).deserialize_cuda_engine(engine_bytes)
+    context = engine.create_execution_context()
+    outs = [torch.full((5, 7), -1, dtype=torch.int32, device="cuda"),
+            torch.full((5, 7, 512 + M), float("nan"), device="cuda"), torch.full((5, 7), float("nan"), device="cuda"),
+            torch.full((5, 7, M), -1, dtype=torch.int32, device="cuda")]
+    for c, t in zip((*UNION_INPUTS, *UNION_OUTPUTS), (*inputs, *outs)):
+        context.set_tensor_address(c.name, t.data_ptr())
+    stream = torch.cuda.Stream()
+    assert context.execute_async_v3(stream.cuda_stream)
+    stream.synchronize()
+    want = reference_union_op(*(t.cpu() for t in inputs), logit_scale=0.5)
+    compare_union_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)

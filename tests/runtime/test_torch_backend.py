@@ -65,8 +65,10 @@ def test_backend_with_the_candidate_union_equals_the_reference_draft(drafter, gr
     assert bool(torch.isfinite(want.cand_logits[..., 8:]).any())  # the union added candidates
     from dspark_trt.plugins.dispatch import fallback_reason
 
-    assert "candidate union" in fallback_reason("cuda", topk=8, rank=8, num_draft_tokens=7, markov_topm=4,
-                                                logits_dtype=torch.float32, weights_dtype=torch.float32)
+    # on CUDA the fused union kernel walks it (plugins/union_kernel.py; tests/plugins/test_dispatch.py)
+    reason = fallback_reason("cuda", topk=8, rank=8, num_draft_tokens=7, markov_topm=4,
+                             logits_dtype=torch.float32, weights_dtype=torch.float32)
+    assert reason is None or "Triton is not installed" in reason
 
 
 def test_walk_fn_is_replaceable(drafter):

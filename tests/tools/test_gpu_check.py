@@ -50,3 +50,22 @@ def test_gpu_check_quick_passes(tmp_path):
     assert gpu_check(["--out", str(tmp_path), "--quick", "--skip-bench", "--layers", "1", "--context", "256"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["passed"] and [g["batch"] for g in report["graphs"]] == [1, 4, 8]
+
+
+@pytest.mark.triton
+def test_the_union_checks_run_in_the_interpreter():
+    """The GPU check's union pieces on CPU tensors (Triton's interpreter, small shapes): the correctness check
+    passes and sees masked duplicates, and the timing rows are shaped as the report expects."""
+    from dspark_trt.plugins.kernel import interpreting
+    from dspark_trt.testing.walk import WalkCase
+    from dspark_trt.tools.gpu_check import _jit_union_case, _union_timing
+
+    if not interpreting():
+        pytest.skip("the interpreter is off (a GPU host runs the real check)")
+    case = WalkCase(batch=3, steps=3, vocab=257, rank=8, topk=16, mode="mixed", seed=1)
+    detail = _jit_union_case(case, 5, device="cpu")
+    assert "9 steps" in detail and "masked duplicates" in detail
+    detail, data = _union_timing((2,), k=16, M=5, shapes=dict(vocab=257, rank=8, steps=3), device="cpu", repeats=1)
+    (row,) = data["rows"]
+    assert row["batch"] == 2 and row["markov_topm"] == 5 and row["union_ms"] > 0 and row["plain_ms"] > 0
+    assert row["union_vs_plain"] == pytest.approx(row["union_ms"] / row["plain_ms"], rel=1e-2) and "x plain" in detail
