@@ -262,24 +262,26 @@ class _Logger:
 
 
 def union_engine_refusal(flavor: str, markov_topm: int | None = None) -> str:
-    """Why an engine is not built for a candidate-union draft graph, and what to do instead (one line).
+    """Why TensorRT-RTX builds no engine for a candidate-union draft graph, and what to do instead (one line).
 
     Measured with TensorRT-RTX 1.7 (CPU build for SM80): the union's standard-op local function parses in
-    0.1 s, but one chained step takes the builder 15 s (the plain op's: 0.5 s), two steps more than 4 min, and
-    the tiny drafter's N = 7 graph did not finish in 15 min; the union has no TensorRT plugin yet. So both
-    flavors refuse it rather than hang."""
+    0.1 s, but one chained step with a dynamic batch takes the builder 15 s (the plain op's: 0.5 s), two steps
+    more than 4 min, and the tiny drafter's N = 7 graph did not finish in 15 min. TensorRT-RTX has no plugins,
+    so it refuses the graph rather than hang; full TensorRT builds the plugin graph (DSparkTopKMarkovUnion)."""
     m = f" {markov_topm}" if markov_topm else ""
-    return (f"--markov-topm{m}: no {flavor} engine for a candidate-union draft graph yet (the {flavor} builder does "
-            f"not finish on its standard-op local function, and there is no union plugin yet); export it with "
-            f"--engine none and run it with the onnxruntime backend, or use --markov-topm 0 for engines")
+    return (f"--markov-topm{m}: no {flavor} engine for a candidate-union draft graph (the {flavor} builder does not "
+            f"finish on its standard-op local function); build with --engine tensorrt on a GPU host (the union "
+            f"plugin), run it with the onnxruntime backend (--engine none), or use --markov-topm 0")
 
 
 def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:
-    """Refuse, in one line, an ONNX graph this flavor cannot build: one with the candidate-union node."""
+    """Refuse, in one line, an ONNX graph this flavor cannot build: TensorRT-RTX and the candidate-union node."""
     import onnx
 
     from ..plugins.contract import OP_DOMAIN, UNION_OP_NAME
 
+    if flavor != "tensorrt-rtx":
+        return
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception:  # not readable as ONNX: the parser reports it (one line) in build_engine

@@ -13,11 +13,12 @@ Export directory::
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
                                    (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
-    onnx/draft.plugin.onnx         top-k without a union: the graph full TensorRT builds (local function stripped, aot=1)
+    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
     tokenizer/                     the target's tokenizer files
     onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
-    plugin/*.ptx, *.json           top-k: the walk kernel's PTX for sm_80 / sm_90 (embedded by TensorRT)
+    plugin/*.ptx, *.json           top-k: the walk kernel's PTX for sm_80 / sm_90 (embedded by TensorRT; the union
+                                   kernel's with --markov-topm M)
     engines/<graph>.<flavor>.plan  when an engine flavor is available (else: ``dspark build-engine OUT``)
 """
 
@@ -123,8 +124,10 @@ class Phases:
 class PtxForExport:
     """Lazy: compile the DSparkTopKMarkov kernel's PTX for this export into ``out_dir`` → kernel description."""
 
-    def __init__(self, out_dir: Path, config: DSparkConfig, *, topk: int, dtype: str, archs: tuple[int, ...]):
+    def __init__(self, out_dir: Path, config: DSparkConfig, *, topk: int, dtype: str, archs: tuple[int, ...],
+                 markov_topm: int = 0):
         self.out_dir, self.config, self.topk, self.dtype, self.archs = out_dir, config, topk, dtype, archs
+        self.markov_topm = int(markov_topm)  # > 0: the DSparkTopKMarkovUnion kernel
 
     def __call__(self) -> dict:
         """Compiled in a child process: Triton's AOT path cannot run where its interpreter is on
@@ -133,7 +136,7 @@ class PtxForExport:
         import subprocess
         import sys
 
-        from ..plugins.aot import DESCRIPTION_FILE, find_ptxas
+        from ..plugins.aot import description_file, find_ptxas
 
         weights = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[self.dtype]
         c = self.config
@@ -141,13 +144,14 @@ class PtxForExport:
                "--n", str(c.num_draft_tokens), "--k", str(self.topk), "--rank", str(c.markov_rank),
                "--logit-scale", repr(float(c.logit_scale)),
                "--dtypes", f"fp32-{weights}",  # the graph's TopK runs on fp32 base logits
-               "--archs", ",".join(str(a) for a in self.archs)] + (["--validate"] if find_ptxas() else [])
+               "--archs", ",".join(str(a) for a in self.archs)] + (["--validate"] if find_ptxas() else []) + \
+              (["--markov-topm", str(self.markov_topm)] if self.markov_topm else [])
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise DSparkTrtError(f"compiling the DSparkTopKMarkov kernel to PTX failed: {last}")
-        return json.loads((self.out_dir / DESCRIPTION_FILE).read_text())
+        return json.loads((self.out_dir / description_file(self.markov_topm)).read_text())
 
 
 class EnginesForExport:
@@ -282,10 +286,10 @@ def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk
                   kernel: dict | None = None, kernel_dir: Path | None = None, markov_topm: int = 0) -> EngineBuildConfig:
     """The build config of an export: batch 1..max, context 1..max_context; for TensorRT with top-k the plugin
     registered and pointed at the export's PTX (``kernel``: the manifest's kernel section, files in ``kernel_dir``).
-    With the candidate union (``markov_topm`` > 0) no plugin is registered: the union node is built from its
-    standard-op local function (full TensorRT and TensorRT-RTX alike), as TensorRT-RTX builds every walk."""
+    (``register_plugin`` registers both ops, so a candidate-union export's plugin graph finds
+    ``DSparkTopKMarkovUnion``; its PTX is the union kernel's.)"""
     register = None
-    if flavor == "tensorrt" and topk is not None and not markov_topm:
+    if flavor == "tensorrt" and topk is not None:
         def register() -> None:
             from ..plugins.tensorrt_plugin import register_plugin, use_export_ptx
 
@@ -318,13 +322,13 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt", markov_topm=options.markov_topm)
     flavor = resolve_flavor(options.engine)
-    if flavor is not None and spec.markov_topm:  # no engine for the union graph yet (export/engine.py)
+    if flavor == "tensorrt-rtx" and spec.markov_topm:  # no plugin there: it does not build the union (engine.py)
         if options.engine != "auto":
             raise DSparkTrtError(union_engine_refusal(flavor, spec.markov_topm))
         flavor = None
     if flavor is not None:
         engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
-    plugin = bool(spec.topk) and not spec.markov_topm  # the union has no TensorRT plugin in the export yet
+    plugin = bool(spec.topk)
     if plugin:
         from ..optional import require
 
@@ -340,10 +344,11 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
             (["plugin graph + PTX"] if plugin else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
     notes: list[str] = []
-    if spec.markov_topm:
-        notes.append(f"candidate union M={spec.markov_topm}: the draft graph's DSparkTopKMarkovUnion node runs as its "
-                     f"standard-op local function with the onnxruntime backend (dspark generate --export OUT); no "
-                     f"engine and no plugin PTX: " + union_engine_refusal("TensorRT", spec.markov_topm))
+    if spec.markov_topm and flavor is None:
+        notes.append(f"candidate union M={spec.markov_topm}: the draft graph runs with the onnxruntime backend "
+                     f"(dspark generate --export OUT); for engines run `dspark build-engine {out_dir} --engine "
+                     f"tensorrt` on a GPU host with TensorRT (the DSparkTopKMarkovUnion plugin); "
+                     + union_engine_refusal("TensorRT-RTX", spec.markov_topm))
     if target_dir is not None and target is None:
         notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:
@@ -368,15 +373,15 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
         target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}
-        if spec.topk and not spec.markov_topm:
+        if spec.topk:
             def plugin_step():
                 plugin_graph(tmp / "onnx" / "draft.onnx", tmp / "onnx" / "draft.plugin.onnx")
                 return PtxForExport(tmp / "plugin", config, topk=spec.topk, dtype=spec.dtype,
-                                    archs=options.ptx_archs)()
+                                    archs=options.ptx_archs, markov_topm=spec.markov_topm)()
 
             kernel = phases.run("plugin graph + PTX", plugin_step)
             kernel = {**kernel, "dir": "plugin"}
-            plugin = _plugin_record(spec.topk, config.logit_scale)
+            plugin = _plugin_record(spec.topk, config.logit_scale, spec.markov_topm)
             extra["plugin_graph"] = "onnx/draft.plugin.onnx"
         manifest = new_manifest(config, model_dir=model_dir, topk=spec.topk, dtype=spec.dtype,
                                 graphs={g: tmp / "onnx" / f"{g}.onnx" for g in GRAPHS}, export_dir=tmp,
@@ -400,10 +405,9 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
-    if manifest.get("markov_topm"):
-        raise DSparkTrtError(f"{export_dir}: " + union_engine_refusal(engine if engine != "auto" else "TensorRT",
-                                                                    int(manifest["markov_topm"])))
     flavor = resolve_flavor(engine, none_allowed=False)
+    if flavor == "tensorrt-rtx" and manifest.get("markov_topm"):
+        raise DSparkTrtError(f"{export_dir}: " + union_engine_refusal(flavor, int(manifest["markov_topm"])))
     if flavor is None:
         raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
                              "pip install 'dspark-trt[rtx]' for TensorRT-RTX), then re-run dspark build-engine")
@@ -418,8 +422,22 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     return manifest
 
 
-def _plugin_record(topk: int, logit_scale: float) -> dict:
-    from ..plugins.contract import ATTRIBUTES, INPUTS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION
+def _plugin_record(topk: int, logit_scale: float, markov_topm: int = 0) -> dict:
+    from ..plugins.contract import (ATTRIBUTES, INPUTS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION,
+                                    UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS)
+
+    if markov_topm:
+        return {
+            "op": UNION_OP_NAME,
+            "domain": OP_DOMAIN,
+            "name": UNION_OP_NAME,
+            "namespace": PLUGIN_NAMESPACE,
+            "version": PLUGIN_VERSION,
+            "attributes": {"k": topk, "logit_scale": logit_scale, "markov_topm": int(markov_topm), "aot": 1},
+            "attribute_docs": UNION_ATTRIBUTES,
+            "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in UNION_INPUTS],
+            "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in UNION_OUTPUTS],
+        }
 
     return {
         "op": OP_NAME,

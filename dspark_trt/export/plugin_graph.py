@@ -16,14 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DSparkTrtError
-from ..plugins.contract import OP_DOMAIN, OP_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from ..plugins.contract import OP_DOMAIN, OP_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, UNION_OP_NAME
+
+_OPS = (OP_NAME, UNION_OP_NAME)  # the walk node: plain, or the candidate union (--markov-topm M)
 
 __all__ = ["plugin_graph", "custom_nodes"]
 
 
 def custom_nodes(model) -> list:
-    """The ``DSparkTopKMarkov`` nodes of an ``onnx.ModelProto`` graph."""
-    return [n for n in model.graph.node if n.op_type == OP_NAME and n.domain == OP_DOMAIN]
+    """The ``DSparkTopKMarkov`` / ``DSparkTopKMarkovUnion`` nodes of an ``onnx.ModelProto`` graph."""
+    return [n for n in model.graph.node if n.op_type in _OPS and n.domain == OP_DOMAIN]
 
 
 def plugin_graph(src: str | Path, dst: str | Path) -> Path:
@@ -40,11 +42,11 @@ def plugin_graph(src: str | Path, dst: str | Path) -> Path:
                              f"build it without the plugin")
     graph = gs.import_onnx(model)
     for node in graph.nodes:
-        if node.op == OP_NAME and node.domain == OP_DOMAIN:
+        if node.op in _OPS and node.domain == OP_DOMAIN:
             node.attrs["aot"] = 1
             node.attrs["plugin_namespace"] = PLUGIN_NAMESPACE
             node.attrs["plugin_version"] = PLUGIN_VERSION
-    graph.functions = [f for f in graph.functions if not (f.name == OP_NAME and f.domain == OP_DOMAIN)]
+    graph.functions = [f for f in graph.functions if not (f.name in _OPS and f.domain == OP_DOMAIN)]
     out = gs.export_onnx(graph)
     out.metadata_props.extend(model.metadata_props)
     dst = Path(dst)

@@ -146,30 +146,48 @@ def test_poisoned_table_fails_validation_and_exits_3(union_export, drafter):
 
 # -- dspark-export / build-engine ------------------------------------------------------------------------
 @pytest.mark.onnx
-@pytest.mark.slow  # one drafter-only export of the tiny pair (~30 s)
-def test_export_model_with_a_union_records_it_and_builds_no_engine(tiny_pair, tmp_path):
-    """``--markov-topm 5 --engine auto``: the union graph, the manifest keys, no plugin PTX and no engine (the
-    note says why); ``build-engine`` and ``build_engine`` refuse the union graph in one line."""
+@pytest.mark.triton
+@pytest.mark.slow  # one drafter-only export of the tiny pair + the union kernel's PTX (~60 s)
+def test_export_model_with_a_union_records_it_with_its_plugin_graph_and_ptx(tiny_pair, tmp_path):
+    """``--markov-topm 5``: the union graph, the manifest keys, the plugin graph full TensorRT builds (the union
+    node with aot=1, no local function) and the union kernel's PTX; TensorRT-RTX (no plugin) refuses the union
+    graph in one line in ``build-engine`` and ``build_engine``, and ``--engine auto`` builds no engine with it."""
+    import onnx
+
     from dspark_trt.export.engine import EngineBuildConfig, build_engine
     from dspark_trt.export.manifest import check_manifest, read_manifest
     from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
+    from dspark_trt.plugins.onnx_op import register_schema
 
     result = export_model(tiny_pair.drafter, tmp_path / "out", ExportOptions(topk=16, markov_topm=M, dtype="fp32",
                                                                               export_target=False),
                           target_dir=tiny_pair.target)
     m = read_manifest(result.out_dir)
     assert (m["topk"], m["markov_topm"], m["op_contract_version"]) == (16, M, 2)
-    assert m["engines"] == {} and m["plugin"] is None and m["kernel"] is None and "plugin_graph" not in m
     assert check_manifest(result.out_dir, m) == []
     assert [o["name"] for o in m["graphs"]["draft"]["outputs"]] == ["draft_tokens", "cand_ids", "cand_logits",
                                                                      "confidence"]
-    assert any("candidate union M=5" in n and "--engine none" in n for n in result.notes)
     assert any("union ids" in line for line in m["validation"])
-    for engine in ("tensorrt-rtx", "tensorrt"):
-        with pytest.raises(DSparkTrtError, match=f"--markov-topm 5: no {engine} engine for a candidate-union"):
-            build_engines(result.out_dir, engine=engine)
-        with pytest.raises(DSparkTrtError, match="draft.onnx: --markov-topm 5: no .* engine.*--engine none"):
-            build_engine(result.out_dir / "onnx" / "draft.onnx", EngineBuildConfig(engine))  # type: ignore[arg-type]
+    assert m["plugin"]["op"] == "DSparkTopKMarkovUnion" and m["plugin"]["attributes"]["markov_topm"] == M
+    assert len(m["plugin"]["inputs"]) == 13 and len(m["plugin"]["outputs"]) == 4
+    assert m["kernel"]["op"] == "DSparkTopKMarkovUnion" and m["kernel"]["kernels"]
+    register_schema()
+    plugin_graph = result.out_dir / m["plugin_graph"]
+    onnx.checker.check_model(str(plugin_graph), full_check=True)
+    model = onnx.load(str(plugin_graph))
+    node = next(n for n in model.graph.node if n.domain == "dspark")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert node.op_type == "DSparkTopKMarkovUnion" and attrs["aot"] == 1 and attrs["markov_topm"] == M
+    assert len(model.functions) == 0
+    if m["engines"] == {}:  # auto: TensorRT-RTX here (or nothing) builds no union engine, and says so
+        assert any("candidate union M=5" in n and "--engine tensorrt" in n for n in result.notes)
+    with pytest.raises(DSparkTrtError, match="draft.onnx: --markov-topm 5: no tensorrt-rtx engine for a candidate"):
+        build_engine(result.out_dir / "onnx" / "draft.onnx", EngineBuildConfig("tensorrt-rtx"))
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt_rtx") is not None:
+        with pytest.raises(DSparkTrtError, match="--markov-topm 5: no tensorrt-rtx engine"):
+            build_engines(result.out_dir, engine="tensorrt-rtx")
 
 
 @pytest.mark.rtx
@@ -178,7 +196,8 @@ def test_explicit_engine_with_a_union_is_refused_before_anything_runs(tiny_pair,
     """``--engine tensorrt-rtx --markov-topm 5`` (TensorRT-RTX importable here): one line, nothing written."""
     from dspark_trt.export.pipeline import ExportOptions, export_model
 
-    with pytest.raises(DSparkTrtError, match="no tensorrt-rtx engine for a candidate-union draft graph yet"):
+    with pytest.raises(DSparkTrtError, match="no tensorrt-rtx engine for a candidate-union draft graph.*--engine "
+                                             "tensorrt on a GPU host"):
         export_model(tiny_pair.drafter, tmp_path / "out", ExportOptions(topk=16, markov_topm=M,
                                                                          engine="tensorrt-rtx"))
     assert list(tmp_path.iterdir()) == []
