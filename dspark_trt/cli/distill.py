@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.minutes is not None and args.steps is not None:
         raise DSparkTrtError("pass --minutes or --steps, not both")
+    if args.bank_prompts < 0:
+        raise DSparkTrtError(f"--bank-prompts {args.bank_prompts}: use N >= 0 (0 = only the built-in prompts)")
     taps = None
     if args.taps:
         try:

@@ -24,7 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import DSparkTrtError
     from ..models.smollm2 import build_smollm2_pair
+
+    if args.bank_prompts is not None and args.bank_prompts < 0:
+        raise DSparkTrtError(f"--bank-prompts {args.bank_prompts}: use N >= 0 (0 = only the built-in prompts)")
 
     result = build_smollm2_pair(args.out, train_drafter=args.train_drafter, force=args.force, minutes=args.minutes,
                                 steps=args.steps, seed=args.seed, threads=args.threads,

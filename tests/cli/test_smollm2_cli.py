@@ -17,3 +17,12 @@ def test_distill_refuses_bad_taps(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     assert main(["distill", "--target", str(tmp_path), "-o", str(tmp_path / "d"), "--taps", "a,b"]) == 1
     assert "--taps" in capsys.readouterr().err
+
+
+def test_negative_bank_prompts_is_one_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("{}")
+    assert main(["distill", "--target", str(tmp_path), "-o", str(tmp_path / "d"), "--bank-prompts", "-1"]) == 1
+    assert "--bank-prompts -1" in capsys.readouterr().err
+    assert main(["smollm2", str(tmp_path / "pair"), "--bank-prompts", "-3"]) == 1
+    assert "--bank-prompts -3" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() and not (tmp_path / "pair").exists()
