@@ -62,3 +62,12 @@ def index_overlap(a: torch.Tensor, b: torch.Tensor) -> float:
     a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
     shared = [len(set(x.tolist()) & set(y.tolist())) / a.shape[-1] for x, y in zip(a2, b2)]
     return sum(shared) / len(shared)
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test interrupts with SIGINT (Ctrl-C): a shell starts background jobs with
+    SIGINT ignored, and a Python started that way never raises KeyboardInterrupt; a terminal's foreground
+    command has the default disposition, which this restores in the child."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

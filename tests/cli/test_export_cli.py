@@ -10,6 +10,7 @@ import pytest
 
 from dspark_trt.cli.main import main
 from dspark_trt.testing import write_tiny_checkpoint
+from tests.helpers import sigint_as_in_a_terminal
 
 pytestmark = [pytest.mark.onnx, pytest.mark.triton]
 
@@ -154,7 +155,7 @@ def test_ctrl_c_during_the_engine_build_stops_cleans_up_and_exits_130(tiny_pair,
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "export", str(tiny_pair.drafter), "--topk",
                              "off", "--dtype", "fp32", "--no-validate", "--engine", "tensorrt-rtx", "-o", str(out)],
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal)
     lines = []
     for line in proc.stderr:  # [I] engine build: <phase> (n steps) — emitted from inside the build
         lines.append(line)

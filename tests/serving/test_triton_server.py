@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from tests.helpers import sigint_as_in_a_terminal
 from dspark_trt.serving.client import (Answer, ServerError, grpc_generate, http_generate, http_generate_stream,
                                        request_inputs)
 
@@ -215,7 +216,7 @@ def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_t
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "serve", str(repo), "--http-port", "0",
                              "--grpc-port", "0", "--metrics-port", "0"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.DEVNULL, text=True, preexec_fn=sigint_as_in_a_terminal)
     try:
         line = ""
         deadline = time.monotonic() + 600
