@@ -347,8 +347,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     if spec.markov_topm and flavor is None:
         notes.append(f"candidate union M={spec.markov_topm}: the draft graph runs with the onnxruntime backend "
                      f"(dspark generate --export OUT); for engines run `dspark build-engine {out_dir} --engine "
-                     f"tensorrt` on a GPU host with TensorRT (the DSparkTopKMarkovUnion plugin); "
-                     + union_engine_refusal("TensorRT-RTX", spec.markov_topm))
+                     f"tensorrt` on a GPU host with TensorRT (the DSparkTopKMarkovUnion plugin)"
+                     + ("; " + union_engine_refusal("TensorRT-RTX", spec.markov_topm) if options.engine == "auto" else ""))
     if target_dir is not None and target is None:
         notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:

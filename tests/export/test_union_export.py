@@ -180,7 +180,8 @@ def test_export_model_with_a_union_records_it_with_its_plugin_graph_and_ptx(tiny
     assert node.op_type == "DSparkTopKMarkovUnion" and attrs["aot"] == 1 and attrs["markov_topm"] == M
     assert len(model.functions) == 0
     if m["engines"] == {}:  # auto: TensorRT-RTX here (or nothing) builds no union engine, and says so
-        assert any("candidate union M=5" in n and "--engine tensorrt" in n for n in result.notes)
+        assert any("candidate union M=5" in n and "--engine tensorrt" in n and "no tensorrt-rtx engine" in n.lower()
+                   for n in result.notes)
     with pytest.raises(DSparkTrtError, match="draft.onnx: --markov-topm 5: no tensorrt-rtx engine for a candidate"):
         build_engine(result.out_dir / "onnx" / "draft.onnx", EngineBuildConfig("tensorrt-rtx"))
     import importlib.util
