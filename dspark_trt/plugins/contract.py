@@ -145,9 +145,17 @@ def reference_op(
     logit_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op on CPU via the oracle: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k], confidence fp32 [B, N])."""
+    result = _oracle_walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                          conf_base, conf_w, logit_scale=logit_scale)
+    return result.tokens.to(torch.int32), result.cand_logits, result.confidence
+
+
+def _oracle_walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base,
+                 conf_w, *, logit_scale: float, **union):
+    """``walk_candidates`` on exactly the node's inputs (``union``: ``union_table=``, ``base_logits=``)."""
     from ..reference.markov import walk_candidates
 
-    result = walk_candidates(
+    return walk_candidates(
         cand_values, cand_ids, anchor, markov_w1, markov_w2,
         logit_scale=logit_scale,
         d2t=d2t.to(torch.int64),
@@ -156,8 +164,8 @@ def reference_op(
         positions=position.to(torch.int64),
         conf_base=conf_base,
         conf_w_markov=conf_w,
+        **union,
     )
-    return result.tokens.to(torch.int32), result.cand_logits, result.confidence
 
 
 def reference_union_op(
@@ -179,20 +187,8 @@ def reference_union_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The union op on CPU via the oracle: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k + M],
     confidence fp32 [B, N], union_ids int32 [B, N, M])."""
-    from ..reference.markov import walk_candidates
-
     k = cand_ids.shape[-1]
-    result = walk_candidates(
-        cand_values, cand_ids, anchor, markov_w1, markov_w2,
-        logit_scale=logit_scale,
-        d2t=d2t.to(torch.int64),
-        temperature=temperature,
-        seed=seed.to(torch.int64),
-        positions=position.to(torch.int64),
-        conf_base=conf_base,
-        conf_w_markov=conf_w,
-        union_table=union_table,
-        base_logits=base_logits,
-    )
+    result = _oracle_walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                          conf_base, conf_w, logit_scale=logit_scale, union_table=union_table, base_logits=base_logits)
     return (result.tokens.to(torch.int32), result.cand_logits, result.confidence,
             result.cand_ids[..., k:].to(torch.int32))

@@ -302,6 +302,22 @@ def interpreting() -> bool:
     return isinstance(dspark_topk_markov_walk, InterpretedFunction)
 
 
+def _launch_device(kernel: str, cand_values: torch.Tensor, markov_w1: torch.Tensor,
+                   markov_w2: torch.Tensor) -> tuple[torch.device, bool]:
+    """(device, interpreting) of a launch: W1 and W2 share a dtype, CUDA tensors compiled or CPU tensors under
+    Triton's interpreter (one-line errors naming ``kernel`` otherwise)."""
+    if markov_w1.dtype != markov_w2.dtype:
+        raise DSparkTrtError(f"markov_w1 ({markov_w1.dtype}) and markov_w2 ({markov_w2.dtype}) must share a dtype")
+    device = cand_values.device
+    interpret = interpreting()
+    if interpret != (device.type == "cpu"):
+        raise DSparkTrtError(
+            f"{kernel} got {device.type} tensors while Triton's interpreter is "
+            f"{'on' if interpret else 'off'}: use CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before "
+            "triton is imported")
+    return device, interpret
+
+
 def _check(name: str, t: torch.Tensor, shape: tuple, dtypes: tuple, op: str = "DSparkTopKMarkov") -> None:
     where = "UNION_INPUTS" if op.endswith("Union") else "INPUTS"
     if tuple(t.shape) != shape:
@@ -352,15 +368,7 @@ def topk_markov_walk(
     _check("position", position, (B,), (torch.int32,))
     _check("conf_base", conf_base, (B, N), (torch.float32,))
     _check("conf_w", conf_w, (r,), (torch.float32,))
-    if markov_w1.dtype != markov_w2.dtype:
-        raise DSparkTrtError(f"markov_w1 ({markov_w1.dtype}) and markov_w2 ({markov_w2.dtype}) must share a dtype")
-    device = cand_values.device
-    interpret = interpreting()
-    if interpret != (device.type == "cpu"):
-        raise DSparkTrtError(
-            f"the fused top-k Markov kernel got {device.type} tensors while Triton's interpreter is "
-            f"{'on' if interpret else 'off'}: use CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before "
-            "triton is imported")
+    device, interpret = _launch_device("the fused top-k Markov kernel", cand_values, markov_w1, markov_w2)
     why = kernel_unsupported_reason(k=k, r=r, n=N, logits_dtype=cand_values.dtype, weights_dtype=markov_w1.dtype,
                                     device=None if interpret else device)
     if why is not None:

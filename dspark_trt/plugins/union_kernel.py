@@ -45,8 +45,8 @@ import triton.language as tl
 
 from ..errors import DSparkTrtError
 from .contract import UNION_OP_NAME, UNION_OUTPUTS
-from .kernel import (MAX_TOPK, SUPPORTED_DTYPES, TILE_ELEMENTS, _check, _walk, interpreting, kernel_unsupported_reason,
-                     tile_config)
+from .kernel import (MAX_TOPK, SUPPORTED_DTYPES, TILE_ELEMENTS, _check, _launch_device, _walk,
+                     kernel_unsupported_reason, tile_config)
 
 __all__ = ["UNION_KERNEL_NAME", "MAX_TOPM", "UnionTileConfig", "union_tile_config", "union_unsupported_reason",
            "union_markov_walk"]
@@ -173,15 +173,7 @@ def union_markov_walk(
             ("union_table", union_table, (V, M), (torch.int32,)),
             ("base_logits", base_logits, (B, N, Vd), floats)):
         _check(name, t, shape, dtypes, UNION_OP_NAME)
-    if markov_w1.dtype != markov_w2.dtype:
-        raise DSparkTrtError(f"markov_w1 ({markov_w1.dtype}) and markov_w2 ({markov_w2.dtype}) must share a dtype")
-    device = cand_values.device
-    interpret = interpreting()
-    if interpret != (device.type == "cpu"):
-        raise DSparkTrtError(
-            f"the fused union kernel got {device.type} tensors while Triton's interpreter is "
-            f"{'on' if interpret else 'off'}: use CUDA tensors, or CPU tensors with TRITON_INTERPRET=1 set before "
-            "triton is imported")
+    device, interpret = _launch_device("the fused union kernel", cand_values, markov_w1, markov_w2)
     why = union_unsupported_reason(k=k, r=r, n=N, m=M, logits_dtype=cand_values.dtype,
                                    weights_dtype=markov_w1.dtype, device=None if interpret else device)
     if why is not None:
