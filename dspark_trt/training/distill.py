@@ -11,6 +11,8 @@
               renormalised on the draft vocabulary) + cross-entropy against the target's greedy token,
               + ``conf_weight`` · BCE of the confidence head toward 1 - ½‖q_j - p_j‖₁ (DSpark Eq. 8/11)
     frozen    ``embed_tokens`` and ``lm_head`` (copied from the target, rows ``d2t``-mapped)
+    warm      ``init_from``: start from an existing drafter's weights instead (its shape and draft vocabulary
+              are kept), e.g. to train a drafter further on more text
 
 Deterministic for a seed and a step count: batch k is drawn from a generator seeded by (seed, k), so a run
 that resumes from its last checkpoint (``OUT`` beside ``.OUT.work/``, written every ``checkpoint_every_s``)
@@ -64,6 +66,7 @@ class DistillSettings:
     data_batch: int = 64  # prompts the target continues at once while writing the training text
     threads: int | None = None
     checkpoint_every_s: float = 60.0
+    init_from: str | None = None  # a drafter directory to start from (``warm`` in the module docstring)
 
     def data_key(self) -> dict:
         return {k: getattr(self, k) for k in ("seed", "new_tokens", "top", "random_prompts")} | (
@@ -77,6 +80,31 @@ def work_dir(out: str | Path) -> Path:
 
 def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _weights_digest(model_dir: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _load_init(init_from: str, target_dir: Path, config):
+    """The drafter to start from (fp32), refused in one line when its shapes differ from ``config``'s."""
+    from ..loader import load_drafter
+    from .drafter_init import shape_mismatches
+
+    init_dir = Path(init_from)
+    if not (init_dir / "config.json").is_file():
+        raise DSparkTrtError(f"--init-from {init_dir} is not a drafter directory (no config.json)")
+    init = load_drafter(init_dir, target_dir=target_dir)
+    bad = shape_mismatches(init.config, config)
+    if bad:
+        raise DSparkTrtError(f"--init-from {init_dir} has another shape than the drafter to train ({', '.join(bad)}); "
+                             f"drop the shape options (they come from --init-from) or start without it")
+    return init
 
 
 def _save(obj, path: Path) -> None:
@@ -255,8 +283,11 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
     if not (target_dir / "config.json").is_file():
         raise DSparkTrtError(f"--target {target_dir} is not a Hugging Face model directory (no config.json)")
     raw = read_target_config(target_dir)
-    key = {"settings": {k: v for k, v in asdict(settings).items() if k not in ("threads", "checkpoint_every_s")},
+    key = {"settings": {k: v for k, v in asdict(settings).items()
+                        if k not in ("threads", "checkpoint_every_s", "init_from")},
            "shape": asdict(shape), "target": _digest(raw)}
+    if settings.init_from:
+        key["init"] = _weights_digest(Path(settings.init_from))
     done = out / RESULT
     if done.is_file() and not force:
         try:
@@ -281,6 +312,7 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
         shape = replace(shape, mask_token_id=mask_id)
         config = drafter_config(raw, shape)
         config.check_target_layers(int(raw["num_hidden_layers"]))
+        init = _load_init(settings.init_from, target_dir, config) if settings.init_from else None
         work.mkdir(parents=True, exist_ok=True)
         data_key = {**settings.data_key(), "taps": list(config.target_layer_ids), "target": key["target"]}
         data_path, state_path = work / "data.pt", work / "state.pt"
@@ -293,11 +325,20 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
             if state_path.is_file():
                 state_path.unlink()
         keep = tuple(_eos_ids(tokenizer, raw)) + (mask_id,)
-        draft_ids = _draft_vocab(data, V, shape.draft_vocab_size, keep)
+        if init is None:
+            draft_ids = _draft_vocab(data, V, shape.draft_vocab_size, keep)
+        else:  # the init's draft vocabulary: its lm_head rows and Markov columns refer to it
+            draft_ids = torch.arange(config.draft_vocab_size) + (init.d2t if config.has_reduced_vocab else 0)
         t2d = torch.full((V,), -1, dtype=torch.int64)
         t2d[draft_ids] = torch.arange(len(draft_ids))
         drafter = init_drafter(config, target, draft_ids, seed=settings.seed)
         del target
+        if init is not None:
+            missing, unexpected = drafter.load_state_dict(init.state_dict(), strict=False)
+            if unexpected or any(not k.startswith("confidence_head.") for k in missing):
+                raise DSparkTrtError(f"--init-from {settings.init_from}: tensors do not match the drafter to train "
+                                     f"(missing {missing}, unexpected {unexpected})")
+            del init  # a drafter without a confidence head starts with a fresh one
         for n, p in drafter.named_parameters():
             p.requires_grad_(n not in FROZEN)
         params = [p for n, p in drafter.named_parameters() if n not in FROZEN]

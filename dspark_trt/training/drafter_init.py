@@ -23,7 +23,7 @@ import torch
 
 from ..config import DSparkConfig
 
-__all__ = ["DrafterShape", "drafter_config", "init_drafter"]
+__all__ = ["DrafterShape", "drafter_config", "init_drafter", "shape_of", "shape_mismatches"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,28 @@ def spread_taps(num_target_layers: int) -> tuple[int, ...]:
     """Three DeepSeek layer ids: about 1/10, 1/2 and the layer before last."""
     last = num_target_layers - 2
     return tuple(sorted({max(1, num_target_layers // 10), num_target_layers // 2, last}))
+
+
+def shape_of(config: DSparkConfig) -> DrafterShape:
+    """The ``DrafterShape`` of an existing drafter (``distill --init-from`` keeps it)."""
+    return DrafterShape(num_layers=config.num_hidden_layers, target_layer_ids=tuple(config.target_layer_ids),
+                        markov_rank=config.markov_rank, block_size=config.block_size,
+                        draft_vocab_size=config.draft_vocab_size if config.has_reduced_vocab else None,
+                        mask_token_id=config.mask_token_id)
+
+
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "target_layer_ids", "markov_rank", "block_size",
+                "draft_vocab_size", "mask_token_id")
+
+
+def shape_mismatches(a: DSparkConfig, b: DSparkConfig) -> list[str]:
+    """``field a≠b`` for every field that fixes a tensor shape or the block layout and differs."""
+    def value(c: DSparkConfig, f: str):
+        v = getattr(c, f)
+        return tuple(v) if isinstance(v, (list, tuple)) else v
+
+    return [f"{f} {value(a, f)}≠{value(b, f)}" for f in SHAPE_FIELDS if value(a, f) != value(b, f)]
 
 
 def drafter_config(target_config: dict, shape: DrafterShape) -> DSparkConfig:

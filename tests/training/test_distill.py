@@ -151,3 +151,47 @@ def test_anchors_lie_in_the_written_text():
     assert set(p[rows == 2].flatten().tolist()) == set(range(1, 6))  # the whole range is drawn
     with pytest.raises(DSparkTrtError, match="--new-tokens"):
         sample_anchors(torch.tensor([5]), torch.tensor([4]), 4, 2, 2, torch.Generator())
+
+
+def test_init_from_starts_from_the_drafter_and_keeps_its_draft_vocabulary(peaky_pair, tmp_path):
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.training.drafter_init import shape_of
+
+    reduced = DrafterShape(markov_rank=8, block_size=4, draft_vocab_size=300)
+    first = distill(peaky_pair.target, tmp_path / "first", shape=reduced, settings=settings(steps=3), progress=False)
+    shape = shape_of(DSparkConfig.from_pretrained(first))
+    # other text (seed 5) would choose another draft vocabulary and other starting weights ...
+    fresh = distill(peaky_pair.target, tmp_path / "fresh", shape=shape, settings=settings(steps=0, seed=5),
+                    progress=False)
+    a, f = weights(first), weights(fresh)
+    assert not torch.equal(a["d2t"], f["d2t"]) and not torch.equal(a["fc.weight"], f["fc.weight"])
+    # ... but --init-from keeps the drafter's: with 0 steps the result is the drafter itself
+    warm = distill(peaky_pair.target, tmp_path / "warm", shape=shape,
+                   settings=settings(steps=0, seed=5, init_from=str(first)), progress=False)
+    w = weights(warm)
+    assert a.keys() == w.keys() and all(torch.equal(a[k], w[k]) for k in a)
+    trained = distill(peaky_pair.target, tmp_path / "trained", shape=shape,
+                      settings=settings(steps=2, seed=5, init_from=str(first)), progress=False)
+    t = weights(trained)
+    assert torch.equal(t["d2t"], a["d2t"]) and not torch.equal(t["fc.weight"], a["fc.weight"])
+
+
+def test_init_from_with_another_shape_is_refused(peaky_pair, first_run, tmp_path, capsys):
+    from dspark_trt.cli.main import main
+
+    with pytest.raises(DSparkTrtError, match=r"markov_rank 8≠16"):
+        distill(peaky_pair.target, tmp_path / "x", shape=DrafterShape(markov_rank=16, block_size=4),
+                settings=settings(init_from=str(first_run)), progress=False)
+    assert not (tmp_path / "x").exists()
+    base = ["distill", "--target", str(peaky_pair.target), "-o", str(tmp_path / "y"), "--steps", "1"]
+    code = main(base + ["--init-from", str(first_run), "--layers", "2"])
+    err = capsys.readouterr().err
+    assert code == 1 and "drop --layers" in err and "Traceback" not in err
+    code = main(base + ["--init-from", str(tmp_path)])
+    assert code == 1 and "config.json" in capsys.readouterr().err
+    code = main(base + ["--position-decay", "0"])
+    assert code == 1 and "--position-decay" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists()
+    assert main(base + ["--position-decay", "2", "--threads", "1"]) == 0  # reaches the settings
+    assert json.loads((tmp_path / "y" / "distill.json").read_text())["key"]["settings"]["position_decay"] == 2.0
+
