@@ -8,7 +8,9 @@ On the held-out prompts of ``PAIR/prompts.json`` (never trained on), in one run 
   (transformers target + torch drafter) and, with ``--export``, on the export path (ONNX target + ONNX
   drafter in onnxruntime), with the acceptance length, per-slot acceptance and the time split;
 - a top-k sweep (greedy, batch 1, torch path): k ∈ {32, 64, …, 1024, dense} → acceptance length, per-slot
-  acceptance, tokens/s, and the probability mass the top-k head drops (``topk_mass``).
+  acceptance, tokens/s, and the probability mass the top-k head drops (``topk_mass``);
+- the verification cost (torch path, batch 1): one verify of n = 1 … N + 1 tokens against a target-only step,
+  and the acceptance length that breaks even / reaches 1.5× on this machine (``verify_cost``).
 
 Writes ``OUT/benchmarks.json``, ``OUT/*.png`` and ``OUT/tables.md`` (the Markdown tables quoted in
 docs/benchmarks.md). Ratios matter, not absolute figures: the machines are shared.
@@ -38,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="top-k values of the sweep (comma-separated; 'dense' = no top-k)")
     p.add_argument("--temperatures", default="0,1", help="matrix temperatures (comma-separated)")
     p.add_argument("--batches", default="1,4", help="matrix batch sizes (comma-separated)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, sweep, export")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, sweep, export, cost")
 
 
 def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=None, both=True) -> dict:
@@ -63,7 +65,9 @@ def _row(res: dict) -> dict:
            "mean_acceptance_length": s.mean_acceptance_length,
            "per_position_acceptance": s.per_position_acceptance,
            "time_split": {k: getattr(s, f"{k}_seconds") / s.total_seconds for k in ("prefill", "draft", "verify", "other")}
-           if s.total_seconds else {}}
+           if s.total_seconds else {},
+           "seconds_per_round": {k: getattr(s, f"{k}_seconds") / s.rounds for k in ("draft", "verify", "other")}
+           if s.rounds else {}}
     if "target_only" in res:
         b = res["target_only"].stats
         row.update(target_only_tokens_per_second=b.tokens_per_second,
@@ -97,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = {"pair": str(pair), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "matrix": [], "sweep": []}
+              "matrix": [], "sweep": [], "verify_cost": {}}
     torch_dec = SpeculativeDecoder.from_pretrained(pair / "drafter", pair / "target", device="cpu")
     report["num_draft_tokens"] = torch_dec.config.num_draft_tokens
     paths = {"torch": torch_dec}
@@ -132,6 +136,13 @@ def run(args: argparse.Namespace) -> int:
                                  torch_dec.target.model, seqs, [k or V_d for k in ks], starts=[len(p) for p in prompts])
         for row, k in zip(report["sweep"], ks):
             row["dropped_mass"] = mass[k or V_d]
+        _save(report, out)
+    if "cost" not in skip:
+        from .verify_cost import verify_cost
+
+        log.info("verify cost: 1 … %d tokens", report["num_draft_tokens"] + 1)
+        cost = verify_cost(torch_dec.target, prompts[0], range(1, report["num_draft_tokens"] + 2))
+        report["verify_cost"] = {str(n): sec for n, sec in cost.items()}  # JSON keys: tokens verified
         _save(report, out)
     plot(report, out)
     (out / "tables.md").write_text(tables(report))
@@ -177,7 +188,27 @@ def tables(r: dict) -> str:
                          f"{dm.get('mean', float('nan')):.2e} / {dm.get('p99', float('nan')):.2e} | "
                          f"{s['speculative_tokens_per_second']:.1f} |")
         lines.append("")
+    if r.get("verify_cost"):
+        lines += _cost_table(r)
     return "\n".join(lines)
+
+
+def _cost_table(r: dict) -> list[str]:
+    from .verify_cost import needed_acceptance
+
+    cost = {int(n): sec for n, sec in r["verify_cost"].items()}
+    base = [m for m in r["matrix"] if m["path"] == "torch" and m["temperature"] == 0 and m["batch"] == 1]
+    per_round = base[0].get("seconds_per_round", {}) if base else {}
+    extra = per_round.get("draft", 0.0) + per_round.get("other", 0.0)  # drafting and bookkeeping per round
+    lines = [f"Verification cost (torch path, batch 1; a round also spends {1000 * extra:.1f} ms drafting and on "
+             f"bookkeeping{' (torch T = 0, batch 1 above)' if base else ' (not measured: no matrix)'}):", "",
+             "| tokens verified | ms | × one target step | acceptance length for 1× | for 1.5× |", "|---|---|---|---|---|"]
+    for n, sec in cost.items():
+        lines.append(f"| {n} | {1000 * sec:.1f} | {sec / cost[1]:.2f} | "
+                     + (f"{needed_acceptance(cost, n, extra):.2f} | {needed_acceptance(cost, n, extra, 1.5):.2f} |"
+                        if n > 1 else "— | — |"))
+    lines.append("")
+    return lines
 
 
 def plot(r: dict, out: Path) -> list[Path]:
@@ -227,11 +258,22 @@ def plot(r: dict, out: Path) -> list[Path]:
         for name, acc in rows:
             ax.plot(range(1, len(acc) + 1), acc, "o-", label=name)
         ax.set_xlabel("draft slot j")
-        ax.set_ylabel("P(slot j accepted | slots before accepted)")
+        ax.set_ylabel("fraction of rounds with slot j accepted")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
         ax.set_title("per-position acceptance (held-out prompts)")
         files.append(_savefig(fig, out / "per_position_acceptance.png"))
+    if r.get("verify_cost"):
+        cost = {int(n): sec for n, sec in r["verify_cost"].items()}
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        ax.plot(list(cost), [sec / cost[1] for sec in cost.values()], "o-", label="measured")
+        ax.plot(list(cost), list(cost), ":", color="gray", label="proportional to tokens")
+        ax.set_xlabel("tokens verified in one target forward (batch 1)")
+        ax.set_ylabel("cost / one target-only step")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+        ax.set_title("what a verification round costs on this machine")
+        files.append(_savefig(fig, out / "verify_cost.png"))
     if r["matrix"]:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         names = [f"{m['path']}\nT={m['temperature']:g} B={m['batch']}" for m in r["matrix"]]

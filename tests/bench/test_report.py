@@ -59,8 +59,10 @@ def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys
     dropped = [s["dropped_mass"]["mean"] for s in r["sweep"]]
     assert dropped[0] >= dropped[1] >= dropped[2] and dropped[2] < 1e-6  # fewer candidates drop more; dense none
     assert all(s["same_tokens_as_first"] for s in r["sweep"])  # greedy output never depends on k
+    assert sorted(int(n) for n in r["verify_cost"]) == list(range(1, r["num_draft_tokens"] + 2))
+    assert all(sec > 0 for sec in r["verify_cost"].values())
     for png in ("acceptance_vs_topk.png", "tokens_per_second_vs_topk.png", "per_position_acceptance.png",
-                "speedup.png"):
+                "speedup.png", "verify_cost.png"):
         assert (out / png).stat().st_size > 1000
     tables = (out / "tables.md").read_text()
-    assert "| dense |" in tables and "speed-up" in tables
+    assert "| dense |" in tables and "speed-up" in tables and "| tokens verified |" in tables

@@ -1,0 +1,41 @@
+"""What one verification round costs the target, against one target-only step (batch 1).
+
+    c(n) = median seconds of ``target.verify`` of n tokens after a held-out prompt, rolled back after each call
+
+A target-only step is c(1) without taps; a speculative round verifies the anchor and its N drafts, c(N + 1),
+and also drafts (d seconds). Speculation breaks even at an acceptance length of (c(N + 1) + d) / c(1) and reaches
+a speed-up S at S times that — the figure that says how good a drafter must be on a given machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["verify_cost", "needed_acceptance"]
+
+
+def verify_cost(target, prompt: Sequence[int], sizes: Sequence[int], *, repeats: int = 7) -> dict[int, float]:
+    """{n: median seconds of one verify of n tokens (n = 1: without taps, a target-only step)} after ``prompt``."""
+    target.prefill([torch.tensor(list(prompt), dtype=torch.int64)])
+    gen = torch.Generator().manual_seed(0)
+    cost = {}
+    for n in sizes:
+        times = []
+        for r in range(repeats + 1):  # the first call warms up
+            tokens = torch.randint(0, target.vocab_size, (1, n), generator=gen)  # [1, n]
+            start = time.perf_counter()
+            target.verify(tokens, with_taps=n > 1)
+            times.append(time.perf_counter() - start)
+            target.commit(torch.zeros(1, dtype=torch.int64))  # roll back: every call sees the same cache
+        cost[int(n)] = statistics.median(times[1:])
+    return cost
+
+
+def needed_acceptance(cost: dict[int, float], verified: int, draft_seconds: float, speedup: float = 1.0) -> float:
+    """The acceptance length at which rounds verifying ``verified`` tokens (plus ``draft_seconds`` of drafting
+    and other work per round) give ``speedup`` × target-only tokens/s."""
+    return speedup * (cost[verified] + draft_seconds) / cost[1]
