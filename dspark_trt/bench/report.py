@@ -9,6 +9,8 @@ On the held-out prompts of ``PAIR/prompts.json`` (never trained on), in one run 
   drafter in onnxruntime), with the acceptance length, per-slot acceptance and the time split;
 - a top-k sweep (greedy, batch 1, torch path): k ∈ {32, 64, …, 1024, dense} → acceptance length, per-slot
   acceptance, tokens/s, and the probability mass the top-k head drops (``topk_mass``);
+- verifying fewer drafts (greedy, batch 1, both paths): ``verify_drafts`` L ∈ {1, 2, 3, all} → speed-up and
+  acceptance length (identical output);
 - the verification cost (torch path, batch 1): one verify of n = 1 … N + 1 tokens against a target-only step,
   and the acceptance length that breaks even / reaches 1.5× on this machine (``verify_cost``).
 
@@ -40,16 +42,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="top-k values of the sweep (comma-separated; 'dense' = no top-k)")
     p.add_argument("--temperatures", default="0,1", help="matrix temperatures (comma-separated)")
     p.add_argument("--batches", default="1,4", help="matrix batch sizes (comma-separated)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, sweep, export, cost")
+    p.add_argument("--verify-sweep", default="1,2,3,all", metavar="L,…",
+                   help="drafts verified per round to compare (greedy, batch 1, each path; 'all' = N)")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, sweep, verify, export, cost")
 
 
-def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=None, both=True) -> dict:
+def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=None, both=True,
+               verify_drafts=None) -> dict:
     """Speculative (and target-only) over all prompts in batches of ``batch``: merged stats."""
     from ..runtime.stats import GenerationResult
 
     opts = dict(max_new_tokens=max_new, temperature=temperature)
     if topk is not None:
         opts["topk"] = topk
+    if verify_drafts is not None:
+        opts["verify_drafts"] = verify_drafts
     decoder.generate(prompts[:batch], **{**opts, "max_new_tokens": 4, "seed": list(range(batch))})  # warm-up
     out = {}
     for mode in ((True, False) if both else (True,)):
@@ -101,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = {"pair": str(pair), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "matrix": [], "sweep": [], "verify_cost": {}}
+              "matrix": [], "sweep": [], "verify_sweep": [], "verify_cost": {}}
     torch_dec = SpeculativeDecoder.from_pretrained(pair / "drafter", pair / "target", device="cpu")
     report["num_draft_tokens"] = torch_dec.config.num_draft_tokens
     paths = {"torch": torch_dec}
@@ -117,6 +124,16 @@ def run(args: argparse.Namespace) -> int:
                     row = _row(_run_modes(dec, prompts, batch=batch, temperature=temperature, max_new=args.max_new_tokens))
                     report["matrix"].append({"path": path, "temperature": temperature, "batch": batch, **row})
                     _save(report, out)
+    if "verify" not in skip:
+        N = report["num_draft_tokens"]
+        caps = sorted({N if c.strip().lower() == "all" else min(int(c), N) for c in args.verify_sweep.split(",")})
+        for path, dec in paths.items():
+            for cap in caps:
+                log.info("verify sweep: %s path, %d of %d drafts verified", path, cap, N)
+                row = _row(_run_modes(dec, prompts, batch=1, temperature=0.0, max_new=args.max_new_tokens,
+                                      verify_drafts=cap))
+                report["verify_sweep"].append({"path": path, "verify_drafts": cap, **row})
+                _save(report, out)
     if "sweep" not in skip:
         ks = [0 if k.strip().lower() in ("dense", "off") else int(k) for k in args.sweep.split(",")]
         greedy_tokens = None
@@ -187,6 +204,14 @@ def tables(r: dict) -> str:
                          f"{' '.join(f'{a:.2f}' for a in s['per_position_acceptance'])} | "
                          f"{dm.get('mean', float('nan')):.2e} / {dm.get('p99', float('nan')):.2e} | "
                          f"{s['speculative_tokens_per_second']:.1f} |")
+        lines.append("")
+    if r.get("verify_sweep"):
+        lines += ["| path | drafts verified per round | speculative tok/s | target-only tok/s | speed-up | "
+                  "acceptance length | identical |", "|---|---|---|---|---|---|---|"]
+        for v in r["verify_sweep"]:
+            lines.append(f"| {v['path']} | {v['verify_drafts']} | {v['speculative_tokens_per_second']:.1f} | "
+                         f"{v['target_only_tokens_per_second']:.1f} | {v['speedup']:.2f}× | "
+                         f"{v['mean_acceptance_length']:.2f} | {'yes' if v['same_tokens'] else '**no**'} |")
         lines.append("")
     if r.get("verify_cost"):
         lines += _cost_table(r)

@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--seed", type=int, default=None, help="noise seed of request 0; request i uses seed + i")
     i.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only the leading drafts with confidence >= this")
+    i.add_argument("--verify-drafts", type=int, default=None, metavar="L",
+                   help="verify at most L drafts per round (1 … N; default all N): faster where a target forward "
+                        "costs more with more tokens, e.g. on a CPU (see 'dspark bench report')")
     i.add_argument("--eos-id", type=int, action="append", default=None, help="stop token id (repeatable; "
                    "default: the target's eos ids)")
     i.add_argument("--ignore-eos", action="store_true", help="never stop before --max-new-tokens")
@@ -139,7 +142,7 @@ def requests(args: argparse.Namespace, decoder) -> list:
 
 def generation_options(args: argparse.Namespace, n: int, offset: int = 0) -> dict:
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, topk=parse_topk(args.topk),
-                   confidence_threshold=args.confidence_threshold)
+                   confidence_threshold=args.confidence_threshold, verify_drafts=getattr(args, "verify_drafts", None))
     options = {k: v for k, v in options.items() if v is not None}
     if getattr(args, "markov_topm", None) is not None:  # 0 forces plain top-k (over a config or export default)
         if args.markov_topm < 0:

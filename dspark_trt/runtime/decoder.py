@@ -3,7 +3,7 @@
 One batched step for the active requests (docs/dspark.md §9), anchor ``a`` at position ``p``::
 
     draft     backend.draft(a, ctx K/V, p)           → d_1 … d_N, candidates, corrected logits Z, confidence
-    truncate  n = leading slots with confidence ≥ threshold   (n = N without a threshold)
+    truncate  n = leading slots with confidence ≥ threshold   (n = N without a threshold), then n ≤ verify_drafts
     q         reference.draft_probs(Z, candidates, d, T)      the exact distribution each d_j was drawn from
     verify    target.verify([a, d_1 … d_n])                   → p_1 … p_{n+1}, taps of positions p … p+n
               reference.verify_drafts(p, d, q)                → acc accepted, one emitted token y
@@ -70,6 +70,17 @@ def resolve_draft_options(c, topk: int | None, confidence_threshold: float | Non
         if not c.enable_confidence_head:
             raise DSparkTrtError("this drafter has no confidence head; drop confidence_threshold")
     return topk, confidence_threshold
+
+
+def resolve_verify_drafts(c, verify_drafts: int | None) -> int | None:
+    """The cap on drafts verified per round: ``None`` (or N) verifies all N; else an integer in 1 … N."""
+    if verify_drafts is None:
+        return None
+    N = c.num_draft_tokens
+    if isinstance(verify_drafts, bool) or not isinstance(verify_drafts, int) or not 1 <= verify_drafts <= N:
+        raise DSparkTrtError(f"verify_drafts must be an integer in 1 … {N} (the drafter's block N), got "
+                             f"{verify_drafts!r}; leave it unset to verify all {N}")
+    return verify_drafts if verify_drafts < N else None
 
 
 class SpeculativeDecoder:
@@ -224,6 +235,7 @@ class SpeculativeDecoder:
         confidence_threshold: float | None = None,
         draft: bool = True,
         markov_topm: int | None = None,
+        verify_drafts: int | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per request.
 
@@ -238,6 +250,9 @@ class SpeculativeDecoder:
             eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.
             draft: ``False`` runs the target alone with the same sampler (the baseline).
+            verify_drafts (*optional*): verify at most this many drafts per round (1 … N; default all N). Where a
+                target forward costs more with more tokens (a CPU: ``dspark bench report``'s verification cost),
+                verifying only the drafts likely to be accepted is faster; the output is the same.
             markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
                 favours most after its predecessor (needs a top-k; torch backend, or an export made with
                 ``dspark-export --markov-topm M``); 0 = top-k only; ``None`` uses an export's own M, else the
@@ -253,12 +268,14 @@ class SpeculativeDecoder:
         topk, confidence_threshold = resolve_draft_options(self.config, topk, confidence_threshold,
                                                            default_topk=self.default_topk)
         markov_topm = self._resolve_markov_topm(markov_topm, topk)
+        verify_cap = resolve_verify_drafts(self.config, verify_drafts)
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
         requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos)
                     for i, (p, t, s) in enumerate(zip(prompts, temp.tolist(), seeds.tolist()))]
         run = _Run(self, topk, confidence_threshold, draft, requests=B)
         run.union = {"markov_topm": markov_topm} if markov_topm else {}  # only union-capable backends see it
+        run.verify_cap = verify_cap
         stats = run.loop(requests)
         out = [r.out for r in requests]
         texts = None
@@ -296,6 +313,7 @@ class _Run:
     def __init__(self, dec: SpeculativeDecoder, topk, threshold, draft, *, requests: int = 0):
         self.dec, self.topk, self.threshold, self.speculative = dec, topk, threshold, draft
         self.union: dict = {}  # {"markov_topm": M} with the candidate union
+        self.verify_cap: int | None = None  # at most this many drafts verified per round (None: all N)
         self.requests: dict[int, _Request] = {}  # active requests by id
         self.rows = torch.zeros(0, dtype=torch.int64)  # request id of each active batch row
         self.temp_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row
@@ -409,6 +427,8 @@ class _Run:
             if self.threshold is not None:
                 sure = (res.confidence.to(target.device) >= self.threshold).to(torch.int64)  # [B, N]
                 n = torch.cumprod(sure, dim=1).sum(1)
+            if self.verify_cap is not None:
+                n = n.clamp_max(self.verify_cap)
             width = int(n.max()) + 1
             cand = draft_to_target(res.cand_ids, dec._d2t).to(target.device)  # [B, N, k] target ids
             q = draft_probs(res.cand_logits.to(target.device), cand, drafts, self.temp)  # [B, N, k]

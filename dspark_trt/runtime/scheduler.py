@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import DSparkTrtError
-from .decoder import SpeculativeDecoder, _Request, _Run, check_sampling, resolve_draft_options
+from .decoder import SpeculativeDecoder, _Request, _Run, check_sampling, resolve_draft_options, resolve_verify_drafts
 
 __all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
 
@@ -142,6 +142,7 @@ class RequestScheduler:
         decoder: the decoder; its target must implement ``extend`` (``HFTarget`` does).
         topk (*optional*): candidates per draft slot, as in ``generate`` (``None``: the drafter's default).
         confidence_threshold (*optional*): as in ``generate``.
+        verify_drafts (*optional*): as in ``generate``.
         draft (bool, defaults to True): ``False`` decodes with the target alone (the baseline).
         max_batch_size (int, defaults to 64): requests decoded together; later ones wait for a free row.
         max_context (*optional*): refuse requests whose prompt + ``max_new_tokens`` exceeds this
@@ -150,7 +151,7 @@ class RequestScheduler:
 
     def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
                  confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
-                 max_context: int | None = None):
+                 max_context: int | None = None, verify_drafts: int | None = None):
         if not callable(getattr(decoder.target, "extend", None)):
             raise DSparkTrtError(f"{type(decoder.target).__name__} has no extend(prompts): in-flight batching needs "
                                  f"a target that can add requests to a running batch (HFTarget can)")
@@ -159,6 +160,7 @@ class RequestScheduler:
         self.decoder = decoder
         self.topk, self.confidence_threshold = resolve_draft_options(
             decoder.config, topk, confidence_threshold, default_topk=getattr(decoder, "default_topk", None))
+        self.verify_cap = resolve_verify_drafts(decoder.config, verify_drafts)
         self.draft = draft
         self.max_batch_size = int(max_batch_size)
         self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
@@ -235,6 +237,7 @@ class RequestScheduler:
             if joining:
                 if run is None or not self._active:
                     run = self._run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft)
+                    run.verify_cap = self.verify_cap
                 self._active.update((h.id, h) for h in joining)
                 self._collect(run.admit([h._request for h in joining]))
             if not self._active:

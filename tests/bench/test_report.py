@@ -59,6 +59,11 @@ def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys
     dropped = [s["dropped_mass"]["mean"] for s in r["sweep"]]
     assert dropped[0] >= dropped[1] >= dropped[2] and dropped[2] < 1e-6  # fewer candidates drop more; dense none
     assert all(s["same_tokens_as_first"] for s in r["sweep"])  # greedy output never depends on k
+    N = r["num_draft_tokens"]
+    assert [(v["path"], v["verify_drafts"]) for v in r["verify_sweep"]] == [("torch", c) for c in sorted({1, 2, 3, N})]
+    assert all(v["same_tokens"] for v in r["verify_sweep"])  # greedy: the cap never changes the output
+    assert [v["per_position_acceptance"][v["verify_drafts"]:] == [0.0] * (N - v["verify_drafts"])
+            for v in r["verify_sweep"]] == [True] * len(r["verify_sweep"])  # later slots never verified
     assert sorted(int(n) for n in r["verify_cost"]) == list(range(1, r["num_draft_tokens"] + 2))
     assert all(sec > 0 for sec in r["verify_cost"].values())
     for png in ("acceptance_vs_topk.png", "tokens_per_second_vs_topk.png", "per_position_acceptance.png",
@@ -66,3 +71,4 @@ def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys
         assert (out / png).stat().st_size > 1000
     tables = (out / "tables.md").read_text()
     assert "| dense |" in tables and "speed-up" in tables and "| tokens verified |" in tables
+    assert "| drafts verified per round |" in tables

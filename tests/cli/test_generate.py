@@ -101,6 +101,7 @@ def narrow_drafter(tmp_path_factory):
     ("topk", "--topk many: use an integer K >= 1 (candidates per draft slot) or 'off' (the dense Markov head)"),
     ("topm", "--markov-topm must be >= 0 (0 = top-k only), got -1"),
     ("topm-dense", "--markov-topm needs a top-k head"),
+    ("verify", "verify_drafts must be an integer in 1 …"),
 ])
 def test_bad_input_is_one_line_and_exit_1(case, message, distilled_pair, random_pair, narrow_drafter, tmp_path,
                                           capsys):
@@ -124,6 +125,8 @@ def test_bad_input_is_one_line_and_exit_1(case, message, distilled_pair, random_
         extra = ["--topk", "4", "--markov-topm", "-1"]
     elif case == "topm-dense":
         extra = ["--topk", "off", "--markov-topm", "4"]
+    elif case == "verify":
+        extra = ["--verify-drafts", "0"]
     models = ["--drafter", drafter] if case == "one-model" else ["--drafter", drafter, "--target", target]
     code, out, err = run_cli(capsys, *models, "--input-ids", ids, "--max-new-tokens", 4, *extra)
     assert code == 1, err

@@ -110,6 +110,19 @@ def test_scripted_confidence_truncation_verifies_only_the_confident_prefix(scrip
     assert out.stats.rounds == counted
 
 
+@pytest.mark.parametrize("cap", [1, 2])
+def test_verify_drafts_caps_the_drafts_verified_per_round(scripted_setup, cap):
+    decoder, prompts, reference, full = scripted_setup
+    scripted = ScriptedDrafterBackend(decoder.config, full, wrong=PLANS["accept-all"])  # every draft is right
+    out = SpeculativeDecoder(decoder.target, scripted).generate(prompts, 40, verify_drafts=cap)
+    assert out.tokens == [r[:40] for r in reference]
+    assert out.stats.drafted == out.stats.rounds * cap and out.stats.accepted == out.stats.drafted
+    assert out.stats.per_position_acceptance[cap:] == [0.0] * (decoder.config.num_draft_tokens - cap)
+    uncapped = SpeculativeDecoder(decoder.target, scripted).generate(prompts, 40,
+                                                                     verify_drafts=decoder.config.num_draft_tokens)
+    assert uncapped.stats.drafted == uncapped.stats.rounds * decoder.config.num_draft_tokens  # N: all of them
+
+
 # -- a distilled drafter: acceptance really happens, and both caches roll back -----------------------------
 class SpyBackend(TorchDrafterBackend):
     """The torch backend, recording every draft call's inputs with the request index of each row."""
@@ -283,6 +296,9 @@ def test_sampling_is_reproducible_and_seed_dependent(distilled_decoder):
     ([[1, 2]], {"topk": 258}, "top-k 258 must be in [1, draft_vocab_size=257]"),
     ([[1, 2]], {"seed": [1, 2]}, "seed has 2 values for 1 requests"),
     ([[1, 2]], {"confidence_threshold": 1.5}, "confidence_threshold must be in [0, 1]"),
+    ([[1, 2]], {"verify_drafts": 0}, "verify_drafts must be an integer in 1 …"),
+    ([[1, 2]], {"verify_drafts": 99}, "verify_drafts must be an integer in 1 …"),
+    ([[1, 2]], {"verify_drafts": 1.5}, "verify_drafts must be an integer in 1 …"),
     ([[1, 2]], {"topk": 4, "markov_topm": 258}, "--markov-topm 258 must be in [0, draft_vocab_size=257]"),
     ([[1, 2]], {"topk": 0, "markov_topm": 2}, "--markov-topm needs a top-k head"),
 ])

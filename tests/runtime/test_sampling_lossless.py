@@ -64,8 +64,8 @@ def run(decoder, topk, **options):
 
 
 @pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (0, {"confidence_threshold": 0.5}),
-                                           (2, {"markov_topm": 3})],
-                         ids=["dense", "top4", "dense-confidence-truncated", "top2-union3"])
+                                           (2, {"markov_topm": 3}), (4, {"verify_drafts": 1})],
+                         ids=["dense", "top4", "dense-confidence-truncated", "top2-union3", "top4-verify-1"])
 def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joint, topk, options):
     out = run(decoder, topk, **options)
     assert out.stats.accepted > 0.2 * out.stats.rounds  # drafts are really accepted, not only corrected

@@ -64,6 +64,19 @@ def test_requests_joining_mid_way_get_their_tokens_alone(distilled_decoder, draf
         assert all(h.drafted >= h.accepted for h in handles)
 
 
+def test_verify_drafts_reaches_the_scheduler_rounds(distilled_decoder):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 3, seed=4, min_len=2, max_len=9)
+    sched = RequestScheduler(dec, verify_drafts=1)
+    handles = [sched.submit(p, 12) for p in prompts]
+    sched.run_until_idle()
+    for p, h in zip(prompts, handles):
+        assert h.tokens == alone(dec, p, 12, 0.0, 0, draft=False)  # greedy: the target's own tokens
+        assert h.drafted == h.rounds  # one draft verified per round
+    with pytest.raises(DSparkTrtError, match="verify_drafts must be an integer"):
+        RequestScheduler(dec, verify_drafts=0)
+
+
 def test_per_request_eos_and_a_request_finishing_on_its_first_token(distilled_decoder):
     dec = distilled_decoder
     prompts = prompts_for(dec, 3, seed=8)
