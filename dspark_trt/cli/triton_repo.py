@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=None, help="draft top-k (default: the drafter's; 0 = dense)")
     p.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only drafts whose confidence is at least this")
+    p.add_argument("--verify-drafts", type=int, default=None, metavar="L",
+                   help="verify at most L drafts per round (default: all N; fewer is faster on a CPU)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (default 64)")
     p.add_argument("--max-context", type=int, default=None,
                    help="refuse prompt + max_tokens beyond this (default: the target's context)")
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         raise DSparkTrtError("give an export directory OUT, or --drafter and --target (not both)")
     repo = write_model_repository(args.output, export_dir=args.export_dir, drafter_dir=args.drafter,
                                   target_dir=args.target, runtime=args.runtime, device=args.device, topk=args.topk,
-                                  confidence_threshold=args.confidence_threshold,
+                                  confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts,
                                   max_batch_size=args.max_batch_size, max_context=args.max_context,
                                   threads=args.threads, force=args.force)
     print(f"wrote Triton model repository {repo} (model 'dspark'); launch it with: dspark serve {repo}")

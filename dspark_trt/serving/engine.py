@@ -33,6 +33,7 @@ class ModelSettings:
     device: str = "cpu"
     topk: int | None = None  # None: the drafter's default; 0: dense
     confidence_threshold: float | None = None
+    verify_drafts: int | None = None  # at most this many drafts verified per round; None: all N
     max_batch_size: int = 64  # requests decoded together (in-flight batching)
     max_context: int | None = None  # prompt + max_tokens limit; None: the target's
     threads: int = 0  # torch / onnxruntime intra-op threads; 0 = library default
@@ -129,6 +130,7 @@ def build_scheduler(settings: ModelSettings, decoder=None):
 
     decoder = decoder if decoder is not None else load_decoder(settings)
     return RequestScheduler(decoder, topk=settings.topk, confidence_threshold=settings.confidence_threshold,
+                            verify_drafts=settings.verify_drafts,
                             max_batch_size=settings.max_batch_size, max_context=context_limit(settings, decoder))
 
 

@@ -65,8 +65,8 @@ def read_model_config(path: str | Path):
 def write_model_repository(out: str | Path, *, export_dir: str | Path | None = None,
                            drafter_dir: str | Path | None = None, target_dir: str | Path | None = None,
                            runtime: str | None = None, device: str | None = None, topk: int | None = None,
-                           confidence_threshold: float | None = None, max_batch_size: int = 64,
-                           max_context: int | None = None, threads: int = 0, model_name: str = MODEL_NAME,
+                           confidence_threshold: float | None = None, verify_drafts: int | None = None,
+                           max_batch_size: int = 64, max_context: int | None = None, threads: int = 0, model_name: str = MODEL_NAME,
                            force: bool = False) -> Path:
     """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``)."""
     from google.protobuf import text_format
@@ -77,7 +77,8 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
         device = "cuda" if runtime == "tensorrt" else "cpu"
     settings = ModelSettings(export_dir=resolve(export_dir), drafter_dir=resolve(drafter_dir),
                              target_dir=resolve(target_dir), runtime=runtime, device=device, topk=topk,
-                             confidence_threshold=confidence_threshold, max_batch_size=max_batch_size,
+                             confidence_threshold=confidence_threshold, verify_drafts=verify_drafts,
+                             max_batch_size=max_batch_size,
                              max_context=max_context, threads=threads).check()
     config = build_model_config(settings, name=model_name)
     with atomic_output_dir(out, force=force) as tmp:

@@ -10,7 +10,7 @@ from dspark_trt.serving.engine import ModelSettings, choose_runtime, have_tensor
 
 def test_settings_round_trip_through_string_parameters(tmp_path):
     s = ModelSettings(export_dir=str(tmp_path), runtime="onnxruntime", topk=16, confidence_threshold=0.25,
-                      max_batch_size=8, max_context=None, threads=2)
+                      verify_drafts=2, max_batch_size=8, max_context=None, threads=2)
     params = s.to_parameters()
     assert all(isinstance(v, str) for v in params.values()) and "max_context" not in params
     assert ModelSettings.from_parameters(params) == s.check()
@@ -47,3 +47,14 @@ def test_runtime_choice(tmp_path):
         choose_runtime(export_dir=str(tmp_path / "nothing"))
     with pytest.raises(DSparkTrtError, match="unknown runtime"):
         choose_runtime(export_dir=None, forced="tgi")
+
+
+def test_scheduler_gets_the_served_draft_options(tiny_pair):
+    from dspark_trt.serving.engine import build_scheduler
+
+    settings = ModelSettings(drafter_dir=str(tiny_pair.drafter), target_dir=str(tiny_pair.target), runtime="torch",
+                             topk=4, confidence_threshold=0.3, verify_drafts=2).check()
+    sched = build_scheduler(settings)
+    assert (sched.topk, sched.confidence_threshold, sched.verify_cap) == (4, 0.3, 2)
+    with pytest.raises(DSparkTrtError, match="verify_drafts must be an integer"):
+        build_scheduler(ModelSettings(**{**settings.__dict__, "verify_drafts": 99}), decoder=sched.decoder)

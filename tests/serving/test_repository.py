@@ -41,11 +41,12 @@ def test_export_repository_on_a_gpu_runtime_is_a_gpu_instance(tmp_path):
     export.mkdir()
     (export / "manifest.json").write_text('{"engines": {}}')
     repo = write_model_repository(tmp_path / "repo", export_dir=export, runtime="tensorrt",
-                                  confidence_threshold=0.5)
+                                  confidence_threshold=0.5, verify_drafts=2)
     config = read_model_config(repo / "dspark" / "config.pbtxt")
     assert pb.ModelInstanceGroup.Kind.Name(config.instance_group[0].kind) == "KIND_GPU"
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params["export_dir"] == str(export.resolve()) and params["confidence_threshold"] == "0.5"
+    assert params["verify_drafts"] == "2"
     assert params["device"] == "cuda"
 
 
