@@ -63,6 +63,10 @@ class OrtGraph:
         options.log_severity_level = 3
         if threads:
             options.intra_op_num_threads = threads
+        # a decoder runs two sessions (drafter, target) in turn: idle pool threads must not spin on the cores the
+        # other session needs next (spinning cost the export path half its speed on 2 cores)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         cpu_only = self.providers == ["CPUExecutionProvider"]
         source, proto = (str(model), None) if isinstance(model, (str, Path)) else (None, model_proto(model))
         self._bf16_outputs: set[str] = set()

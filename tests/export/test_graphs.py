@@ -227,3 +227,12 @@ def test_dense_export_has_no_custom_node(tiny_pair, onnx_export):
     assert not [n for n in model.graph.node if n.domain not in ("", "ai.onnx")] and not model.functions
     onnx.checker.check_model(model, full_check=True)
     assert [o.name for o in model.graph.output] == ["draft_tokens", "cand_logits", "confidence"]
+
+
+def test_sessions_do_not_spin_between_calls(tiny_pair, onnx_export):
+    """A decoder alternates the drafter's and the target's sessions on the same cores: idle onnxruntime pool
+    threads must sleep, not spin (spinning halved the export path's speed on 2 cores; docs/benchmarks.md)."""
+    for graph in _graphs(onnx_export(tiny_pair, "fp32", 16)):
+        options = graph.session.get_session_options()
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
