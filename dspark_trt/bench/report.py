@@ -218,11 +218,21 @@ def tables(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _torch_greedy_batch1(r: dict) -> list[dict]:
+    """The matrix row of the torch path, T = 0, batch 1 (empty without a matrix)."""
+    return [m for m in r["matrix"] if m["path"] == "torch" and m["temperature"] == 0 and m["batch"] == 1]
+
+
+def _verify_cost(r: dict) -> dict[int, float]:
+    """{tokens verified: seconds} (JSON keeps the keys as strings)."""
+    return {int(n): sec for n, sec in r["verify_cost"].items()}
+
+
 def _cost_table(r: dict) -> list[str]:
     from .verify_cost import needed_acceptance
 
-    cost = {int(n): sec for n, sec in r["verify_cost"].items()}
-    base = [m for m in r["matrix"] if m["path"] == "torch" and m["temperature"] == 0 and m["batch"] == 1]
+    cost = _verify_cost(r)
+    base = _torch_greedy_batch1(r)
     per_round = base[0].get("seconds_per_round", {}) if base else {}
     extra = per_round.get("draft", 0.0) + per_round.get("other", 0.0)  # drafting and bookkeeping per round
     lines = [f"Verification cost (torch path, batch 1; a round also spends {1000 * extra:.1f} ms drafting and on "
@@ -265,7 +275,7 @@ def plot(r: dict, out: Path) -> list[Path]:
         files.append(_savefig(fig, out / "acceptance_vs_topk.png"))
         fig, ax = plt.subplots(figsize=(6.4, 4))
         ax.plot(x, [s["speculative_tokens_per_second"] for s in sweep], "o-", label="speculative")
-        base = [m for m in r["matrix"] if m["path"] == "torch" and m["temperature"] == 0 and m["batch"] == 1]
+        base = _torch_greedy_batch1(r)
         if base:
             ax.axhline(base[0]["target_only_tokens_per_second"], color="gray", ls="--", label="target only")
         ax.set_xticks(list(x), labels)
@@ -289,7 +299,7 @@ def plot(r: dict, out: Path) -> list[Path]:
         ax.set_title("per-position acceptance (held-out prompts)")
         files.append(_savefig(fig, out / "per_position_acceptance.png"))
     if r.get("verify_cost"):
-        cost = {int(n): sec for n, sec in r["verify_cost"].items()}
+        cost = _verify_cost(r)
         fig, ax = plt.subplots(figsize=(6.4, 4))
         ax.plot(list(cost), [sec / cost[1] for sec in cost.values()], "o-", label="measured")
         ax.plot(list(cost), list(cost), ":", color="gray", label="proportional to tokens")

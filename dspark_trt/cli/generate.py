@@ -142,7 +142,7 @@ def requests(args: argparse.Namespace, decoder) -> list:
 
 def generation_options(args: argparse.Namespace, n: int, offset: int = 0) -> dict:
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, topk=parse_topk(args.topk),
-                   confidence_threshold=args.confidence_threshold, verify_drafts=getattr(args, "verify_drafts", None))
+                   confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts)
     options = {k: v for k, v in options.items() if v is not None}
     if getattr(args, "markov_topm", None) is not None:  # 0 forces plain top-k (over a config or export default)
         if args.markov_topm < 0:

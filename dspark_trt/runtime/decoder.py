@@ -268,14 +268,13 @@ class SpeculativeDecoder:
         topk, confidence_threshold = resolve_draft_options(self.config, topk, confidence_threshold,
                                                            default_topk=self.default_topk)
         markov_topm = self._resolve_markov_topm(markov_topm, topk)
-        verify_cap = resolve_verify_drafts(self.config, verify_drafts)
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
         requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos)
                     for i, (p, t, s) in enumerate(zip(prompts, temp.tolist(), seeds.tolist()))]
-        run = _Run(self, topk, confidence_threshold, draft, requests=B)
+        run = _Run(self, topk, confidence_threshold, draft, requests=B,
+                   verify_cap=resolve_verify_drafts(self.config, verify_drafts))
         run.union = {"markov_topm": markov_topm} if markov_topm else {}  # only union-capable backends see it
-        run.verify_cap = verify_cap
         stats = run.loop(requests)
         out = [r.out for r in requests]
         texts = None
@@ -310,10 +309,11 @@ class _Run:
     active request, finished requests leave the batch; ``loop`` runs until the batch is empty.
     """
 
-    def __init__(self, dec: SpeculativeDecoder, topk, threshold, draft, *, requests: int = 0):
+    def __init__(self, dec: SpeculativeDecoder, topk, threshold, draft, *, requests: int = 0,
+                 verify_cap: int | None = None):
         self.dec, self.topk, self.threshold, self.speculative = dec, topk, threshold, draft
+        self.verify_cap = verify_cap  # at most this many drafts verified per round (None: all N)
         self.union: dict = {}  # {"markov_topm": M} with the candidate union
-        self.verify_cap: int | None = None  # at most this many drafts verified per round (None: all N)
         self.requests: dict[int, _Request] = {}  # active requests by id
         self.rows = torch.zeros(0, dtype=torch.int64)  # request id of each active batch row
         self.temp_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row

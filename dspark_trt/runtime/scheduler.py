@@ -236,8 +236,8 @@ class RequestScheduler:
                 self._finish(h, "cancelled")
             if joining:
                 if run is None or not self._active:
-                    run = self._run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft)
-                    run.verify_cap = self.verify_cap
+                    run = self._run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft,
+                                           verify_cap=self.verify_cap)
                 self._active.update((h.id, h) for h in joining)
                 self._collect(run.admit([h._request for h in joining]))
             if not self._active:

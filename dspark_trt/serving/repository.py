@@ -66,7 +66,8 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                            drafter_dir: str | Path | None = None, target_dir: str | Path | None = None,
                            runtime: str | None = None, device: str | None = None, topk: int | None = None,
                            confidence_threshold: float | None = None, verify_drafts: int | None = None,
-                           max_batch_size: int = 64, max_context: int | None = None, threads: int = 0, model_name: str = MODEL_NAME,
+                           max_batch_size: int = 64, max_context: int | None = None, threads: int = 0,
+                           model_name: str = MODEL_NAME,
                            force: bool = False) -> Path:
     """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``)."""
     from google.protobuf import text_format
