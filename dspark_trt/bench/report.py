@@ -11,6 +11,9 @@ On the held-out prompts of ``PAIR/prompts.json`` (never trained on), in one run 
   acceptance, tokens/s, and the probability mass the top-k head drops (``topk_mass``);
 - verifying fewer drafts (greedy, batch 1, both paths): ``verify_drafts`` L ∈ {1, 2, 3, all} → speed-up and
   acceptance length (identical output);
+- the same verify lengths on prompts the drafter **trained on** (its ``distill.json`` names them; their greedy
+  continuations are its training text): an upper bound for this drafter, not a held-out result — what the
+  runtime delivers where the acceptance length is high (``seen``);
 - the verification cost (torch path, batch 1): one verify of n = 1 … N + 1 tokens against a target-only step,
   and the acceptance length that breaks even / reaches 1.5× on this machine (``verify_cost``).
 
@@ -29,6 +32,7 @@ from pathlib import Path
 log = logging.getLogger("dspark")
 
 SWEEP = (32, 64, 128, 256, 512, 1024, 0)  # 0 = dense
+PARTS = {"matrix", "sweep", "verify", "seen", "export", "cost"}  # what --skip can leave out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", default="1,4", help="matrix batch sizes (comma-separated)")
     p.add_argument("--verify-sweep", default="1,2,3,all", metavar="L,…",
                    help="drafts verified per round to compare (greedy, batch 1, each path; 'all' = N)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: matrix, sweep, verify, export, cost")
+    p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {', '.join(sorted(PARTS))}")
 
 
 def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=None, both=True,
@@ -102,13 +106,20 @@ def run(args: argparse.Namespace) -> int:
         prompts = [prompts[round(i * (len(prompts) - 1) / max(1, args.prompts - 1))] for i in range(args.prompts)]
     prompts = prompts[: max(4, len(prompts) - len(prompts) % 4)]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - PARTS:
+        raise DSparkTrtError(f"--skip {args.skip!r}: unknown part(s) {', '.join(sorted(skip - PARTS))}; the parts are "
+                             f"{', '.join(sorted(PARTS))}")
+    temperatures = _values(args.temperatures, "--temperatures", {}, cast=float)  # checked before any model loads
+    batches = _values(args.batches, "--batches", {})
+    verify_caps = _values(args.verify_sweep, "--verify-sweep", {"all": 1 << 30})  # 'all': N, once N is known
+    ks = _values(args.sweep, "--sweep", {"dense": 0, "off": 0})
     if args.threads:
         set_cpu_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"pair": str(pair), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "matrix": [], "sweep": [], "verify_sweep": [], "verify_cost": {}}
+              "matrix": [], "sweep": [], "verify_sweep": [], "seen": [], "verify_cost": {}}
     torch_dec = SpeculativeDecoder.from_pretrained(pair / "drafter", pair / "target", device="cpu")
     report["num_draft_tokens"] = torch_dec.config.num_draft_tokens
     paths = {"torch": torch_dec}
@@ -118,24 +129,24 @@ def run(args: argparse.Namespace) -> int:
         report["export_topk"] = paths["export"].default_topk
     if "matrix" not in skip:
         for path, dec in paths.items():
-            for temperature in [float(t) for t in args.temperatures.split(",")]:
-                for batch in [int(b) for b in args.batches.split(",")]:
+            for temperature in temperatures:
+                for batch in batches:
                     log.info("matrix: %s path, T=%g, batch %d", path, temperature, batch)
                     row = _row(_run_modes(dec, prompts, batch=batch, temperature=temperature, max_new=args.max_new_tokens))
                     report["matrix"].append({"path": path, "temperature": temperature, "batch": batch, **row})
                     _save(report, out)
-    if "verify" not in skip:
-        N = report["num_draft_tokens"]
-        caps = sorted({N if c.strip().lower() == "all" else min(int(c), N) for c in args.verify_sweep.split(",")})
-        for path, dec in paths.items():
+    N = report["num_draft_tokens"]
+    caps = sorted({min(c, N) for c in verify_caps})
+    seen = None if "seen" in skip else _seen_prompts(pair, len(prompts))
+    for part, part_prompts in (("verify_sweep", None if "verify" in skip else prompts), ("seen", seen)):
+        for path, dec in paths.items() if part_prompts else ():
             for cap in caps:
-                log.info("verify sweep: %s path, %d of %d drafts verified", path, cap, N)
-                row = _row(_run_modes(dec, prompts, batch=1, temperature=0.0, max_new=args.max_new_tokens,
+                log.info("%s: %s path, %d of %d drafts verified", part, path, cap, N)
+                row = _row(_run_modes(dec, part_prompts, batch=1, temperature=0.0, max_new=args.max_new_tokens,
                                       verify_drafts=cap))
-                report["verify_sweep"].append({"path": path, "verify_drafts": cap, **row})
+                report[part].append({"path": path, "verify_drafts": cap, **row})
                 _save(report, out)
     if "sweep" not in skip:
-        ks = [0 if k.strip().lower() in ("dense", "off") else int(k) for k in args.sweep.split(",")]
         greedy_tokens = None
         for k in ks:
             log.info("sweep: top-k %s", k or "dense")
@@ -165,6 +176,36 @@ def run(args: argparse.Namespace) -> int:
     (out / "tables.md").write_text(tables(report))
     print(tables(report))
     return 0
+
+
+def _values(text: str, option: str, words: dict[str, int], cast=int) -> list:
+    """The comma-separated values of ``option`` (``words`` name special values), or a one-line error."""
+    from ..errors import DSparkTrtError
+
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        try:
+            value = words[item.lower()] if item.lower() in words else cast(item)
+        except ValueError:
+            names = ", ".join(["numbers", *words]) if words else "numbers"
+            raise DSparkTrtError(f"{option} {text!r}: {item!r} is not a value ({names}, comma-separated)") from None
+        if value < 0 or (cast is int and value == 0 and item.lower() not in words):
+            raise DSparkTrtError(f"{option} {text!r}: {item!r} must be > 0")
+        out.append(value)
+    if not out:
+        raise DSparkTrtError(f"{option} is empty; give comma-separated values")
+    return out
+
+
+def _seen_prompts(pair: Path, n: int) -> list[list[int]] | None:
+    """``n`` of the prompts the pair's drafter trained on, spread over its list (None: not a distilled drafter)."""
+    from ..training.distill import trained_prompts
+
+    seen = trained_prompts(pair / "drafter", pair / "target")
+    if not seen:
+        log.info("seen: %s/drafter has no distill.json, so its training prompts are unknown; part skipped", pair)
+        return None
+    return [seen[round(i * (len(seen) - 1) / max(1, n - 1))] for i in range(min(n, len(seen)))]
 
 
 def _reference(pair: Path):
@@ -205,10 +246,16 @@ def tables(r: dict) -> str:
                          f"{dm.get('mean', float('nan')):.2e} / {dm.get('p99', float('nan')):.2e} | "
                          f"{s['speculative_tokens_per_second']:.1f} |")
         lines.append("")
-    if r.get("verify_sweep"):
+    for part in ("verify_sweep", "seen"):
+        if not r.get(part):
+            continue
+        if part == "seen":
+            lines += ["On prompts the drafter **trained on** (as many as the held-out ones, spread over its training "
+                      "prompts; their greedy continuations are its training text — an upper bound for this drafter, "
+                      "not a held-out result):", ""]
         lines += ["| path | drafts verified per round | speculative tok/s | target-only tok/s | speed-up | "
                   "acceptance length | identical |", "|---|---|---|---|---|---|---|"]
-        for v in r["verify_sweep"]:
+        for v in r[part]:
             lines.append(f"| {v['path']} | {v['verify_drafts']} | {v['speculative_tokens_per_second']:.1f} | "
                          f"{v['target_only_tokens_per_second']:.1f} | {v['speedup']:.2f}× | "
                          f"{v['mean_acceptance_length']:.2f} | {'yes' if v['same_tokens'] else '**no**'} |")
@@ -309,6 +356,25 @@ def plot(r: dict, out: Path) -> list[Path]:
         ax.legend()
         ax.set_title("what a verification round costs on this machine")
         files.append(_savefig(fig, out / "verify_cost.png"))
+    points = [(part, v) for part in ("verify_sweep", "seen") for v in r.get(part, [])]
+    if points:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        for (part, path), marker in zip([(p, q) for p in ("verify_sweep", "seen") for q in ("torch", "export")],
+                                        ("o", "s", "^", "D")):
+            vs = [v for pt, v in points if pt == part and v["path"] == path]
+            if vs:
+                ax.plot([v["mean_acceptance_length"] for v in vs], [v["speedup"] for v in vs], marker, ls="",
+                        label=f"{path}, {'held-out' if part == 'verify_sweep' else 'trained-on'} prompts")
+                for v in vs:
+                    ax.annotate(f"L={v['verify_drafts']}", (v["mean_acceptance_length"], v["speedup"]), fontsize=6,
+                                xytext=(3, 3), textcoords="offset points")
+        ax.axhline(1.0, color="gray", ls="--")
+        ax.axhline(1.5, color="tab:green", ls=":", label="goal 1.5×")
+        ax.set_xlabel("acceptance length (tokens per verification round)")
+        ax.set_ylabel("speculative / target-only tokens/s")
+        ax.legend(fontsize=7)
+        ax.set_title("speed-up vs acceptance length (greedy, batch 1; L = drafts verified)")
+        files.append(_savefig(fig, out / "speedup_vs_acceptance.png"))
     if r["matrix"]:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         names = [f"{m['path']}\nT={m['temperature']:g} B={m['batch']}" for m in r["matrix"]]

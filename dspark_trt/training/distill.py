@@ -40,7 +40,7 @@ from ..atomic import atomic_output_dir, atomic_write_text
 from ..errors import DSparkTrtError
 from .drafter_init import DrafterShape, drafter_config, init_drafter
 
-__all__ = ["DistillSettings", "distill", "work_dir", "training_prompts"]
+__all__ = ["DistillSettings", "distill", "work_dir", "training_prompts", "trained_prompts"]
 
 log = logging.getLogger("dspark")
 
@@ -125,6 +125,35 @@ def training_prompts(tokenizer, settings: DistillSettings, vocab_size: int, mask
     return render_prompts(TRAIN_PROMPTS + prompt_bank(settings.bank_prompts, seed=settings.seed), tokenizer)
 
 
+def trained_prompts(drafter_dir: str | Path, target_dir: str | Path) -> list[list[int]] | None:
+    """Token ids of the prompts a ``dspark distill`` drafter was trained on (their continuations are its training
+    text), rebuilt from its ``distill.json``; None for a drafter without one. Refused in one line when the rebuild
+    does not match the digest recorded at training time (the prompt lists changed since)."""
+    from dataclasses import fields
+
+    from ..jsonfile import read_json
+    from ..loader import read_target_config
+    from ..runtime.decoder import load_tokenizer
+
+    result = Path(drafter_dir) / RESULT
+    if not result.is_file():
+        return None
+    summary = read_json(result, missing=f"{result} is missing",
+                        fix=f"retrain the drafter with 'dspark distill' or delete {result}")
+    names = {f.name for f in fields(DistillSettings)}
+    settings = DistillSettings(**{k: v for k, v in summary["key"]["settings"].items() if k in names})
+    config = read_json(Path(drafter_dir) / "config.json", missing=f"{drafter_dir} has no config.json",
+                       fix="pass a drafter directory")
+    V = int(read_target_config(target_dir)["vocab_size"])
+    prompts = training_prompts(load_tokenizer(target_dir), settings, V, int(config["mask_token_id"]))
+    recorded = summary.get("prompts_digest")
+    if recorded is not None and recorded != _digest(prompts):
+        raise DSparkTrtError(f"{result}: the prompts this drafter trained on cannot be rebuilt by this dspark-trt "
+                             f"(the prompt lists in dspark_trt/training/ changed since); use the dspark-trt that "
+                             f"trained it, or skip this part")
+    return prompts
+
+
 def _build_data(target, tokenizer, config_raw: dict, shape: DrafterShape, settings: DistillSettings,
                 mask_id: int, hf_indices: list[int]) -> dict:
     from tqdm.auto import tqdm
@@ -142,6 +171,7 @@ def _build_data(target, tokenizer, config_raw: dict, shape: DrafterShape, settin
                                 eos=eos, avoid=(mask_id,), progress=bar.update, hf_indices=hf_indices,
                                 top=settings.top)
     data = stack_rows(rows)
+    data["prompts_digest"] = _digest(prompts)  # lets ``trained_prompts`` check its rebuild later
     log.info("%d sequences, %d tokens with the target's taps and distributions in %.0f s", len(rows),
              int(data["lengths"].sum()), time.perf_counter() - start)
     return data
@@ -393,6 +423,7 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
                 "loss_first": sum(h["loss"] for h in head) / max(1, len(head)),
                 "loss_last": sum(h["loss"] for h in tail) / max(1, len(tail)),
                 "top1_last": sum(h["top1"] for h in tail) / max(1, len(tail)),
+                "prompts_digest": data.get("prompts_digest"),
                 "history": history,
             }
             atomic_write_text(tmp / RESULT, json.dumps(summary) + "\n")

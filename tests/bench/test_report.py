@@ -46,8 +46,31 @@ def test_e2e_refuses_a_broken_prompt_file(pair_with_prompts, capsys):
     assert code == 1 and "held-out prompt file" in capsys.readouterr().err
 
 
+@pytest.fixture
+def pair_with_distill_record(pair_with_prompts):
+    """``pair_with_prompts`` whose drafter ``dspark distill`` trained (its distill.json names its prompts)."""
+    from dspark_trt.training import DistillSettings, DrafterShape, distill
+
+    shutil.rmtree(pair_with_prompts / "drafter")
+    distill(pair_with_prompts / "target", pair_with_prompts / "drafter", shape=DrafterShape(markov_rank=8, block_size=4),
+            settings=DistillSettings(steps=20, new_tokens=16, random_prompts=6, batch=3, anchors=4, threads=1),
+            progress=False)
+    return pair_with_prompts
+
+
+@pytest.mark.parametrize("option, value, words", [("--sweep", "8,x", "--sweep"), ("--verify-sweep", "1,two", "--verify-sweep"),
+                                                  ("--batches", "1,0", "must be > 0"), ("--temperatures", "0,hot", "hot"),
+                                                  ("--skip", "sweep,plots", "unknown part")])
+def test_report_refuses_bad_lists_in_one_line(pair_with_prompts, tmp_path, capsys, option, value, words):
+    code = main(["bench", "report", str(pair_with_prompts), "-o", str(tmp_path / "b"), option, value])
+    err = capsys.readouterr().err
+    assert code == 1 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "b").exists()  # refused before anything ran or was written
+
+
 @pytest.mark.slow
-def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys):
+def test_report_writes_json_tables_and_plots(pair_with_distill_record, tmp_path, capsys):
+    pair_with_prompts = pair_with_distill_record
     out = tmp_path / "bench"
     code = main(["bench", "report", str(pair_with_prompts), "-o", str(out), "--max-new-tokens", "6", "--prompts", "4",
                  "--sweep", "8,64,dense"])
@@ -64,11 +87,13 @@ def test_report_writes_json_tables_and_plots(pair_with_prompts, tmp_path, capsys
     assert all(v["same_tokens"] for v in r["verify_sweep"])  # greedy: the cap never changes the output
     assert [v["per_position_acceptance"][v["verify_drafts"]:] == [0.0] * (N - v["verify_drafts"])
             for v in r["verify_sweep"]] == [True] * len(r["verify_sweep"])  # later slots never verified
+    assert [(v["path"], v["verify_drafts"]) for v in r["seen"]] == [("torch", c) for c in sorted({1, 2, 3, N})]
+    assert all(v["same_tokens"] for v in r["seen"])  # the drafter's training prompts, decoded losslessly too
     assert sorted(int(n) for n in r["verify_cost"]) == list(range(1, r["num_draft_tokens"] + 2))
     assert all(sec > 0 for sec in r["verify_cost"].values())
     for png in ("acceptance_vs_topk.png", "tokens_per_second_vs_topk.png", "per_position_acceptance.png",
-                "speedup.png", "verify_cost.png"):
+                "speedup.png", "verify_cost.png", "speedup_vs_acceptance.png"):
         assert (out / png).stat().st_size > 1000
     tables = (out / "tables.md").read_text()
     assert "| dense |" in tables and "speed-up" in tables and "| tokens verified |" in tables
-    assert "| drafts verified per round |" in tables
+    assert "| drafts verified per round |" in tables and "trained on" in tables

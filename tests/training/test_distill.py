@@ -195,3 +195,27 @@ def test_init_from_with_another_shape_is_refused(peaky_pair, first_run, tmp_path
     assert main(base + ["--position-decay", "2", "--threads", "1"]) == 0  # reaches the settings
     assert json.loads((tmp_path / "y" / "distill.json").read_text())["key"]["settings"]["position_decay"] == 2.0
 
+
+
+def test_trained_prompts_are_the_prompts_the_target_continued(peaky_pair, tmp_path, monkeypatch):
+    data_module = importlib.import_module("dspark_trt.training.data")
+    seen = []
+    real = data_module.target_sequences
+
+    def spy(model, prompts, **kw):
+        seen.append([list(p) for p in prompts])
+        return real(model, prompts, **kw)
+
+    monkeypatch.setattr(data_module, "target_sequences", spy)
+    out = distill(peaky_pair.target, tmp_path / "d", shape=SHAPE, settings=settings(steps=2, seed=3), progress=False)
+    prompts = distill_module.trained_prompts(out, peaky_pair.target)
+    assert len(seen) == 1 and prompts == seen[0] and len(prompts) == 6
+    assert json.loads((out / "distill.json").read_text())["prompts_digest"]
+
+    summary = json.loads((out / "distill.json").read_text())
+    summary["key"]["settings"]["seed"] = 4  # the rebuild no longer gives the prompts it trained on
+    (out / "distill.json").write_text(json.dumps(summary))
+    with pytest.raises(DSparkTrtError, match="cannot be rebuilt"):
+        distill_module.trained_prompts(out, peaky_pair.target)
+    (out / "distill.json").unlink()
+    assert distill_module.trained_prompts(out, peaky_pair.target) is None  # not a distilled drafter
