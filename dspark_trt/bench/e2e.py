@@ -1,7 +1,7 @@
 """End-to-end tokens/s with and without speculation, plus acceptance statistics, measured in one run.
 
 Default pair: the embedded demo pair (see ``dspark generate``). Each repeat runs the speculative decoder
-and the target-only baseline back to back on the same requests; the report gives the median tokens/s of
+and the target-only baseline back to back on each batch of requests (``paired_runs``); the report gives the median tokens/s of
 each, their ratio, and the acceptance of the speculative runs. Reported, never asserted.
 
   dspark bench e2e
@@ -23,26 +23,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
 
 
-def _measure(decoder, batches, options, repeats: int):
-    """Warm up, then ``repeats`` × (speculative, target-only) back to back → the two lists of results (each the
-    merge of all ``batches``, run one after the other)."""
+def paired_runs(decoder, batches, options: dict, *, seed: int = 0, both: bool = True):
+    """Each batch speculative and target-only back to back, the first of the two alternating from batch to
+    batch, so that the machine's speed drift (large on shared CPUs) falls on both modes alike →
+    (speculative, target-only or None), each the merge of all ``batches``. Request i of the whole run has seed
+    ``seed + i``, whatever the batch size."""
     from ..runtime.stats import GenerationResult
 
+    runs = {True: [], False: []}
+    first = 0
+    for n, b in enumerate(batches):
+        seeds = [seed + first + i for i in range(len(b))]
+        for draft in ((True, False) if n % 2 == 0 else (False, True)) if both else (True,):
+            runs[draft].append(decoder.generate(b, draft=draft, **{**options, "seed": seeds}))
+        first += len(b)
+    merge = lambda rs: (rs[0] if len(rs) == 1 else GenerationResult.merge(rs)) if rs else None  # noqa: E731
+    return merge(runs[True]), merge(runs[False])
+
+
+def _measure(decoder, batches, options, repeats: int):
+    """Warm up, then ``repeats`` × ``paired_runs`` → the lists of speculative and target-only results."""
     decoder.generate(batches[0], **{**options, "max_new_tokens": 8})  # warm-up (allocations, lazy inits)
     decoder.generate(batches[0], draft=False, **{**options, "max_new_tokens": 8})
-
-    def once(draft: bool):
-        runs, first = [], 0
-        for b in batches:  # request i of the whole run keeps seed S + i, whatever the batch size
-            runs.append(decoder.generate(b, draft=draft, **{**options, "seed": [options["seed"][0] + first + i
-                                                                                 for i in range(len(b))]}))
-            first += len(b)
-        return runs[0] if len(runs) == 1 else GenerationResult.merge(runs)
-
     spec, base = [], []
     for _ in range(max(1, repeats)):
-        spec.append(once(True))
-        base.append(once(False))
+        s, b = paired_runs(decoder, batches, {k: v for k, v in options.items() if k != "seed"},
+                           seed=options["seed"][0])
+        spec.append(s)
+        base.append(b)
     return spec, base
 
 

@@ -53,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=None, both=True,
                verify_drafts=None) -> dict:
-    """Speculative (and target-only) over all prompts in batches of ``batch``: merged stats."""
-    from ..runtime.stats import GenerationResult
+    """Speculative (and target-only, batch by batch: ``paired_runs``) over all prompts in batches of ``batch``."""
+    from .e2e import paired_runs
 
     opts = dict(max_new_tokens=max_new, temperature=temperature)
     if topk is not None:
@@ -62,12 +62,8 @@ def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int
     if verify_drafts is not None:
         opts["verify_drafts"] = verify_drafts
     decoder.generate(prompts[:batch], **{**opts, "max_new_tokens": 4, "seed": list(range(batch))})  # warm-up
-    out = {}
-    for mode in ((True, False) if both else (True,)):
-        runs = [decoder.generate(prompts[i: i + batch], draft=mode, seed=list(range(i, i + len(prompts[i: i + batch]))),
-                                 **opts) for i in range(0, len(prompts), batch)]
-        out["speculative" if mode else "target_only"] = GenerationResult.merge(runs)
-    return out
+    spec, base = paired_runs(decoder, [prompts[i: i + batch] for i in range(0, len(prompts), batch)], opts, both=both)
+    return {"speculative": spec, **({"target_only": base} if both else {})}
 
 
 def _row(res: dict) -> dict:

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=None,
                    help="refuse prompt + max_tokens beyond this (default: the target's context)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads of the model (default: library default)")
+    p.add_argument("--copy", action="store_true",
+                   help="copy the export (or drafter and target) into REPO/dspark/1/ and reference it there: a "
+                        "repository you can move, mount into a container or ship as one directory")
     p.add_argument("--force", action="store_true", help="replace a non-empty REPO")
 
 
@@ -41,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
                                   target_dir=args.target, runtime=args.runtime, device=args.device, topk=args.topk,
                                   confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts,
                                   max_batch_size=args.max_batch_size, max_context=args.max_context,
-                                  threads=args.threads, force=args.force)
+                                  threads=args.threads, copy=args.copy, force=args.force)
     print(f"wrote Triton model repository {repo} (model 'dspark'); launch it with: dspark serve {repo}")
     return 0

@@ -59,6 +59,15 @@ class ModelSettings:
                     raise DSparkTrtError(f"model parameter {f.name}={raw!r} is not a number; fix config.pbtxt") from None
         return cls(**out)
 
+    def resolved(self, base: str | Path) -> "ModelSettings":
+        """These settings with relative model paths taken relative to ``base`` (the model's version directory,
+        where ``dspark triton-repo --copy`` puts the export or the checkpoint pair)."""
+        from dataclasses import replace
+
+        at = lambda p: str(Path(base) / p) if p and not Path(p).is_absolute() else p  # noqa: E731
+        return replace(self, export_dir=at(self.export_dir), drafter_dir=at(self.drafter_dir),
+                       target_dir=at(self.target_dir))
+
     def check(self) -> "ModelSettings":
         if bool(self.export_dir) == bool(self.drafter_dir or self.target_dir):
             raise DSparkTrtError("give either export_dir or drafter_dir + target_dir (a checkpoint pair)")

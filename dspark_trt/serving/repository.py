@@ -4,11 +4,13 @@
       README.md                how to launch it (CPU host, GPU host with engines)
       dspark/config.pbtxt      Python backend, decoupled, instance kind from the runtime, parameters
       dspark/1/model.py        one import: dspark_trt.serving.triton_model.TritonPythonModel
+      dspark/1/export/         with ``copy``: the export (or ``drafter/`` + ``target/``), referenced relatively
 
 ``config.pbtxt`` is a ``ModelConfig`` protobuf message (``tritonclient.grpc.model_config_pb2``) printed in
 the text format, never a string template; ``read_model_config`` parses one back. The model directory
-references the export (or checkpoint) by absolute path; the server's Python environment must import
-``dspark_trt`` (``dspark serve`` arranges that).
+references the export (or checkpoint) by absolute path, or, with ``copy``, holds a copy of it in its version
+directory and references that relatively: a repository that can be moved, mounted into a container or shipped
+as one directory. The server's Python environment must import ``dspark_trt`` (``dspark serve`` arranges that).
 """
 
 from __future__ import annotations
@@ -67,9 +69,16 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                            runtime: str | None = None, device: str | None = None, topk: int | None = None,
                            confidence_threshold: float | None = None, verify_drafts: int | None = None,
                            max_batch_size: int = 64, max_context: int | None = None, threads: int = 0,
-                           model_name: str = MODEL_NAME,
+                           model_name: str = MODEL_NAME, copy: bool = False,
                            force: bool = False) -> Path:
-    """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``)."""
+    """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``).
+
+    ``copy``: copy the export (or the drafter and target) into ``REPO/<model>/1/`` and reference it relative to
+    that directory, so that the repository stands alone; otherwise it references them by absolute path.
+    """
+    import shutil
+    from dataclasses import replace
+
     from google.protobuf import text_format
 
     resolve = lambda p: str(Path(p).resolve()) if p else ""  # noqa: E731
@@ -81,10 +90,19 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                              confidence_threshold=confidence_threshold, verify_drafts=verify_drafts,
                              max_batch_size=max_batch_size,
                              max_context=max_context, threads=threads).check()
+    sources = {name: getattr(settings, f"{name}_dir") for name in ("export", "drafter", "target")}
+    if copy:  # the copies' names, relative to the version directory (ModelSettings.resolved)
+        inside = [src for src in sources.values() if src and Path(out).resolve().is_relative_to(src)]
+        if inside:
+            raise DSparkTrtError(f"--copy would copy {inside[0]} into itself: write the repository outside it")
+        settings = replace(settings, **{f"{name}_dir": name for name, src in sources.items() if src})
     config = build_model_config(settings, name=model_name)
     with atomic_output_dir(out, force=force) as tmp:
         model = tmp / model_name
         (model / "1").mkdir(parents=True)
+        for name, src in sources.items() if copy else ():
+            if src:
+                shutil.copytree(src, model / "1" / name)  # symlinks followed: the copy holds the files
         (model / "config.pbtxt").write_text(text_format.MessageToString(config))
         (model / "1" / "model.py").write_text(MODEL_PY)
         (tmp / "README.md").write_text(_readme(settings, model_name))
@@ -92,8 +110,9 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
 
 
 def _readme(s: ModelSettings, name: str) -> str:
-    source = f"the export `{s.export_dir}`" if s.export_dir else (
-        f"the checkpoint pair drafter `{s.drafter_dir}` + target `{s.target_dir}`")
+    where = lambda p: f"`{name}/1/{p}` (a copy, so this directory stands alone)" if not Path(p).is_absolute() else f"`{p}`"  # noqa: E731
+    source = f"the export {where(s.export_dir)}" if s.export_dir else (
+        f"the checkpoint pair drafter {where(s.drafter_dir)} + target {where(s.target_dir)}")
     return f"""# dspark Triton model repository
 
 Model `{name}`: a decoupled Python-backend model serving {source} with runtime `{s.runtime}` on

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -37,7 +38,8 @@ class TritonPythonModel:
                 "(dspark triton-repo writes it)")
         params = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
         try:
-            self.settings = ModelSettings.from_parameters(params)
+            version_dir = Path(args["model_repository"]) / str(args["model_version"])  # relative paths: --copy
+            self.settings = ModelSettings.from_parameters(params).resolved(version_dir)
             self.scheduler = build_scheduler(self.settings)
         except DSparkTrtError as e:
             raise pb_utils.TritonModelException(f"dspark: {e}") from None

@@ -22,3 +22,20 @@ def test_e2e_report(distilled_pair, capsys):
                  "--input-ids", "1 2 3", "--max-new-tokens", "8", "--repeats", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "speculative" in out and "target only" in out and "speedup" in out
+
+
+def test_paired_runs_alternate_the_modes_batch_by_batch(distilled_pair):
+    from dspark_trt.bench.e2e import paired_runs
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.from_pretrained(distilled_pair.drafter, distilled_pair.target, device="cpu")
+    calls, generate = [], dec.generate
+    dec.generate = lambda prompts, **kw: calls.append((kw["draft"], kw["seed"])) or generate(prompts, **kw)
+    batches = [[[1, 2, 3]], [[4, 5]], [[6, 7, 8], [9, 10]]]
+    spec, base = paired_runs(dec, batches, {"max_new_tokens": 6, "temperature": 1.0}, seed=5)
+    assert calls == [(True, [5]), (False, [5]), (False, [6]), (True, [6]), (True, [7, 8]), (False, [7, 8])]
+    whole = generate([p for b in batches for p in b], max_new_tokens=6, temperature=1.0, seed=[5, 6, 7, 8])
+    assert spec.tokens == whole.tokens  # request i keeps seed + i: the batches change nothing (T = 1)
+    assert base.stats.rounds > 0 and spec.stats.speculative and not base.stats.speculative
+    calls.clear()
+    assert paired_runs(dec, batches[:1], {"max_new_tokens": 4}, both=False)[1] is None and calls == [(True, [0])]

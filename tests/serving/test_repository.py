@@ -79,3 +79,34 @@ def test_serve_refuses_a_directory_that_is_not_a_repository(tmp_path, capsys):
 
     assert main(["serve", str(tmp_path)]) == 1
     assert "not a Triton model repository" in capsys.readouterr().err
+
+
+def test_copied_pair_stands_alone_and_loads_where_the_repository_moves(tmp_path, tiny_pair, capsys):
+    import shutil
+
+    from dspark_trt.cli.main import main
+    from dspark_trt.serving.engine import ModelSettings, load_decoder
+    from dspark_trt.serving.repository import read_model_config
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_pair.drafter, src / "drafter")
+    shutil.copytree(tiny_pair.target, src / "target")
+    assert main(["triton-repo", "--drafter", str(src / "drafter"), "--target", str(src / "target"), "--copy",
+                 "-o", str(tmp_path / "repo")]) == 0
+    shutil.rmtree(src)  # the repository carries its own copy ...
+    moved = tmp_path / "elsewhere" / "repo"
+    shutil.move(str(tmp_path / "repo"), str(moved))  # ... and works where it is moved to
+    params = {k: v.string_value for k, v in read_model_config(moved / "dspark" / "config.pbtxt").parameters.items()}
+    assert (params["drafter_dir"], params["target_dir"]) == ("drafter", "target")
+    assert "a copy" in (moved / "README.md").read_text()
+    settings = ModelSettings.from_parameters(params).resolved(moved / "dspark" / "1")  # as the Triton model does
+    assert settings.drafter_dir == str(moved / "dspark" / "1" / "drafter")
+    out = load_decoder(settings).generate([[3, 4, 5]], 6)
+    alone = load_decoder(ModelSettings(drafter_dir=str(tiny_pair.drafter), target_dir=str(tiny_pair.target),
+                                       runtime="torch")).generate([[3, 4, 5]], 6)
+    assert out.tokens == alone.tokens
+    assert ModelSettings(export_dir="/abs/x").resolved(moved).export_dir == "/abs/x"  # absolute paths kept
+
+    assert main(["triton-repo", "--drafter", str(tiny_pair.drafter), "--target", str(tiny_pair.target), "--copy",
+                 "-o", str(tiny_pair.drafter / "repo")]) == 1
+    assert "into itself" in capsys.readouterr().err and not (tiny_pair.drafter / "repo").exists()

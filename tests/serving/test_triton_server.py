@@ -1,7 +1,8 @@
 """A real tritonserver (127.0.0.1, free ports) serving generated repositories for two exports.
 
 One server per module: model ``dspark`` = the embedded pair's export (byte tokenizer: text in, text out),
-model ``tiny`` = the random tiny pair's export (top-k 16, token ids only). The server runs PyTriton's
+model ``tiny`` = the random tiny pair's export (top-k 16, token ids only), written with ``copy`` (the repository
+holds the export; its source is deleted and the model directory moved before the server starts). The server runs PyTriton's
 bundled tritonserver from the managed server venv (built once, cached under ``$DSPARK_TRT_CACHE``; a few
 minutes the first time). Every answer is compared with in-process ``SpeculativeDecoder.generate`` of the
 same request alone (same export, onnxruntime, one thread on both sides).
@@ -56,8 +57,10 @@ def server(tmp_path_factory, embedded_export, qwen3_topk_export):
 
     root = tmp_path_factory.mktemp("triton")
     repo = write_model_repository(root / "repo", export_dir=embedded_export, threads=1)
-    other = write_model_repository(root / "other", export_dir=qwen3_topk_export, threads=1, model_name="tiny")
-    shutil.move(str(other / "tiny"), str(repo / "tiny"))
+    src = shutil.copytree(qwen3_topk_export, root / "tiny-export")
+    other = write_model_repository(root / "other", export_dir=src, threads=1, model_name="tiny", copy=True)
+    shutil.rmtree(src)  # model "tiny" serves its own copy (--copy) ...
+    shutil.move(str(other / "tiny"), str(repo / "tiny"))  # ... from where it was moved to
     log = root / "tritonserver.log"
     srv = TritonServer(repo, log_file=log)
     start = time.perf_counter()
