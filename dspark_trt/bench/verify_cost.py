@@ -1,6 +1,7 @@
 """What one verification round costs the target, against one target-only step (batch 1).
 
     c(n) = median seconds of ``target.verify`` of n tokens after a held-out prompt, rolled back after each call
+           (the sizes take turns, repeat after repeat, so the machine's drift falls on all of them alike)
 
 A target-only step is c(1) without taps; a speculative round verifies the anchor and its N drafts, c(N + 1),
 and also drafts (d seconds). Speculation breaks even at an acceptance length of (c(N + 1) + d) / c(1) and reaches
@@ -18,21 +19,20 @@ import torch
 __all__ = ["verify_cost", "needed_acceptance"]
 
 
-def verify_cost(target, prompt: Sequence[int], sizes: Sequence[int], *, repeats: int = 7) -> dict[int, float]:
+def verify_cost(target, prompt: Sequence[int], sizes: Sequence[int], *, repeats: int = 9) -> dict[int, float]:
     """{n: median seconds of one verify of n tokens (n = 1: without taps, a target-only step)} after ``prompt``."""
     target.prefill([torch.tensor(list(prompt), dtype=torch.int64)])
     gen = torch.Generator().manual_seed(0)
-    cost = {}
-    for n in sizes:
-        times = []
-        for r in range(repeats + 1):  # the first call warms up
+    times: dict[int, list[float]] = {int(n): [] for n in sizes}
+    for r in range(repeats + 1):  # the first pass warms up; sizes take turns, so drift falls on all alike
+        for n in times:
             tokens = torch.randint(0, target.vocab_size, (1, n), generator=gen)  # [1, n]
             start = time.perf_counter()
             target.verify(tokens, with_taps=n > 1)
-            times.append(time.perf_counter() - start)
+            if r:
+                times[n].append(time.perf_counter() - start)
             target.commit(torch.zeros(1, dtype=torch.int64))  # roll back: every call sees the same cache
-        cost[int(n)] = statistics.median(times[1:])
-    return cost
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def needed_acceptance(cost: dict[int, float], verified: int, draft_seconds: float, speedup: float = 1.0) -> float:
