@@ -9,8 +9,8 @@ On the held-out prompts of ``PAIR/prompts.json`` (never trained on), in one run 
   drafter in onnxruntime), with the acceptance length, per-slot acceptance and the time split;
 - a top-k sweep (greedy, batch 1, torch path): k ∈ {32, 64, …, 1024, dense} → acceptance length, per-slot
   acceptance, tokens/s, and the probability mass the top-k head drops (``topk_mass``);
-- verifying fewer drafts (greedy, batch 1, both paths): ``verify_drafts`` L ∈ {1, 2, 3, all} → speed-up and
-  acceptance length (identical output);
+- verifying fewer drafts (greedy, batch 1, both paths): ``verify_drafts`` L ∈ {1, 2, 3, all, auto} → speed-up
+  and acceptance length (identical output);
 - the same verify lengths on prompts the drafter **trained on** (its ``distill.json`` names them; their greedy
   continuations are its training text): an upper bound for this drafter, not a held-out result — what the
   runtime delivers where the acceptance length is high (``seen``);
@@ -46,8 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="top-k values of the sweep (comma-separated; 'dense' = no top-k)")
     p.add_argument("--temperatures", default="0,1", help="matrix temperatures (comma-separated)")
     p.add_argument("--batches", default="1,4", help="matrix batch sizes (comma-separated)")
-    p.add_argument("--verify-sweep", default="1,2,3,all", metavar="L,…",
-                   help="drafts verified per round to compare (greedy, batch 1, each path; 'all' = N)")
+    p.add_argument("--verify-sweep", default="1,2,3,all,auto", metavar="L,…",
+                   help="drafts verified per round to compare (greedy, batch 1, each path; 'all' = N, 'auto' = "
+                        "chosen each round: runtime/verify_policy.py)")
     p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {', '.join(sorted(PARTS))}")
 
 
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                              f"{', '.join(sorted(PARTS))}")
     temperatures = _values(args.temperatures, "--temperatures", {}, cast=float)  # checked before any model loads
     batches = _values(args.batches, "--batches", {})
-    verify_caps = _values(args.verify_sweep, "--verify-sweep", {"all": 1 << 30})  # 'all': N, once N is known
+    verify_caps = _values(args.verify_sweep, "--verify-sweep", {"all": 1 << 30, "auto": 0})  # all: N, once known
     ks = _values(args.sweep, "--sweep", {"dense": 0, "off": 0})
     if args.threads:
         set_cpu_threads(args.threads)
@@ -132,12 +133,12 @@ def run(args: argparse.Namespace) -> int:
                     report["matrix"].append({"path": path, "temperature": temperature, "batch": batch, **row})
                     _save(report, out)
     N = report["num_draft_tokens"]
-    caps = sorted({min(c, N) for c in verify_caps})
+    caps = sorted({min(c, N) for c in verify_caps if c}) + (["auto"] if 0 in verify_caps else [])
     seen = None if "seen" in skip else _seen_prompts(pair, len(prompts))
     for part, part_prompts in (("verify_sweep", None if "verify" in skip else prompts), ("seen", seen)):
         for path, dec in paths.items() if part_prompts else ():
             for cap in caps:
-                log.info("%s: %s path, %d of %d drafts verified", part, path, cap, N)
+                log.info("%s: %s path, %s of %d drafts verified", part, path, cap, N)
                 row = _row(_run_modes(dec, part_prompts, batch=1, temperature=0.0, max_new=args.max_new_tokens,
                                       verify_drafts=cap))
                 report[part].append({"path": path, "verify_drafts": cap, **row})

@@ -22,6 +22,11 @@ EXIT_OK, EXIT_USER_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 log = logging.getLogger("dspark")
 
 
+def verify_length(text: str) -> int | str:
+    """``--verify-drafts`` values: an integer L, or 'auto' (argparse names this function in its error)."""
+    return "auto" if text.strip().lower() == "auto" else int(text)
+
+
 def add_verbosity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
     parser.add_argument("-q", "--quiet", action="count", default=0, help="less log output (repeatable)")

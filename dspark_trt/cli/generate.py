@@ -17,7 +17,7 @@ import argparse
 import json
 
 from ..errors import DSparkTrtError
-from .common import set_cpu_threads
+from .common import set_cpu_threads, verify_length
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,9 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--seed", type=int, default=None, help="noise seed of request 0; request i uses seed + i")
     i.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only the leading drafts with confidence >= this")
-    i.add_argument("--verify-drafts", type=int, default=None, metavar="L",
+    i.add_argument("--verify-drafts", type=verify_length, default=None, metavar="L|auto",
                    help="verify at most L drafts per round (1 … N; default all N): faster where a target forward "
-                        "costs more with more tokens, e.g. on a CPU (see 'dspark bench report')")
+                        "costs more with more tokens, e.g. on a CPU (see 'dspark bench report'); 'auto' chooses L "
+                        "each round from the verify cost measured here and the acceptance so far")
     i.add_argument("--eos-id", type=int, action="append", default=None, help="stop token id (repeatable; "
                    "default: the target's eos ids)")
     i.add_argument("--ignore-eos", action="store_true", help="never stop before --max-new-tokens")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common import verify_length
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("export_dir", metavar="OUT", nargs="?", default=None, help="export directory (dspark-export -o OUT)")
@@ -22,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, default=None, help="draft top-k (default: the drafter's; 0 = dense)")
     p.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only drafts whose confidence is at least this")
-    p.add_argument("--verify-drafts", type=int, default=None, metavar="L",
-                   help="verify at most L drafts per round (default: all N; fewer is faster on a CPU)")
+    p.add_argument("--verify-drafts", type=verify_length, default=None, metavar="L|auto",
+                   help="verify at most L drafts per round (default: all N; fewer is faster on a CPU; 'auto' "
+                        "chooses each round from the measured verify cost and acceptance)")
     p.add_argument("--max-batch-size", type=int, default=64, help="requests decoded together (default 64)")
     p.add_argument("--max-context", type=int, default=None,
                    help="refuse prompt + max_tokens beyond this (default: the target's context)")

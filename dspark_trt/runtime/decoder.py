@@ -17,6 +17,7 @@ Requests are independent (own lengths, seeds, temperatures, stop points); finish
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -72,13 +73,16 @@ def resolve_draft_options(c, topk: int | None, confidence_threshold: float | Non
     return topk, confidence_threshold
 
 
-def resolve_verify_drafts(c, verify_drafts: int | None) -> int | None:
-    """The cap on drafts verified per round: ``None`` (or N) verifies all N; else an integer in 1 … N."""
+def resolve_verify_drafts(c, verify_drafts: int | str | None) -> int | str | None:
+    """The cap on drafts verified per round: ``None`` (or N) verifies all N; an integer in 1 … N; or ``"auto"``
+    (``verify_policy``: chosen each round from the measured verify cost and acceptance)."""
     if verify_drafts is None:
         return None
     N = c.num_draft_tokens
+    if isinstance(verify_drafts, str) and verify_drafts.strip().lower() == "auto":
+        return "auto"
     if isinstance(verify_drafts, bool) or not isinstance(verify_drafts, int) or not 1 <= verify_drafts <= N:
-        raise DSparkTrtError(f"verify_drafts must be an integer in 1 … {N} (the drafter's block N), got "
+        raise DSparkTrtError(f"verify_drafts must be an integer in 1 … {N} (the drafter's block N) or 'auto', got "
                              f"{verify_drafts!r}; leave it unset to verify all {N}")
     return verify_drafts if verify_drafts < N else None
 
@@ -107,6 +111,17 @@ class SpeculativeDecoder:
         if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
             raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
                                  f"reduced draft vocabulary ({self.config.draft_vocab_size} < {self.config.vocab_size})")
+        self._verify_policy = None  # verify_drafts="auto": built on first use (verify_policy)
+
+    def verify_policy(self):
+        """The ``VerifyPolicy`` of ``verify_drafts="auto"``: the verify cost is measured on first use, at the batch
+        being decoded (N + 1 widths, twice each, rolled back), and kept, as are the acceptance counts."""
+        if self._verify_policy is None:
+            from .verify_policy import VerifyPolicy, measure_verify_costs
+
+            N = self.config.num_draft_tokens
+            self._verify_policy = VerifyPolicy(N, measure_verify_costs(self.target, N))
+        return self._verify_policy
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, target_dir: str | Path | None = None, *,
@@ -252,7 +267,9 @@ class SpeculativeDecoder:
             draft: ``False`` runs the target alone with the same sampler (the baseline).
             verify_drafts (*optional*): verify at most this many drafts per round (1 … N; default all N). Where a
                 target forward costs more with more tokens (a CPU: ``dspark bench report``'s verification cost),
-                verifying only the drafts likely to be accepted is faster; the output is the same.
+                verifying only the drafts likely to be accepted is faster; the output is the same. ``"auto"``
+                chooses it each round from the verify cost measured on this machine (once per decoder, on
+                first use) and the acceptance seen so far (``runtime/verify_policy.py``).
             markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
                 favours most after its predecessor (needs a top-k; torch backend, or an export made with
                 ``dspark-export --markov-topm M``); 0 = top-k only; ``None`` uses an export's own M, else the
@@ -414,6 +431,7 @@ class _Run:
 
     def _speculative_step(self, anchor: torch.Tensor):
         dec, target, backend, state = self.dec, self.dec.target, self.dec.backend, self.state
+        started = time.perf_counter()
         N = dec.config.num_draft_tokens
         with self.clock("draft"):
             ctx_k, ctx_v = state.context()
@@ -427,7 +445,9 @@ class _Run:
             if self.threshold is not None:
                 sure = (res.confidence.to(target.device) >= self.threshold).to(torch.int64)  # [B, N]
                 n = torch.cumprod(sure, dim=1).sum(1)
-            if self.verify_cap is not None:
+            if self.verify_cap == "auto":
+                n = n.clamp_max(self.dec.verify_policy().choose())
+            elif self.verify_cap is not None:
                 n = n.clamp_max(self.verify_cap)
             width = int(n.max()) + 1
             cand = draft_to_target(res.cand_ids, dec._d2t).to(target.device)  # [B, N, k] target ids
@@ -456,6 +476,8 @@ class _Run:
             k, v = backend.context_kv(ver.taps, pos)
             self.monitor.context(ver.taps, k, v, accepted + 1, self.rows)
             state.append(k, v, (accepted + 1).to(state.ctx_len.device))
+        if self.verify_cap == "auto":
+            dec.verify_policy().observe(n, accepted, time.perf_counter() - started, fed.shape[1])
         return nxt, done
 
     def _drop(self, done: list[bool]) -> list[_Request]:

@@ -33,7 +33,7 @@ class ModelSettings:
     device: str = "cpu"
     topk: int | None = None  # None: the drafter's default; 0: dense
     confidence_threshold: float | None = None
-    verify_drafts: int | None = None  # at most this many drafts verified per round; None: all N
+    verify_drafts: int | str | None = None  # at most this many drafts verified per round; None: all N; "auto"
     max_batch_size: int = 64  # requests decoded together (in-flight batching)
     max_context: int | None = None  # prompt + max_tokens limit; None: the target's
     threads: int = 0  # torch / onnxruntime intra-op threads; 0 = library default
@@ -54,7 +54,8 @@ class ModelSettings:
                 out[f.name] = None if f.default is None else f.default
             else:
                 try:
-                    out[f.name] = float(raw) if f.name == "confidence_threshold" else int(raw)
+                    out[f.name] = (float(raw) if f.name == "confidence_threshold" else
+                                   "auto" if f.name == "verify_drafts" and raw.lower() == "auto" else int(raw))
                 except ValueError:
                     raise DSparkTrtError(f"model parameter {f.name}={raw!r} is not a number; fix config.pbtxt") from None
         return cls(**out)

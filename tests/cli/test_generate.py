@@ -58,6 +58,18 @@ def test_markov_topm_drafts_with_the_candidate_union_and_stays_lossless(distille
     assert union["stats"]["accepted"] > 0
 
 
+def test_verify_drafts_auto_is_lossless_and_a_bad_length_is_a_usage_error(distilled_pair, capsys):
+    pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target, "--input-ids", "1 2 3",
+            "--max-new-tokens", 12, "--json"]
+    code, out, _ = run_cli(capsys, *pair, "--verify-drafts", "auto")
+    code0, out0, _ = run_cli(capsys, *pair, "--no-draft")
+    assert code == code0 == 0 and json.loads(out)["tokens"] == json.loads(out0)["tokens"]
+    assert json.loads(out)["stats"]["rounds"] > 0
+    with pytest.raises(SystemExit) as exit_info:  # argparse: usage and one error line, exit 2
+        run_cli(capsys, *pair, "--verify-drafts", "some")
+    assert exit_info.value.code == 2 and "invalid verify_length value: 'some'" in capsys.readouterr().err
+
+
 def test_text_prompt_with_a_tokenizer(distilled_pair, tmp_path, capsys):
     from dspark_trt.testing.embedded import write_byte_tokenizer
 

@@ -14,6 +14,8 @@ def test_settings_round_trip_through_string_parameters(tmp_path):
     params = s.to_parameters()
     assert all(isinstance(v, str) for v in params.values()) and "max_context" not in params
     assert ModelSettings.from_parameters(params) == s.check()
+    auto = ModelSettings(export_dir=str(tmp_path), runtime="onnxruntime", verify_drafts="auto")
+    assert ModelSettings.from_parameters(auto.to_parameters()).verify_drafts == "auto"
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -1,0 +1,96 @@
+"""``verify_drafts="auto"``: how many drafts a round verifies, from what a verify costs on this machine and how
+often each draft slot is accepted.
+
+    E(L) = 1 + Σ_{j=1..L} Π_{i≤j} a_i     tokens a round verifying L drafts emits, in expectation
+    T(L) = c(L + 1) + d                    its seconds: one target verify of L + 1 tokens, plus drafting and the rest
+    L*   = argmax_{1 ≤ L ≤ N} E(L) / T(L)  tokens per second
+
+c(w): seconds of one target verify of w tokens (the anchor and w - 1 drafts) at the run's batch, measured once per
+decoder (``measure_verify_costs``: widths 2 … N + 1, the fastest of two tries each, rolled back). On a GPU, where a
+step is bound by reading the weights, c is nearly flat and L* = N whenever the drafts are any good; on a CPU it
+rises steeply (docs/benchmarks.md) and L* is small.
+
+a_j: draft j's acceptance given that drafts < j were accepted, counted over the rounds that verified it, with a
+Beta(1, 1) prior; the counts decay by 1 % a round, so they follow the text being decoded. A slot not yet verified takes the estimate of the one before it, so verifying further is tried
+whenever the earlier slots say it pays, and counted from then on. d: seconds per round outside the verify forward,
+a running mean. Every L is lossless (the output does not depend on it); only the speed does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+__all__ = ["VerifyPolicy", "measure_verify_costs"]
+
+
+def measure_verify_costs(target, num_drafts: int, *, tries: int = 2) -> dict[int, float]:
+    """{w: seconds of one ``target.verify`` of w tokens, w = 2 … N + 1} at the target's current batch, each rolled
+    back (``commit(0)``), so the target's caches are as before."""
+    B = int(target.lengths.shape[0])
+    device = target.device
+    zeros = torch.zeros(B, dtype=torch.int64, device=device)
+    cost: dict[int, float] = {}
+    target.verify(torch.zeros(B, num_drafts + 1, dtype=torch.int64, device=device))  # warm-up (lazy allocations)
+    target.commit(zeros)
+    for w in range(2, num_drafts + 2):
+        tokens = torch.zeros(B, w, dtype=torch.int64, device=device)  # [B, w] any valid ids
+        best = float("inf")
+        for _ in range(tries):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            target.verify(tokens)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+            target.commit(zeros)  # roll back
+        cost[w] = best
+    return cost
+
+
+class VerifyPolicy:
+    """Chooses each round's verify length L* (module docstring) and learns from the rounds it sees."""
+
+    DECAY = 0.99  # per round: the counts follow the text being decoded (its last ~100 rounds)
+
+    def __init__(self, num_drafts: int, cost: dict[int, float]):
+        self.N = num_drafts
+        self.cost = dict(cost)  # {w: seconds}, w = 2 … N + 1
+        self.tried = [0.0] * num_drafts  # rounds that verified slot j with slots < j accepted (decayed)
+        self.accepted = [0.0] * num_drafts  # ... and accepted it
+        self.other = 0.0  # running mean of a round's seconds outside the verify forward
+        self.rounds = 0
+
+    def rates(self) -> list[float]:
+        """a_j, j = 0 … N - 1 (module docstring)."""
+        out, last = [], 0.5
+        for t, a in zip(self.tried, self.accepted):
+            last = (a + 1) / (t + 2) if t else last
+            out.append(last)
+        return out
+
+    def expected_tokens(self, L: int) -> float:
+        total, p = 1.0, 1.0
+        for a in self.rates()[:L]:
+            p *= a
+            total += p
+        return total
+
+    def choose(self) -> int:
+        """L* in 1 … N."""
+        return max(range(1, self.N + 1), key=lambda L: self.expected_tokens(L) / (self.cost[L + 1] + self.other))
+
+    def observe(self, n: torch.Tensor, accepted: torch.Tensor, round_seconds: float, width: int) -> None:
+        """One round: ``n`` [B] drafts verified and ``accepted`` [B] accepted per row; the round took
+        ``round_seconds`` with a verify of ``width`` tokens."""
+        self.tried = [t * self.DECAY for t in self.tried]  # recent rounds count most (~1 / (1 - DECAY) of them)
+        self.accepted = [a * self.DECAY for a in self.accepted]
+        for nr, ar in zip(n.tolist(), accepted.tolist()):
+            for j in range(min(nr, ar + 1)):  # slot j verified with all earlier slots accepted
+                self.tried[j] += 1
+                self.accepted[j] += int(j < ar)
+        self.rounds += 1
+        outside = max(0.0, round_seconds - self.cost.get(width, 0.0))
+        self.other += (outside - self.other) / min(self.rounds, 32)  # mean, then a 32-round moving average
