@@ -1,8 +1,8 @@
 """End-to-end tokens/s with and without speculation, plus acceptance statistics, measured in one run.
 
 Default pair: the embedded demo pair (see ``dspark generate``). Each repeat runs the speculative decoder
-and the target-only baseline back to back on each batch of requests (``paired_runs``); the report gives the median tokens/s of
-each, their ratio, and the acceptance of the speculative runs. Reported, never asserted.
+and the target-only baseline back to back on each batch of requests (``paired_runs``); the report gives the
+median tokens/s of each, their ratio, and the acceptance of the speculative runs. Reported, never asserted.
 
   dspark bench e2e
   dspark bench e2e --drafter DRAFTER --target TARGET --input-ids "1 2 3" --max-new-tokens 256 --json

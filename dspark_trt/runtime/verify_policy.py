@@ -11,9 +11,9 @@ step is bound by reading the weights, c is nearly flat and L* = N whenever the d
 rises steeply (docs/benchmarks.md) and L* is small.
 
 a_j: draft j's acceptance given that drafts < j were accepted, counted over the rounds that verified it, with a
-Beta(1, 1) prior; the counts decay by 1 % a round, so they follow the text being decoded. A slot not yet verified takes the estimate of the one before it, so verifying further is tried
-whenever the earlier slots say it pays, and counted from then on. d: seconds per round outside the verify forward,
-a running mean. Every L is lossless (the output does not depend on it); only the speed does.
+Beta(1, 1) prior; the counts decay by 1 % a round, so they follow the text being decoded. A slot not yet
+verified takes the estimate of the one before it, so verifying further is tried whenever the earlier slots say
+it pays, and counted from then on. d: seconds per round outside the verify forward, a running mean. Every L is lossless (the output does not depend on it); only the speed does.
 """
 
 from __future__ import annotations

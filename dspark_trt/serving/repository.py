@@ -110,7 +110,9 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
 
 
 def _readme(s: ModelSettings, name: str) -> str:
-    where = lambda p: f"`{name}/1/{p}` (a copy, so this directory stands alone)" if not Path(p).is_absolute() else f"`{p}`"  # noqa: E731
+    def where(p: str) -> str:
+        return f"`{p}`" if Path(p).is_absolute() else f"`{name}/1/{p}` (a copy, so this directory stands alone)"
+
     source = f"the export {where(s.export_dir)}" if s.export_dir else (
         f"the checkpoint pair drafter {where(s.drafter_dir)} + target {where(s.target_dir)}")
     return f"""# dspark Triton model repository
