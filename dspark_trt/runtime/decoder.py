@@ -113,14 +113,17 @@ class SpeculativeDecoder:
                                  f"reduced draft vocabulary ({self.config.draft_vocab_size} < {self.config.vocab_size})")
         self._verify_policy = None  # verify_drafts="auto": built on first use (verify_policy)
 
-    def verify_policy(self):
-        """The ``VerifyPolicy`` of ``verify_drafts="auto"``: the verify cost is measured on first use, at the batch
-        being decoded (N + 1 widths, twice each, rolled back), and kept, as are the acceptance counts."""
-        if self._verify_policy is None:
-            from .verify_policy import VerifyPolicy, measure_verify_costs
+    def verify_policy(self, batch: int | None = None):
+        """The ``VerifyPolicy`` of ``verify_drafts="auto"``, with the verify cost of ``batch``'s bucket measured
+        (at the batch being decoded: N widths, twice each, rolled back) the first time it is needed; the policy
+        and its acceptance counts are kept on the decoder."""
+        from .verify_policy import VerifyPolicy, measure_verify_costs
 
-            N = self.config.num_draft_tokens
-            self._verify_policy = VerifyPolicy(N, measure_verify_costs(self.target, N))
+        N = self.config.num_draft_tokens
+        if self._verify_policy is None:
+            self._verify_policy = VerifyPolicy(N)
+        if batch is not None and self._verify_policy.needs_cost(batch):
+            self._verify_policy.set_cost(batch, measure_verify_costs(self.target, N))
         return self._verify_policy
 
     @classmethod
@@ -268,8 +271,8 @@ class SpeculativeDecoder:
             verify_drafts (*optional*): verify at most this many drafts per round (1 … N; default all N). Where a
                 target forward costs more with more tokens (a CPU: ``dspark bench report``'s verification cost),
                 verifying only the drafts likely to be accepted is faster; the output is the same. ``"auto"``
-                chooses it each round from the verify cost measured on this machine (once per decoder, on
-                first use) and the acceptance seen so far (``runtime/verify_policy.py``).
+                chooses it each round from the verify cost measured on this machine (once per decoder and batch
+                bucket, on first use) and the acceptance seen so far (``runtime/verify_policy.py``).
             markov_topm: M > 0 adds the candidate union: each slot also scores the M tokens the Markov head
                 favours most after its predecessor (needs a top-k; torch backend, or an export made with
                 ``dspark-export --markov-topm M``); 0 = top-k only; ``None`` uses an export's own M, else the
@@ -446,7 +449,8 @@ class _Run:
                 sure = (res.confidence.to(target.device) >= self.threshold).to(torch.int64)  # [B, N]
                 n = torch.cumprod(sure, dim=1).sum(1)
             if self.verify_cap == "auto":
-                n = n.clamp_max(self.dec.verify_policy().choose())
+                B = drafts.shape[0]
+                n = n.clamp_max(self.dec.verify_policy(B).choose(B))
             elif self.verify_cap is not None:
                 n = n.clamp_max(self.verify_cap)
             width = int(n.max()) + 1

@@ -5,15 +5,16 @@ often each draft slot is accepted.
     T(L) = c(L + 1) + d                    its seconds: one target verify of L + 1 tokens, plus drafting and the rest
     L*   = argmax_{1 ≤ L ≤ N} E(L) / T(L)  tokens per second
 
-c(w): seconds of one target verify of w tokens (the anchor and w - 1 drafts) at the run's batch, measured once per
-decoder (``measure_verify_costs``: widths 2 … N + 1, the fastest of two tries each, rolled back). On a GPU, where a
+c(w): seconds of one target verify of w tokens (the anchor and w - 1 drafts) at the round's batch, measured once
+per decoder and batch bucket (1, 2, 4, …) the first time a round of that size runs (``measure_verify_costs``:
+widths 2 … N + 1, the fastest of two tries each, rolled back). On a GPU, where a
 step is bound by reading the weights, c is nearly flat and L* = N whenever the drafts are any good; on a CPU it
 rises steeply (docs/benchmarks.md) and L* is small.
 
 a_j: draft j's acceptance given that drafts < j were accepted, counted over the rounds that verified it, with a
 Beta(1, 1) prior; the counts decay by 1 % a round, so they follow the text being decoded. A slot not yet
 verified takes the estimate of the one before it, so verifying further is tried whenever the earlier slots say
-it pays, and counted from then on. d: seconds per round outside the verify forward, a running mean. Every L is lossless (the output does not depend on it); only the speed does.
+it pays, and counted from then on. d: seconds per round outside the verify forward, a running mean per bucket. Every L is lossless (the output does not depend on it); only the speed does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 import torch
 
-__all__ = ["VerifyPolicy", "measure_verify_costs"]
+__all__ = ["VerifyPolicy", "measure_verify_costs", "batch_bucket"]
 
 
 def measure_verify_costs(target, num_drafts: int, *, tries: int = 2) -> dict[int, float]:
@@ -50,18 +51,36 @@ def measure_verify_costs(target, num_drafts: int, *, tries: int = 2) -> dict[int
     return cost
 
 
+def batch_bucket(batch: int) -> int:
+    """The power of two ≥ ``batch``: batches sharing a bucket share a measured verify cost."""
+    return 1 << max(0, int(batch) - 1).bit_length()
+
+
 class VerifyPolicy:
-    """Chooses each round's verify length L* (module docstring) and learns from the rounds it sees."""
+    """Chooses each round's verify length L* (module docstring) and learns from the rounds it sees.
+
+    The verify cost and the round's other seconds depend on the batch (on a GPU a verify of 8 tokens × 64
+    requests is compute-bound, × 1 is not), so both are kept per batch bucket (``batch_bucket``); the
+    acceptance counts are shared.
+    """
 
     DECAY = 0.99  # per round: the counts follow the text being decoded (its last ~100 rounds)
 
-    def __init__(self, num_drafts: int, cost: dict[int, float]):
+    def __init__(self, num_drafts: int):
         self.N = num_drafts
-        self.cost = dict(cost)  # {w: seconds}, w = 2 … N + 1
+        self.costs: dict[int, dict[int, float]] = {}  # bucket → {w: seconds}, w = 2 … N + 1
+        self.other: dict[int, float] = {}  # bucket → running mean of a round's seconds outside the verify forward
         self.tried = [0.0] * num_drafts  # rounds that verified slot j with slots < j accepted (decayed)
         self.accepted = [0.0] * num_drafts  # ... and accepted it
-        self.other = 0.0  # running mean of a round's seconds outside the verify forward
         self.rounds = 0
+        self._rounds_in = {}  # bucket → rounds observed
+
+    def needs_cost(self, batch: int) -> bool:
+        return batch_bucket(batch) not in self.costs
+
+    def set_cost(self, batch: int, cost: dict[int, float]) -> None:
+        """The verify cost measured at ``batch`` (``measure_verify_costs``), kept for its bucket."""
+        self.costs[batch_bucket(batch)] = dict(cost)
 
     def rates(self) -> list[float]:
         """a_j, j = 0 … N - 1 (module docstring)."""
@@ -78,9 +97,11 @@ class VerifyPolicy:
             total += p
         return total
 
-    def choose(self) -> int:
-        """L* in 1 … N."""
-        return max(range(1, self.N + 1), key=lambda L: self.expected_tokens(L) / (self.cost[L + 1] + self.other))
+    def choose(self, batch: int = 1) -> int:
+        """L* in 1 … N for a round of ``batch`` requests (its bucket's cost must be set)."""
+        b = batch_bucket(batch)
+        cost, other = self.costs[b], self.other.get(b, 0.0)
+        return max(range(1, self.N + 1), key=lambda L: self.expected_tokens(L) / (cost[L + 1] + other))
 
     def observe(self, n: torch.Tensor, accepted: torch.Tensor, round_seconds: float, width: int) -> None:
         """One round: ``n`` [B] drafts verified and ``accepted`` [B] accepted per row; the round took
@@ -92,5 +113,7 @@ class VerifyPolicy:
                 self.tried[j] += 1
                 self.accepted[j] += int(j < ar)
         self.rounds += 1
-        outside = max(0.0, round_seconds - self.cost.get(width, 0.0))
-        self.other += (outside - self.other) / min(self.rounds, 32)  # mean, then a 32-round moving average
+        b = batch_bucket(len(n))
+        k = self._rounds_in[b] = self._rounds_in.get(b, 0) + 1
+        outside = max(0.0, round_seconds - self.costs.get(b, {}).get(width, 0.0))
+        self.other[b] = self.other.get(b, 0.0) + (outside - self.other.get(b, 0.0)) / min(k, 32)  # then a moving average

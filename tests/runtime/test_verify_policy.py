@@ -10,7 +10,7 @@ import torch
 from tests.runtime.runtime_helpers import make_decoder
 from dspark_trt.runtime import SpeculativeDecoder
 from dspark_trt.runtime.backends.scripted import ScriptedDrafterBackend
-from dspark_trt.runtime.verify_policy import VerifyPolicy, measure_verify_costs
+from dspark_trt.runtime.verify_policy import VerifyPolicy, batch_bucket, measure_verify_costs
 
 N = 7
 FLAT = {w: 0.010 for w in range(2, N + 2)}  # a GPU-like verify: as dear for 8 tokens as for 2
@@ -21,7 +21,8 @@ def learnt(cost, rates, rounds=400, seed=0, other=0.002):
     """A policy after ``rounds`` simulated rounds whose slot j is accepted with probability rates[j] (given the
     slots before it), and the tokens per second it achieved over them."""
     rng = random.Random(seed)
-    policy, tokens, seconds = VerifyPolicy(N, cost), 0, 0.0
+    policy, tokens, seconds = VerifyPolicy(N), 0, 0.0
+    policy.set_cost(1, cost)
     for _ in range(rounds):
         L = policy.choose()
         a = 0
@@ -58,8 +59,21 @@ def test_flat_cost_verifies_everything_and_steep_cost_with_weak_drafts_verifies_
     assert learnt(STEEP, [0.2] * N)[0].choose() == 1
 
 
+def test_batch_buckets_keep_their_own_cost_and_round_time():
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 64, 65)] == [1, 2, 4, 4, 8, 64, 128]
+    p = VerifyPolicy(N)
+    p.set_cost(1, FLAT)
+    p.set_cost(64, STEEP)
+    assert not p.needs_cost(1) and not p.needs_cost(40) and p.needs_cost(2)
+    p.tried, p.accepted = [100.0] * N, [80.0] * N  # slots accepted ~80 % of the time
+    assert p.choose(1) == N and p.choose(64) < N  # the same drafts, verified fully only where it is cheap
+    p.observe(torch.tensor([1] * 64), torch.tensor([0] * 64), 0.5, 2)
+    assert p.other[64] == pytest.approx(0.5 - STEEP[2]) and 1 not in p.other
+
+
 def test_counts_and_the_estimate_of_slots_never_verified():
-    p = VerifyPolicy(4, {w: 1.0 for w in range(2, 6)})
+    p = VerifyPolicy(4)
+    p.set_cost(3, {w: 1.0 for w in range(2, 6)})
     p.observe(torch.tensor([3, 2, 4]), torch.tensor([1, 2, 0]), 1.0, 5)
     # row 0: slots 0, 1 verified (0 accepted, 1 rejected); row 1: slots 0, 1 accepted; row 2: slot 0 rejected
     assert [round(t, 6) for t in p.tried] == [3, 2, 0, 0] and [round(a, 6) for a in p.accepted] == [2, 1, 0, 0]
@@ -82,7 +96,9 @@ def test_measuring_the_cost_rolls_every_verify_back(distilled_pair):
     torch.testing.assert_close(target.verify(probe).logits, before)  # the caches are as they were
 
 
-def test_auto_is_lossless_and_learns_on_the_decoder(distilled_pair):
+def test_auto_is_lossless_and_learns_on_the_decoder(distilled_pair, monkeypatch):
+    sizes, observe = set(), VerifyPolicy.observe
+    monkeypatch.setattr(VerifyPolicy, "observe", lambda self, n, *a: sizes.add(len(n)) or observe(self, n, *a))
     decoder = make_decoder(distilled_pair)
     prompts = [[3, 4, 5], [6, 7, 8, 9], [10, 11]]
     reference = decoder.generate(prompts, 30, draft=False).tokens
@@ -93,7 +109,9 @@ def test_auto_is_lossless_and_learns_on_the_decoder(distilled_pair):
     out = scripted.generate(prompts, 30, verify_drafts="auto")
     assert out.tokens == reference
     policy = scripted.verify_policy()
-    assert sorted(policy.cost) == list(range(2, Nd + 2)) and policy.rounds == out.stats.steps  # one observation per batched round
+    assert 3 in sizes and set(policy.costs) == {batch_bucket(b) for b in sizes}  # a cost per bucket the run met
+    assert all(sorted(c) == list(range(2, Nd + 2)) for c in policy.costs.values())
+    assert policy.rounds == out.stats.steps  # one observation per batched round
     assert sum(policy.tried) > 0 and out.stats.drafted <= out.stats.rounds * Nd
     again = scripted.generate(prompts, 30, verify_drafts="AUTO")  # kept, not measured again
     assert again.tokens == reference and scripted.verify_policy() is policy
