@@ -106,10 +106,10 @@ def run(args: argparse.Namespace) -> int:
     if skip - PARTS:
         raise DSparkTrtError(f"--skip {args.skip!r}: unknown part(s) {', '.join(sorted(skip - PARTS))}; the parts are "
                              f"{', '.join(sorted(PARTS))}")
-    temperatures = _values(args.temperatures, "--temperatures", {}, cast=float)  # checked before any model loads
-    batches = _values(args.batches, "--batches", {})
-    verify_caps = _values(args.verify_sweep, "--verify-sweep", {"all": 1 << 30, "auto": 0})  # all: N, once known
-    ks = _values(args.sweep, "--sweep", {"dense": 0, "off": 0})
+    temperatures = _values(args.temperatures, "--temperatures", cast=float)  # checked before any model loads
+    batches = _values(args.batches, "--batches")
+    verify_caps = _values(args.verify_sweep, "--verify-sweep", ("all", "auto"))
+    ks = [0 if k in ("dense", "off") else k for k in _values(args.sweep, "--sweep", ("dense", "off"))]  # 0: dense
     if args.threads:
         set_cpu_threads(args.threads)
     out = Path(args.out)
@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
                     report["matrix"].append({"path": path, "temperature": temperature, "batch": batch, **row})
                     _save(report, out)
     N = report["num_draft_tokens"]
-    caps = sorted({min(c, N) for c in verify_caps if c}) + (["auto"] if 0 in verify_caps else [])
+    caps = sorted({N if c == "all" else min(c, N) for c in verify_caps if c != "auto"}) + (
+        ["auto"] if "auto" in verify_caps else [])
     seen = None if "seen" in skip else _seen_prompts(pair, len(prompts))
     for part, part_prompts in (("verify_sweep", None if "verify" in skip else prompts), ("seen", seen)):
         for path, dec in paths.items() if part_prompts else ():
@@ -175,18 +176,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _values(text: str, option: str, words: dict[str, int], cast=int) -> list:
-    """The comma-separated values of ``option`` (``words`` name special values), or a one-line error."""
+def _values(text: str, option: str, words: tuple[str, ...] = (), cast=int) -> list:
+    """The comma-separated values of ``option``: numbers > 0 (≥ 0 for floats) or one of ``words`` (kept as
+    lower-case strings); a one-line error otherwise."""
     from ..errors import DSparkTrtError
 
     out = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
+    for item in (t.strip().lower() for t in text.split(",") if t.strip()):
+        if item in words:
+            out.append(item)
+            continue
         try:
-            value = words[item.lower()] if item.lower() in words else cast(item)
+            value = cast(item)
         except ValueError:
-            names = ", ".join(["numbers", *words]) if words else "numbers"
+            names = ", ".join(["numbers", *words])
             raise DSparkTrtError(f"{option} {text!r}: {item!r} is not a value ({names}, comma-separated)") from None
-        if value < 0 or (cast is int and value == 0 and item.lower() not in words):
+        if value < 0 or (cast is int and value == 0):
             raise DSparkTrtError(f"{option} {text!r}: {item!r} must be > 0")
         out.append(value)
     if not out:

@@ -11,7 +11,6 @@ a speed-up S at S times that — the figure that says how good a drafter must be
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
 
 import torch
@@ -20,19 +19,12 @@ __all__ = ["verify_cost", "needed_acceptance"]
 
 
 def verify_cost(target, prompt: Sequence[int], sizes: Sequence[int], *, repeats: int = 9) -> dict[int, float]:
-    """{n: median seconds of one verify of n tokens (n = 1: without taps, a target-only step)} after ``prompt``."""
+    """{n: median seconds of one verify of n tokens (n = 1: without taps, a target-only step)} after ``prompt``
+    (``runtime.verify_policy.measure_verify_costs`` at batch 1)."""
+    from ..runtime.verify_policy import measure_verify_costs
+
     target.prefill([torch.tensor(list(prompt), dtype=torch.int64)])
-    gen = torch.Generator().manual_seed(0)
-    times: dict[int, list[float]] = {int(n): [] for n in sizes}
-    for r in range(repeats + 1):  # the first pass warms up; sizes take turns, so drift falls on all alike
-        for n in times:
-            tokens = torch.randint(0, target.vocab_size, (1, n), generator=gen)  # [1, n]
-            start = time.perf_counter()
-            target.verify(tokens, with_taps=n > 1)
-            if r:
-                times[n].append(time.perf_counter() - start)
-            target.commit(torch.zeros(1, dtype=torch.int64))  # roll back: every call sees the same cache
-    return {n: statistics.median(t) for n, t in times.items()}
+    return measure_verify_costs(target, sizes, repeats=repeats, statistic=statistics.median)
 
 
 def needed_acceptance(cost: dict[int, float], verified: int, draft_seconds: float, speedup: float = 1.0) -> float:

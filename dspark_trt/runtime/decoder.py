@@ -123,7 +123,7 @@ class SpeculativeDecoder:
         if self._verify_policy is None:
             self._verify_policy = VerifyPolicy(N)
         if batch is not None and self._verify_policy.needs_cost(batch):
-            self._verify_policy.set_cost(batch, measure_verify_costs(self.target, N))
+            self._verify_policy.set_cost(batch, measure_verify_costs(self.target, range(2, N + 2)))
         return self._verify_policy
 
     @classmethod
@@ -448,9 +448,9 @@ class _Run:
             if self.threshold is not None:
                 sure = (res.confidence.to(target.device) >= self.threshold).to(torch.int64)  # [B, N]
                 n = torch.cumprod(sure, dim=1).sum(1)
-            if self.verify_cap == "auto":
-                B = drafts.shape[0]
-                n = n.clamp_max(self.dec.verify_policy(B).choose(B))
+            policy = dec.verify_policy(len(n)) if self.verify_cap == "auto" else None
+            if policy is not None:
+                n = n.clamp_max(policy.choose(len(n)))
             elif self.verify_cap is not None:
                 n = n.clamp_max(self.verify_cap)
             width = int(n.max()) + 1
@@ -480,8 +480,8 @@ class _Run:
             k, v = backend.context_kv(ver.taps, pos)
             self.monitor.context(ver.taps, k, v, accepted + 1, self.rows)
             state.append(k, v, (accepted + 1).to(state.ctx_len.device))
-        if self.verify_cap == "auto":
-            dec.verify_policy().observe(n, accepted, time.perf_counter() - started, fed.shape[1])
+        if policy is not None:
+            policy.observe(n, accepted, time.perf_counter() - started, fed.shape[1])
         return nxt, done
 
     def _drop(self, done: list[bool]) -> list[_Request]:

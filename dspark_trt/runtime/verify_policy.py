@@ -7,7 +7,7 @@ often each draft slot is accepted.
 
 c(w): seconds of one target verify of w tokens (the anchor and w - 1 drafts) at the round's batch, measured once
 per decoder and batch bucket (1, 2, 4, …) the first time a round of that size runs (``measure_verify_costs``:
-widths 2 … N + 1, the fastest of two tries each, rolled back). On a GPU, where a
+widths 2 … N + 1, the fastest of two tries each, rolled back; ``dspark bench report`` times its table with it). On a GPU, where a
 step is bound by reading the weights, c is nearly flat and L* = N whenever the drafts are any good; on a CPU it
 rises steeply (docs/benchmarks.md) and L* is small.
 
@@ -26,29 +26,28 @@ import torch
 __all__ = ["VerifyPolicy", "measure_verify_costs", "batch_bucket"]
 
 
-def measure_verify_costs(target, num_drafts: int, *, tries: int = 2) -> dict[int, float]:
-    """{w: seconds of one ``target.verify`` of w tokens, w = 2 … N + 1} at the target's current batch, each rolled
-    back (``commit(0)``), so the target's caches are as before."""
+def measure_verify_costs(target, widths, *, repeats: int = 2, statistic=min) -> dict[int, float]:
+    """{w: ``statistic`` of the seconds of one ``target.verify`` of w tokens (w = 1: without taps, a target-only
+    step)} at the target's current batch. The widths take turns, repeat after repeat (after one warm-up pass), so
+    a machine's drift falls on all of them alike; each verify is rolled back (``commit(0)``), so the target's
+    caches end as they began."""
     B = int(target.lengths.shape[0])
     device = target.device
     zeros = torch.zeros(B, dtype=torch.int64, device=device)
-    cost: dict[int, float] = {}
-    target.verify(torch.zeros(B, num_drafts + 1, dtype=torch.int64, device=device))  # warm-up (lazy allocations)
-    target.commit(zeros)
-    for w in range(2, num_drafts + 2):
-        tokens = torch.zeros(B, w, dtype=torch.int64, device=device)  # [B, w] any valid ids
-        best = float("inf")
-        for _ in range(tries):
+    times: dict[int, list[float]] = {int(w): [] for w in widths}
+    for r in range(repeats + 1):  # pass 0 warms up (lazy allocations)
+        for w in times:
+            tokens = torch.zeros(B, w, dtype=torch.int64, device=device)  # [B, w] any valid ids
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            target.verify(tokens)
+            target.verify(tokens, with_taps=w > 1)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
+            if r:
+                times[w].append(time.perf_counter() - start)
             target.commit(zeros)  # roll back
-        cost[w] = best
-    return cost
+    return {w: statistic(t) for w, t in times.items()}
 
 
 def batch_bucket(batch: int) -> int:
@@ -72,8 +71,11 @@ class VerifyPolicy:
         self.other: dict[int, float] = {}  # bucket → running mean of a round's seconds outside the verify forward
         self.tried = [0.0] * num_drafts  # rounds that verified slot j with slots < j accepted (decayed)
         self.accepted = [0.0] * num_drafts  # ... and accepted it
-        self.rounds = 0
-        self._rounds_in = {}  # bucket → rounds observed
+        self.rounds_in: dict[int, int] = {}  # bucket → rounds observed
+
+    @property
+    def rounds(self) -> int:
+        return sum(self.rounds_in.values())
 
     def needs_cost(self, batch: int) -> bool:
         return batch_bucket(batch) not in self.costs
@@ -90,18 +92,19 @@ class VerifyPolicy:
             out.append(last)
         return out
 
-    def expected_tokens(self, L: int) -> float:
-        total, p = 1.0, 1.0
-        for a in self.rates()[:L]:
+    def expected_tokens(self) -> list[float]:
+        """E(L), L = 0 … N (module docstring)."""
+        out, p = [1.0], 1.0
+        for a in self.rates():
             p *= a
-            total += p
-        return total
+            out.append(out[-1] + p)
+        return out
 
     def choose(self, batch: int = 1) -> int:
         """L* in 1 … N for a round of ``batch`` requests (its bucket's cost must be set)."""
         b = batch_bucket(batch)
-        cost, other = self.costs[b], self.other.get(b, 0.0)
-        return max(range(1, self.N + 1), key=lambda L: self.expected_tokens(L) / (cost[L + 1] + other))
+        cost, other, E = self.costs[b], self.other.get(b, 0.0), self.expected_tokens()
+        return max(range(1, self.N + 1), key=lambda L: E[L] / (cost[L + 1] + other))
 
     def observe(self, n: torch.Tensor, accepted: torch.Tensor, round_seconds: float, width: int) -> None:
         """One round: ``n`` [B] drafts verified and ``accepted`` [B] accepted per row; the round took
@@ -112,8 +115,7 @@ class VerifyPolicy:
             for j in range(min(nr, ar + 1)):  # slot j verified with all earlier slots accepted
                 self.tried[j] += 1
                 self.accepted[j] += int(j < ar)
-        self.rounds += 1
         b = batch_bucket(len(n))
-        k = self._rounds_in[b] = self._rounds_in.get(b, 0) + 1
+        k = self.rounds_in[b] = self.rounds_in.get(b, 0) + 1
         outside = max(0.0, round_seconds - self.costs.get(b, {}).get(width, 0.0))
         self.other[b] = self.other.get(b, 0.0) + (outside - self.other.get(b, 0.0)) / min(k, 32)  # then a moving average

@@ -20,6 +20,8 @@ from ..errors import DSparkTrtError
 __all__ = ["ModelSettings", "choose_runtime", "load_decoder", "build_scheduler", "RUNTIMES"]
 
 RUNTIMES = ("tensorrt", "onnxruntime", "torch")
+PARSE = {"confidence_threshold": float,  # numeric parameters other than int (config.pbtxt holds strings)
+         "verify_drafts": lambda raw: "auto" if raw.lower() == "auto" else int(raw)}
 
 
 @dataclass
@@ -54,8 +56,7 @@ class ModelSettings:
                 out[f.name] = None if f.default is None else f.default
             else:
                 try:
-                    out[f.name] = (float(raw) if f.name == "confidence_threshold" else
-                                   "auto" if f.name == "verify_drafts" and raw.lower() == "auto" else int(raw))
+                    out[f.name] = PARSE.get(f.name, int)(raw)
                 except ValueError:
                     raise DSparkTrtError(f"model parameter {f.name}={raw!r} is not a number; fix config.pbtxt") from None
         return cls(**out)

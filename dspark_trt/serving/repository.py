@@ -90,19 +90,19 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                              confidence_threshold=confidence_threshold, verify_drafts=verify_drafts,
                              max_batch_size=max_batch_size,
                              max_context=max_context, threads=threads).check()
-    sources = {name: getattr(settings, f"{name}_dir") for name in ("export", "drafter", "target")}
-    if copy:  # the copies' names, relative to the version directory (ModelSettings.resolved)
-        inside = [src for src in sources.values() if src and Path(out).resolve().is_relative_to(src)]
+    copies = {}  # name in the version directory → source (ModelSettings.resolved reads the names back)
+    if copy:
+        copies = {name: src for name in ("export", "drafter", "target") if (src := getattr(settings, f"{name}_dir"))}
+        inside = [src for src in copies.values() if Path(out).resolve().is_relative_to(src)]
         if inside:
             raise DSparkTrtError(f"--copy would copy {inside[0]} into itself: write the repository outside it")
-        settings = replace(settings, **{f"{name}_dir": name for name, src in sources.items() if src})
+        settings = replace(settings, **{f"{name}_dir": name for name in copies})
     config = build_model_config(settings, name=model_name)
     with atomic_output_dir(out, force=force) as tmp:
         model = tmp / model_name
         (model / "1").mkdir(parents=True)
-        for name, src in sources.items() if copy else ():
-            if src:
-                shutil.copytree(src, model / "1" / name)  # symlinks followed: the copy holds the files
+        for name, src in copies.items():
+            shutil.copytree(src, model / "1" / name)  # symlinks followed: the copy holds the files
         (model / "config.pbtxt").write_text(text_format.MessageToString(config))
         (model / "1" / "model.py").write_text(MODEL_PY)
         (tmp / "README.md").write_text(_readme(settings, model_name))

@@ -90,7 +90,7 @@ def test_measuring_the_cost_rolls_every_verify_back(distilled_pair):
     probe = torch.tensor([[9, 10], [11, 12]])
     before = target.verify(probe).logits
     target.commit(torch.zeros(2, dtype=torch.int64))
-    cost = measure_verify_costs(target, 5)
+    cost = measure_verify_costs(target, range(2, 7))
     assert sorted(cost) == [2, 3, 4, 5, 6] and all(c > 0 for c in cost.values())
     assert torch.equal(target.lengths, lengths)
     torch.testing.assert_close(target.verify(probe).logits, before)  # the caches are as they were
