@@ -217,10 +217,11 @@ class RequestScheduler:
                 raise DSparkTrtError("the scheduler is stopped; create a new one")
             if self.max_queue is not None:
                 free = max(self.max_batch_size - len(self._active), 0)  # rows the next round boundary fills
-                if len(self._pending) - free >= self.max_queue:
+                waiting = len(self._pending) - free
+                if waiting >= self.max_queue:
                     self.stats.rejected += 1
-                    raise ServerBusy(f"server busy: {len(self._pending)} requests already wait for one of "
-                                     f"{self.max_batch_size} batch rows (max_queue {self.max_queue}); retry later")
+                    raise ServerBusy(f"server busy: {waiting} request(s) already wait for a batch row (max_queue "
+                                     f"{self.max_queue}, max_batch_size {self.max_batch_size}); retry later")
             self._pending.append(handle)
             self.stats.requests += 1
             self._wake.notify()
