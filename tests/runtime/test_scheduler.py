@@ -289,3 +289,48 @@ def test_max_queue_refuses_the_request_beyond_it_and_recovers(distilled_decoder)
     assert sched.stats.rejected == 2
     with pytest.raises(DSparkTrtError, match="max_queue must be >= 0"):
         RequestScheduler(dec, max_queue=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_request_whose_rounds_raise_fails_alone(distilled_pair, temperature):
+    """Fault injection in a real decoder: the long request's rounds raise, whoever shares them; it fails alone,
+    and every other request (in the failed batches too, mid-way) still gets exactly its generate tokens."""
+    from tests.runtime.runtime_helpers import make_decoder
+    from dspark_trt.testing.faults import InjectedFault, fail_rounds_at
+
+    dec = make_decoder(distilled_pair)  # its own decoder: the fault stays in this test
+    fail_rounds_at(dec, position=60)
+    prompts = prompts_for(dec, 5, seed=47, min_len=3, max_len=12)
+    poisoned = prompts_for(dec, 1, seed=48, min_len=50, max_len=50)[0]  # reaches position 60 mid-way
+    rec = Recorder()
+    sched = RequestScheduler(dec)
+    handles = [sched.submit(p, 24, temperature=temperature, seed=i, on_update=rec) for i, p in enumerate(prompts[:3])]
+    sched.step()
+    sched.step()
+    bad = sched.submit(poisoned, 30, temperature=temperature, seed=9, on_update=rec)
+    handles += [sched.submit(p, 24, temperature=temperature, seed=3 + i, on_update=rec) for i, p in
+                enumerate(prompts[3:])]
+    sched.run_until_idle()
+    assert bad.finish_reason == "error" and isinstance(bad.error, InjectedFault)
+    assert 0 < len(bad.tokens) < 30 and rec.calls[bad.id][-1][1]  # it ran, then failed, and was told so
+    assert sched.stats.failed == 1 and sched.stats.finished == 5
+    fail_rounds_at(dec, position=10**9)  # (the wrapper stays; this bound is never reached)
+    for i, (p, h) in enumerate(zip(prompts, handles)):
+        expected = dec.generate([p], 24, temperature=temperature, seed=i).tokens[0]
+        assert h.finish_reason in ("length", "stop") and h.tokens == expected, i
+        assert rec.streamed(h) == expected  # streamed chunks across the recovery: nothing lost or repeated
+
+
+def test_a_lone_failing_request_fails_and_the_scheduler_goes_on(distilled_pair):
+    from tests.runtime.runtime_helpers import make_decoder
+    from dspark_trt.testing.faults import fail_rounds_at
+
+    dec = make_decoder(distilled_pair)
+    fail_rounds_at(dec, position=40)
+    sched = RequestScheduler(dec)
+    bad = sched.submit(prompts_for(dec, 1, seed=5, min_len=45, max_len=45)[0], 8)
+    sched.run_until_idle()
+    assert bad.finish_reason == "error" and "injected fault" in str(bad.error) and bad.tokens  # the prefill token
+    good = sched.submit([1, 2, 3], 8)
+    sched.run_until_idle()
+    assert good.tokens == alone(dec, [1, 2, 3], 8)
