@@ -206,6 +206,9 @@ def _error_text(body: bytes) -> str:
 def scrape_metrics(url: str, prefix: str = "", *, timeout: float = 10.0) -> dict[tuple[str, frozenset], float]:
     """Samples of a Prometheus endpoint (``TritonServer.endpoints.metrics``) whose name starts with ``prefix``:
     ``{(name, frozenset(labels.items())): value}`` (histograms as their ``_bucket`` / ``_sum`` / ``_count``)."""
+    from ..optional import require
+
+    require("prometheus_client", "reading Prometheus metrics")
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
