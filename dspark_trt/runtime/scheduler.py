@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..errors import DSparkTrtError
-from .decoder import SpeculativeDecoder, _Request, _Run, check_sampling, resolve_draft_options, resolve_verify_drafts
+from ..errors import DSparkTrtError, ServerBusy
+from .decoder import (SpeculativeDecoder, _Request, _Run, check_sampling, check_truncation, resolve_draft_options,
+                      resolve_verify_drafts)
 
 __all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
 
@@ -37,6 +38,10 @@ log = logging.getLogger("dspark")
 
 #: on_update(handle, new_tokens, finished): the tokens committed for this request in the last round
 UpdateCallback = Callable[["RequestHandle", list, bool], None]
+#: on_round(drafted, accepted): one round's drafts verified and accepted, one entry per request in the batch
+RoundCallback = Callable[[list, list], None]
+#: a request in this many failed batches fails even when its rounds alone succeed
+MAX_STRIKES = 3
 
 
 class RequestHandle:
@@ -49,8 +54,9 @@ class RequestHandle:
         self._sent = 0
         self._done = threading.Event()
         self.cancelled = False
-        self.finish_reason: str | None = None  # "stop" (EOS), "length" (max_new_tokens), "cancelled", "error"
+        self.finish_reason: str | None = None  # "stop" (EOS / stop string), "length", "cancelled", "error"
         self.error: BaseException | None = None
+        self.strikes = 0  # failed batches this request was in
 
     @property
     def tokens(self) -> list[int]:
@@ -98,7 +104,7 @@ class RequestHandle:
         new, self._sent = out[self._sent:], len(out)
         if finished:
             r = self._request
-            self.finish_reason = self.finish_reason or ("stop" if out and out[-1] in r.eos else "length")
+            self.finish_reason = self.finish_reason or r.finish or ("stop" if out and out[-1] in r.eos else "length")
         if (new or finished) and self._on_update is not None:
             try:
                 self._on_update(self, new, finished)
@@ -117,7 +123,10 @@ class SchedulerStats:
     finished: int = 0
     cancelled: int = 0
     failed: int = 0
+    rejected: int = 0  # refused by max_queue (ServerBusy)
     generated_tokens: int = 0
+    drafted: int = 0  # drafts verified, all requests
+    accepted: int = 0
     batch_sizes: Counter = field(default_factory=Counter)  # batch size → rounds run with it
 
     @property
@@ -147,11 +156,19 @@ class RequestScheduler:
         max_batch_size (int, defaults to 64): requests decoded together; later ones wait for a free row.
         max_context (*optional*): refuse requests whose prompt + ``max_new_tokens`` exceeds this
             (default: the target's ``max_context`` when it has one).
+        max_queue (*optional*): how many requests may wait for a batch row; ``submit`` refuses the next one
+            with ``ServerBusy`` (default: no bound).
+        on_round (*optional*): ``on_round(drafted, accepted)`` after every round, on the loop thread, with one
+            entry per request of the round (metrics; keep it short).
+
+    A round that raises fails only the request(s) that make it fail (``_recover``): the others resume in a
+    new batch and still get exactly their ``generate`` tokens.
     """
 
     def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
                  confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
-                 max_context: int | None = None, verify_drafts: int | None = None):
+                 max_context: int | None = None, verify_drafts: int | None = None, max_queue: int | None = None,
+                 on_round: RoundCallback | None = None):
         if not callable(getattr(decoder.target, "extend", None)):
             raise DSparkTrtError(f"{type(decoder.target).__name__} has no extend(prompts): in-flight batching needs "
                                  f"a target that can add requests to a running batch (HFTarget can)")
@@ -163,6 +180,10 @@ class RequestScheduler:
         self.verify_cap = resolve_verify_drafts(decoder.config, verify_drafts)
         self.draft = draft
         self.max_batch_size = int(max_batch_size)
+        if max_queue is not None and int(max_queue) < 0:
+            raise DSparkTrtError(f"max_queue must be >= 0 (requests allowed to wait), got {max_queue}")
+        self.max_queue = None if max_queue is None else int(max_queue)
+        self.on_round = on_round
         self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
         self.stats = SchedulerStats()
         self._run: _Run | None = None
@@ -176,12 +197,13 @@ class RequestScheduler:
 
     # -- submitting ---------------------------------------------------------------------------------------
     def submit(self, prompt, max_new_tokens: int = 64, *, temperature: float = 0.0, seed: int = 0,
-               eos_token_id: int | Sequence[int] | None = None,
-               on_update: UpdateCallback | None = None) -> RequestHandle:
+               eos_token_id: int | Sequence[int] | None = None, stop: Sequence[str] | None = None,
+               top_p: float = 1.0, top_k: int = 0, on_update: UpdateCallback | None = None) -> RequestHandle:
         """Queue one request (thread-safe); it joins the batch at the next round boundary.
 
         Args as in ``SpeculativeDecoder.generate`` for one request (``prompt``: token ids, or text with a
-        tokenizer). Invalid requests raise ``DSparkTrtError`` here, before anything runs.
+        tokenizer). Invalid requests raise ``DSparkTrtError`` here, before anything runs; ``ServerBusy`` when
+        ``max_queue`` requests already wait.
         """
         dec = self.decoder
         nested = isinstance(prompt, (list, tuple)) and any(isinstance(t, (list, tuple, str)) for t in prompt)
@@ -192,6 +214,8 @@ class RequestScheduler:
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_sampling(torch.tensor([float(temperature)]), torch.tensor([int(seed)]))
+        check_truncation(torch.tensor([int(top_k)]), torch.tensor([float(top_p)]))
+        stops = dec.stop_check(stop) if stop else None
         if self.max_context is not None and len(tokens) + int(max_new_tokens) > self.max_context:
             raise DSparkTrtError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({int(max_new_tokens)}) exceeds the "
                                  f"model's context of {self.max_context} tokens; shorten the prompt or ask for fewer "
@@ -199,11 +223,19 @@ class RequestScheduler:
         eos = dec.target.eos_token_ids if eos_token_id is None else (
             (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
         rid = next(self._ids)
-        handle = RequestHandle(rid, _Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos),
-                               on_update)
+        request = _Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos, stop=stops,
+                           top_k=int(top_k), top_p=float(top_p))
+        handle = RequestHandle(rid, request, on_update)
         with self._lock:
             if self._stopping:
                 raise DSparkTrtError("the scheduler is stopped; create a new one")
+            if self.max_queue is not None:
+                free = max(self.max_batch_size - len(self._active), 0)  # rows the next round boundary fills
+                waiting = len(self._pending) - free
+                if waiting >= self.max_queue:
+                    self.stats.rejected += 1
+                    raise ServerBusy(f"server busy: {waiting} request(s) already wait for a batch row (max_queue "
+                                     f"{self.max_queue}, max_batch_size {self.max_batch_size}); retry later")
             self._pending.append(handle)
             self.stats.requests += 1
             self._wake.notify()
@@ -213,6 +245,11 @@ class RequestScheduler:
     def busy(self) -> bool:
         with self._lock:
             return bool(self._pending or self._active)
+
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch, requests waiting to join it)."""
+        with self._lock:
+            return len(self._active), len(self._pending)
 
     # -- the loop -----------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -236,26 +273,90 @@ class RequestScheduler:
                 self._finish(h, "cancelled")
             if joining:
                 if run is None or not self._active:
-                    run = self._run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft,
-                                           verify_cap=self.verify_cap)
+                    run = self._run = self._new_run()
                 self._active.update((h.id, h) for h in joining)
                 self._collect(run.admit([h._request for h in joining]))
             if not self._active:
                 return bool(self._pending)
-            self.stats.batch_sizes[len(self._active)] += 1
-            self.stats.steps += 1
+            self._count_round(len(self._active))
             self._collect(run.step())
-        except Exception as e:  # a failed round fails its requests, never the loop
-            log.exception("decoding round failed; failing %d request(s)", len(self._active))
-            for h in list(self._active.values()):
-                h.error = e
-                self._finish(h, "error")
-            self._active.clear()
-            self._run = None
-            return bool(self._pending)
+        except Exception as e:  # a failed round fails the request(s) that make it fail, never the loop
+            self._recover(list(self._active.values()), e)
         for h in self._active.values():
             h._deliver(False)
-        return True
+        return bool(self._active or self._pending)
+
+    def _new_run(self) -> _Run:
+        run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft, verify_cap=self.verify_cap)
+        run.on_round = self._on_round
+        return run
+
+    def _on_round(self, drafted: list, accepted: list) -> None:
+        self.stats.drafted += sum(drafted)
+        self.stats.accepted += sum(accepted)
+        if self.on_round is not None:
+            try:
+                self.on_round(drafted, accepted)
+            except Exception:  # metrics must not stop the batch
+                log.exception("on_round callback failed")
+
+    def _count_round(self, batch: int) -> None:
+        self.stats.batch_sizes[batch] += 1
+        self.stats.steps += 1
+
+    def _recover(self, handles: list[RequestHandle], error: BaseException) -> None:
+        """A round (or a prefill) of ``handles`` raised: the batch is dropped, and each request runs one round
+        alone. Those that raise again fail (alone, with their own error); the others resume together in a
+        new batch from the tokens they have (``_Run.admit``), so they still get exactly their ``generate``
+        tokens. A request in ``MAX_STRIKES`` failed batches fails too (a fault that needs the whole batch)."""
+        self._run = None
+        self._active.clear()
+        for h in handles:
+            h.strikes += 1
+        if len(handles) == 1:
+            log.error("request %d failed in a round: %s: %s", handles[0].id, type(error).__name__, error)
+            self._fail(handles[0], error)
+            return
+        log.warning("a round of %d requests failed (%s: %s); running each alone to find the failing one(s)",
+                    len(handles), type(error).__name__, error)
+        survivors = []
+        for h in handles:
+            if h.cancelled:
+                self._finish(h, "cancelled")
+                continue
+            if h.strikes >= MAX_STRIKES:
+                log.error("request %d failed in %d batches; failing it", h.id, h.strikes)
+                self._fail(h, error)
+                continue
+            alone = self._new_run()
+            self._active[h.id] = h
+            try:
+                finished = alone.admit([h._request])
+                if not finished:
+                    self._count_round(1)
+                    finished = alone.step()
+            except Exception as e:
+                self._active.pop(h.id)
+                log.error("request %d fails its round alone: %s: %s", h.id, type(e).__name__, e)
+                self._fail(h, e)
+                continue
+            if finished:
+                self._collect(finished)
+            else:
+                self._active.pop(h.id)
+                survivors.append(h)
+        if not survivors:
+            return
+        run = self._run = self._new_run()
+        self._active.update((h.id, h) for h in survivors)
+        try:
+            self._collect(run.admit([h._request for h in survivors]))  # resumed where each one was
+        except Exception as e:
+            self._recover(survivors, e)
+
+    def _fail(self, h: RequestHandle, error: BaseException) -> None:
+        h.error = error
+        self._finish(h, "error")
 
     def _collect(self, finished) -> None:
         for r in finished:
