@@ -1,6 +1,6 @@
 """``dspark gpu-check --out DIR``: everything that needs a GPU, in one command (≈ 4–8 min on one H200).
 
-    # optional, on the CPU machine: the PTX a TensorRT engine would embed (ISA 9.0 for CUDA 13.0 drivers)
+    # optional, on the CPU machine: the PTX a TensorRT engine would embed (ISA 8.0: CUDA >= 12.0 drivers)
     python -m dspark_trt.plugins.aot --out ptx --n 7 --k 512 --rank 256 --dtypes fp32-bf16,bf16-bf16 --validate
     # on the GPU host, from the repository root, with its own torch/Triton (installs nothing)
     PYTHONPATH=. python -m dspark_trt.cli.main gpu-check --out gpu-check [--ptx-dir ptx] [--quick]
