@@ -25,7 +25,7 @@ from typing import Callable, Literal
 from ..errors import DSparkTrtError
 
 __all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine",
-           "EngineFromOnnx", "union_engine_refusal", "check_engine_graph"]
+           "EngineFromOnnx", "union_engine_refusal", "check_engine_graph", "check_version_compatible"]
 
 log = logging.getLogger("dspark.engine")
 
@@ -272,6 +272,19 @@ def union_engine_refusal(flavor: str, markov_topm: int | None = None) -> str:
     return (f"--markov-topm{m}: no {flavor} engine for a candidate-union draft graph (the {flavor} builder does not "
             f"finish on its standard-op local function); build with --engine tensorrt on a GPU host (the union "
             f"plugin), run it with the onnxruntime backend (--engine none), or use --markov-topm 0")
+
+
+def check_version_compatible(version_compatible: bool, plugin_op: str | None) -> None:
+    """Refuse, in one line, a version-compatible engine around an AOT plugin (``plugin_op``: the draft graph's
+    plugin op, None without one). A version-compatible plan runs on the lean runtime it embeds, and TensorRT
+    documents no support there for quickly-deployable AOT plugin layers; until that has been shown to work on a
+    GPU host, the combination is refused before anything runs."""
+    if not version_compatible or plugin_op is None:
+        return
+    raise DSparkTrtError(f"--version-compatible with the {plugin_op} AOT plugin is not supported: TensorRT does not "
+                         f"document AOT plugin layers in version-compatible (lean-runtime) engines and it has not been "
+                         f"shown to work; drop --version-compatible (rebuild with dspark build-engine OUT --force after "
+                         f"a TensorRT upgrade), or export with --topk off (no plugin)")
 
 
 def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:

@@ -53,6 +53,18 @@ def test_version_compatible_is_full_tensorrt_only():
         EngineBuildConfig("tensorrt-rtx", version_compatible=True)
 
 
+def test_version_compatible_is_refused_around_the_aot_plugin():
+    """No TensorRT documentation says a lean-runtime (version-compatible) engine runs AOT plugin layers."""
+    from dspark_trt.export.engine import check_version_compatible
+
+    check_version_compatible(True, None)  # a dense draft graph: no plugin
+    check_version_compatible(False, "DSparkTopKMarkov")
+    for op in ("DSparkTopKMarkov", "DSparkTopKMarkovUnion"):
+        with pytest.raises(DSparkTrtError, match=f"--version-compatible with the {op} AOT plugin is not supported") as e:
+            check_version_compatible(True, op)
+        assert "\n" not in str(e.value) and "drop --version-compatible" in str(e.value)
+
+
 def test_resolve_flavor():
     from tests.conftest import have_module, have_tensorrt
 

@@ -119,3 +119,14 @@ def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
         with pytest.raises(DSparkTrtError) as e:
             build_engines(out, engine="tensorrt")
         assert "or use --engine tensorrt-rtx" in str(e.value) and "none" not in str(e.value)
+
+
+def test_build_engine_refuses_version_compatible_around_the_plugin(tmp_path):
+    """Before TensorRT is even looked for: a version-compatible engine around the AOT plugin is unverified."""
+    from dspark_trt.export.manifest import FORMAT_VERSION
+
+    for topk, m, op in ((16, 0, "DSparkTopKMarkov"), (16, 4, "DSparkTopKMarkovUnion")):
+        (tmp_path / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "topk": topk,
+                                                            "markov_topm": m, "op_contract_version": 2}))
+        with pytest.raises(DSparkTrtError, match=f"--version-compatible with the {op} AOT plugin is not supported"):
+            build_engines(tmp_path, engine="tensorrt", options=ExportOptions(version_compatible=True))
