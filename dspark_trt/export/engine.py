@@ -2,7 +2,8 @@
 
 What differs between the flavours is data (``FLAVORS``); the build itself is the same: a strongly typed
 network from the ONNX parser, one optimization profile over the batch dimension (and any other dynamic
-dimension given a range), optional version-compatible / hardware-compatibility flags (full TensorRT), an
+dimension given a range) — plus, where asked (``extra_profiles``: the target's small-Q verify profile), more
+profiles that narrow some of those ranges — optional version-compatible / hardware-compatibility flags (full TensorRT), an
 explicit compute capability (TensorRT-RTX builds on a CPU-only machine), and TensorRT's progress monitor
 reported per phase.
 
@@ -89,6 +90,9 @@ class EngineBuildConfig:
     max_batch_size: int = 8
     opt_batch_size: int | None = None  # defaults to max_batch_size
     dynamic_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # other symbolic dims
+    #: more optimization profiles after profile 0, each overriding some of ``dynamic_ranges`` (a profile whose
+    #: shapes are smaller needs less activation memory, and TensorRT tunes it for its own opt shapes)
+    extra_profiles: tuple[dict[str, tuple[int, int, int]], ...] = ()
     batch_dim: str = "B"  # the symbolic batch dimension of the exported graphs
     version_compatible: bool = False  # full TensorRT: runs on later runtimes of the same major version
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
@@ -109,12 +113,18 @@ class EngineBuildConfig:
     def batch_range(self) -> tuple[int, int, int]:
         return 1, self.opt_batch_size or self.max_batch_size, self.max_batch_size
 
+    @property
+    def profile_ranges(self) -> list[dict[str, tuple[int, int, int]]]:
+        """The dynamic ranges of every optimization profile, profile 0 first."""
+        return [dict(self.dynamic_ranges)] + [{**self.dynamic_ranges, **extra} for extra in self.extra_profiles]
+
     def describe(self) -> dict:
         """JSON-able build flags for the manifest."""
         return {
             "flavor": self.flavor,
             "batch": dict(zip(("min", "opt", "max"), self.batch_range)),
             "dynamic_ranges": {k: list(v) for k, v in self.dynamic_ranges.items()},
+            "extra_profiles": [{k: list(v) for k, v in extra.items()} for extra in self.extra_profiles],
             "version_compatible": self.version_compatible,
             "hardware_compatibility": self.hardware_compatibility,
             "compute_capability": self.compute_capability if self.flavor == "tensorrt-rtx" else None,
@@ -319,14 +329,14 @@ def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
         errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
         raise DSparkTrtError(f"{config.flavor} could not parse {onnx_path}: {errors}")
     build = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
     inputs = {network.get_input(i).name: list(network.get_input(i).shape) for i in range(network.num_inputs)}
     symbolic = onnx_inputs(onnx_path)
-    for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, config.dynamic_ranges,
-                                              config.batch_dim).items():
-        if name in inputs:
-            profile.set_shape(name, lo, opt, hi)
-    build.add_optimization_profile(profile)
+    for ranges in config.profile_ranges:  # profile 0, then the narrower ones (the target's verify profile)
+        profile = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, ranges, config.batch_dim).items():
+            if name in inputs:
+                profile.set_shape(name, lo, opt, hi)
+        build.add_optimization_profile(profile)
     if config.version_compatible:
         build.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
     if config.hardware_compatibility != "none" and config.flavor == "tensorrt":

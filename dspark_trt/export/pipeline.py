@@ -41,7 +41,7 @@ from .engine import (FLAVORS, EngineBuildConfig, build_engine, check_version_com
 from .manifest import MANIFEST_FILE, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
-           "TargetForExport", "Phases"]
+           "TargetForExport", "Phases", "target_build_config", "VERIFY_TOKENS"]
 
 log = logging.getLogger("dspark.export")
 
@@ -170,11 +170,8 @@ class EnginesForExport:
         for graph in GRAPHS + (("target",) if target else ()):
             config = self.config
             if graph == "target":
-                from .target_onnx import target_dynamic_ranges
-
                 onnx_file = target["onnx"]
-                config = dataclasses.replace(config, register_plugins=None,
-                                             dynamic_ranges=target_dynamic_ranges(int(target["max_context"])))
+                config = target_build_config(config, int(target["max_context"]))
             else:
                 onnx_file = self.manifest["graphs"][graph]["file"]
             if graph == "draft" and flavor == "tensorrt" and self.manifest.get("plugin_graph"):
@@ -188,8 +185,9 @@ class EnginesForExport:
             plan = build_engine(self.export_dir / onnx_file, config)
             atomic_write_bytes(path, plan)
             embedded = _embedded_since(flavor, before)
-            shapes = profile_shapes(onnx_inputs(self.export_dir / onnx_file), config.batch_range,
-                                    config.dynamic_ranges, config.batch_dim)
+            symbolic = onnx_inputs(self.export_dir / onnx_file)
+            profiles = [profile_shapes(symbolic, config.batch_range, ranges, config.batch_dim)
+                        for ranges in config.profile_ranges]
             if graph == "target":
                 target["engines"] = sorted({*target.get("engines", []), f"engines/{name}"})
             entries[f"{graph}.{flavor}"] = {
@@ -199,11 +197,35 @@ class EnginesForExport:
                 "flavor": flavor,
                 "version": trt_version,
                 "bytes": len(plan),
-                "profile": {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()},
+                "profile": _profile_record(profiles[0]),
+                "profiles": [_profile_record(shapes) for shapes in profiles],  # [0] = "profile"; the target: verify
                 "build": config.describe(),
                 **({"plugin_kernels": embedded} if embedded else {}),  # the PTX inside: file, sha256, ISA, arch
             }
         return entries
+
+
+def _profile_record(shapes: dict) -> dict:
+    return {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()}
+
+
+#: verify rounds score at most this many new tokens in the target engine's small-Q profile (profile 1); the
+#: TensorRT target replays CUDA graphs for rounds up to the same size (``TensorRTTarget(max_graph_tokens=)``)
+VERIFY_TOKENS = 16
+
+
+def target_build_config(config: EngineBuildConfig, max_context: int,
+                        verify_tokens: int = VERIFY_TOKENS) -> EngineBuildConfig:
+    """The target engine's build: profile 0 for prefill (Q up to ``max_context``) and profile 1 for verify rounds
+    (Q ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole context
+    (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin."""
+    from .target_onnx import target_dynamic_ranges
+
+    ranges = target_dynamic_ranges(int(max_context))
+    lo, opt, hi = ranges["Q"]
+    small = min(hi, verify_tokens)
+    extra = ({"Q": (lo, min(opt, small), small)},) if small < hi else ()
+    return dataclasses.replace(config, register_plugins=None, dynamic_ranges=ranges, extra_profiles=extra)
 
 
 def _embedded_count(flavor: str) -> int:
