@@ -438,6 +438,21 @@ class TensorRTEngine:
                                      f"{profile}; rebuild with a larger --max-batch-size / --max-context")
         return ctx
 
+    def execute(self, ctx) -> None:
+        """``execute_async_v3`` on the engine's stream — where its contexts' profiles were set and where no two of
+        them overlap on the shared scratch. Called from another stream (an eager round, an exact-shape run), the
+        engine's stream first waits for it (the inputs were written there) and it then waits for the engine's
+        (the outputs are read there, and buffers freed there are reused only after the work)."""
+        current = torch.cuda.current_stream(self.device)
+        outside = current != self.stream
+        if outside:
+            self.stream.wait_stream(current)
+        if not ctx.execute_async_v3(self.stream.cuda_stream):
+            raise DSparkTrtError(f"TensorRT execute_async_v3 failed for the {self.name} engine (see the TensorRT log "
+                                 f"above)")
+        if outside:
+            current.wait_stream(self.stream)
+
     def synchronize(self) -> None:
         """Wait for everything enqueued on the engine's stream (before dropping a context or a bound buffer)."""
         self.stream.synchronize()
@@ -521,9 +536,10 @@ class TensorRTGraph:
         return output_batch_dims(self.tensors, self.batch_dim)
 
     def _run_exact(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One eager call with the feeds' own shapes, on the engine's stream. Inputs and outputs are allocated
-        on the caller's stream, which waits for the engine's afterwards: freeing them is ordered after the
-        work. The context is cached per shape (bounded); an evicted one is dropped after a synchronize."""
+        """One eager call with the feeds' own shapes, on the engine's stream (``TensorRTEngine.execute``). Inputs
+        and outputs are allocated on the caller's stream, which waits for the engine's afterwards: freeing them
+        is ordered after the work. The context is cached per shape (bounded); an evicted one is dropped after a
+        synchronize."""
         device = self.runner.device
         static = bind_inputs(self.runner.specs, feeds, device)
         shapes = {name: tuple(t.shape) for name, t in static.items()}
@@ -531,11 +547,7 @@ class TensorRTGraph:
         outputs = {t.name: aligned_empty(tuple(ctx.get_tensor_shape(t.name)), t.dtype, device) for t in self.outputs}
         for name, t in {**static, **outputs}.items():
             ctx.set_tensor_address(name, t.data_ptr())
-        current, stream = torch.cuda.current_stream(device), self.engine.stream
-        stream.wait_stream(current)  # the feeds were written on the caller's stream
-        if not ctx.execute_async_v3(stream.cuda_stream):
-            raise DSparkTrtError("TensorRT execute_async_v3 failed (see the TensorRT log above)")
-        current.wait_stream(stream)
+        self.engine.execute(ctx)
         return outputs
 
     def _enqueue(self, static: dict[str, torch.Tensor], key: GraphKey) -> dict[str, torch.Tensor]:
@@ -551,9 +563,7 @@ class TensorRTGraph:
             if t.data_ptr() % TENSOR_ALIGNMENT:  # the runner's static buffers come from the caching allocator
                 raise DSparkTrtInternalError(f"static buffer {name} is not {TENSOR_ALIGNMENT}-byte aligned")
             ctx.set_tensor_address(name, t.data_ptr())
-        stream = torch.cuda.current_stream(self.runner.device)
-        if not ctx.execute_async_v3(stream.cuda_stream):
-            raise DSparkTrtError("TensorRT execute_async_v3 failed (see the TensorRT log above)")
+        self.engine.execute(ctx)  # inside a capture the current stream is the engine's: enqueued as is
         return outputs
 
     # lifetime
