@@ -3,7 +3,8 @@
 What differs between the flavours is data (``FLAVORS``); the build itself is the same: a strongly typed
 network from the ONNX parser, one optimization profile over the batch dimension (and any other dynamic
 dimension given a range) — plus, where asked (``extra_profiles``: the target's small-Q verify profile), more
-profiles that narrow some of those ranges — optional version-compatible / hardware-compatibility flags (full TensorRT), an
+profiles that narrow some of those ranges — optional version-compatible / hardware-compatibility flags (full
+TensorRT), an
 explicit compute capability (TensorRT-RTX builds on a CPU-only machine), and TensorRT's progress monitor
 reported per phase.
 
@@ -291,10 +292,10 @@ def check_version_compatible(version_compatible: bool, plugin_op: str | None) ->
     GPU host, the combination is refused before anything runs."""
     if not version_compatible or plugin_op is None:
         return
-    raise DSparkTrtError(f"--version-compatible with the {plugin_op} AOT plugin is not supported: TensorRT does not "
-                         f"document AOT plugin layers in version-compatible (lean-runtime) engines and it has not been "
-                         f"shown to work; drop --version-compatible (rebuild with dspark build-engine OUT --force after "
-                         f"a TensorRT upgrade), or export with --topk off (no plugin)")
+    raise DSparkTrtError(f"--version-compatible with the {plugin_op} AOT plugin is not supported: TensorRT does "
+                         f"not document AOT plugin layers in version-compatible (lean-runtime) engines and it has not "
+                         f"been shown to work; drop --version-compatible (rebuild with dspark build-engine OUT --force "
+                         f"after a TensorRT upgrade), or export with --topk off (no plugin)")
 
 
 def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:

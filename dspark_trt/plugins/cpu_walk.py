@@ -31,10 +31,11 @@ L1); Numba has no float16 on the CPU, so fp16 weights stay with the reference.
 
 Candidate union (``union_table`` [V, M], ``reference.markov``'s docstring): slot j walks k + M candidates,
 the last M being ``union_table[d_j]`` valued from the base logits, −inf where the id is already a top-k
-candidate (k comparisons each). One kernel (``_walk``) walks both: M = 0 is the plain walk, whose loop is
-the top-k one alone (same results bit for bit, same time as a kernel of its own). Their Gumbel noise is hashed in the kernel (the reference's integer hash,
-exact; ``-log(-log u)`` in fp32 with the C library's ``logf``, which may differ from ATen's in the last
-bit), since their ids are known only once d_j is drawn.
+candidate (k comparisons each). The union ids' Gumbel noise is hashed in the kernel (the reference's
+integer hash, exact; ``-log(-log u)`` in fp32 with the C library's ``logf``, which may differ from ATen's in
+the last bit), since their ids are known only once d_j is drawn. One kernel (``_walk``) walks both: M = 0
+is the plain walk, whose loop is the top-k one alone (the same results bit for bit, and the same time, as
+a kernel of its own).
 
 Cost per round: B·N·V_d·4 bytes read once by the selection + B·N·k·r·|W| bytes of gathered W2 rows
 (``dspark bench markov`` reports this floor beside the measured time).

@@ -299,7 +299,8 @@ class GraphRunner:
     # -- lifetime (Polygraphy-style) -----------------------------------------------------------------
     def activate(self) -> "GraphRunner":
         if self.mode == "graph" and self._stream is None:
-            self._stream = self.stream if self.stream is not None else torch.cuda.Stream(self.device)  # never the default
+            # never the default stream: a shared one (``stream``) or the runner's own
+            self._stream = self.stream if self.stream is not None else torch.cuda.Stream(self.device)
             self._pool = torch.cuda.graph_pool_handle()  # this role's own pool
         return self
 

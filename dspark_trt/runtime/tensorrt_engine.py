@@ -208,7 +208,8 @@ def check_engine_io(engine_io: Sequence[EngineTensor], tensors: Sequence[IoTenso
     have, want = {t.name: t for t in engine_io}, {t.name: t for t in tensors}
     problems = [f"the manifest's {'input' if want[n].is_input else 'output'} {n} is missing"
                 for n in want if n not in have]
-    problems += [f"{'input' if have[n].is_input else 'output'} {n} is not in the manifest" for n in have if n not in want]
+    problems += [f"{'input' if have[n].is_input else 'output'} {n} is not in the manifest"
+                 for n in have if n not in want]
     for name in (n for n in want if n in have):
         e, m = have[name], want[name]
         if e.is_input != m.is_input:
@@ -259,8 +260,8 @@ def choose_profile(profiles: Sequence[Profile], shapes: Mapping[str, Sequence[in
             {n: shapes[n]})), next(iter(shapes), "?"))
         lo, hi = wide.shapes.get(bad, ((), ()))
         raise DSparkTrtError(f"input {bad} shape {tuple(int(x) for x in shapes.get(bad, ()))} is outside every "
-                             f"profile of the engine (at most {tuple(hi)}, at least {tuple(lo)}); rebuild with a larger "
-                             f"--max-batch-size / --max-context")
+                             f"profile of the engine (at most {tuple(hi)}, at least {tuple(lo)}); rebuild with a "
+                             f"larger --max-batch-size / --max-context")
     return min(fits, key=lambda p: (p.memory, p.index)).index
 
 
@@ -402,7 +403,8 @@ class TensorRTEngine:
         for i in range(e.num_io_tensors):
             name = e.get_tensor_name(i)
             dtype = trt_enum_name(e.get_tensor_dtype(name))
-            out.append(EngineTensor(name, e.get_tensor_mode(name) == trt.TensorIOMode.INPUT, TRT_DTYPES.get(dtype, dtype),
+            is_input = e.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+            out.append(EngineTensor(name, is_input, TRT_DTYPES.get(dtype, dtype),
                                     tuple(int(d) for d in e.get_tensor_shape(name))))
         return tuple(out)
 
@@ -556,7 +558,8 @@ class TensorRTGraph:
         first (warm-up) call of a key, never inside a capture."""
         ctx = self._contexts.get(key, lambda: self.engine.context({n: tuple(t.shape) for n, t in static.items()}))
         if key not in self._outputs:
-            self._outputs[key] = {t.name: aligned_empty(tuple(ctx.get_tensor_shape(t.name)), t.dtype, self.runner.device)
+            device = self.runner.device
+            self._outputs[key] = {t.name: aligned_empty(tuple(ctx.get_tensor_shape(t.name)), t.dtype, device)
                                   for t in self.outputs}
         outputs = self._outputs[key]
         for name, t in {**static, **outputs}.items():

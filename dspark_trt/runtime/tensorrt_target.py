@@ -7,7 +7,8 @@ padded past slots are masked out (``attention_mask`` 0), padded requests attend 
 only (mask 1, zero K/V), so every real row computes what it would alone. A prefill (long Q) runs eagerly
 with exact shapes. All contexts share the engine's one scratch buffer and stream (``TensorRTEngine``); an
 engine built with a small-Q verify profile runs verify rounds on it. The engine's I/O is checked against the
-manifest's ``target.io`` at load. Tensor names and dtypes come from the manifest's ``target.io`` (CONTRACT: ``input_ids``,
+manifest's ``target.io`` at load.
+Tensor names and dtypes come from the manifest's ``target.io`` (CONTRACT: ``input_ids``,
 ``position_ids``, ``attention_mask`` [B, P + Q], ``past_key``/``past_value`` [L, B, H, P, D] → ``logits``,
 ``taps``, ``new_key``/``new_value`` [L, B, H, Q, D]).
 

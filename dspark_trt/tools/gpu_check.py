@@ -419,7 +419,8 @@ def _tensorrt_export(out: Path) -> tuple[str, dict]:
     detail = (f"3 engines in {seconds}s; draft embeds {kernels[0]['file']} (ISA {kernels[0]['ptx_isa']}); target "
               f"{profiles} profiles")
     return detail, {"dir": str(out / "export"), "drafter": str(pair.drafter), "target": str(pair.target),
-                    "seconds": seconds, "bytes": {k: v["bytes"] for k, v in engines.items()}, "target_profiles": profiles}
+                    "seconds": seconds, "bytes": {k: v["bytes"] for k, v in engines.items()},
+                    "target_profiles": profiles}
 
 
 class _OnCpu:
@@ -578,8 +579,8 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
     if skip_pytest:
         checks.skip(f"pytest -m \"{PYTEST_MARKERS}\"", "--skip-pytest")
     elif not tests_dir.is_dir():
-        checks.skip(f"pytest -m \"{PYTEST_MARKERS}\"", f"no tests/ beside the package ({tests_dir}): run gpu-check from "
-                    f"a source checkout")
+        checks.skip(f"pytest -m \"{PYTEST_MARKERS}\"", f"no tests/ beside the package ({tests_dir}): run gpu-check "
+                    f"from a source checkout")
     else:
         checks.run(f"pytest -m \"{PYTEST_MARKERS}\"", pytest_check)
     generated = trt.get("generate") if isinstance(trt.get("generate"), dict) else None

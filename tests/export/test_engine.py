@@ -60,7 +60,8 @@ def test_version_compatible_is_refused_around_the_aot_plugin():
     check_version_compatible(True, None)  # a dense draft graph: no plugin
     check_version_compatible(False, "DSparkTopKMarkov")
     for op in ("DSparkTopKMarkov", "DSparkTopKMarkovUnion"):
-        with pytest.raises(DSparkTrtError, match=f"--version-compatible with the {op} AOT plugin is not supported") as e:
+        message = f"--version-compatible with the {op} AOT plugin is not supported"
+        with pytest.raises(DSparkTrtError, match=message) as e:
             check_version_compatible(True, op)
         assert "\n" not in str(e.value) and "drop --version-compatible" in str(e.value)
 

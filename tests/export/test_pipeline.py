@@ -98,6 +98,13 @@ def test_tensorrt_rtx_engines_were_built(exported):
             for dim, (lo, hi) in enumerate(zip(profile["min"], profile["max"])):
                 want = {"B": (1, 8), "T": (1, T), "Q": (1, T), "P": (0, T), "S": (1, T)}.get(i["shape"][dim])
                 assert (lo, hi) == (want or (i["shape"][dim], i["shape"][dim]))
+        assert entry["profiles"][0] == entry["profile"]
+        if entry["graph"] != "target":
+            assert len(entry["profiles"]) == 1
+            continue
+        verify = entry["profiles"][1]  # the target's small-Q verify profile: only Q narrows, to 16 new tokens
+        assert len(entry["profiles"]) == 2 and verify["input_ids"]["max"] == verify["position_ids"]["max"] == [8, 16]
+        assert all(verify[n] == entry["profile"][n] for n in verify if n not in ("input_ids", "position_ids"))
 
 
 @pytest.mark.rtx

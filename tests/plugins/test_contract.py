@@ -22,7 +22,8 @@ def test_the_references_take_the_contract_inputs_by_position_or_name():
     by_name = reference_op(**{c.name: t for c, t in zip(INPUTS, inputs)}, logit_scale=0.5)
     assert len(by_position) == len(OUTPUTS) and all(torch.equal(a, b) for a, b in zip(by_position, by_name))
     union = reference_union_op(*make_union_inputs(case, 5, "cpu"), logit_scale=0.5)
-    assert [tuple(t.shape) for t in union] == [(3, 3), (3, 3, 21), (3, 3), (3, 3, 5)] and len(union) == len(UNION_OUTPUTS)
+    assert [tuple(t.shape) for t in union] == [(3, 3), (3, 3, 21), (3, 3), (3, 3, 5)]
+    assert len(union) == len(UNION_OUTPUTS)
     assert union[0].dtype == union[3].dtype == torch.int32
     with pytest.raises(TypeError, match="logit_scale"):
         reference_op(*inputs)

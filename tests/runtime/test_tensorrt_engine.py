@@ -295,7 +295,8 @@ def test_exact_shape_inputs_are_bound_aligned_contiguous_and_in_the_engine_dtype
     specs = input_specs(io_tensors(TARGET_IO), "B", "P", {"attention_mask": (1, 0)})
     k = torch.randn(4, 3, 8, 40, 128, dtype=torch.bfloat16)  # [L, B, H, capacity, D]
     ids = torch.arange(2 * 33, dtype=torch.int32).view(2, 33)[:, 1:]  # offset view, int32 where the engine has int64
-    feeds = {"input_ids": ids, "position_ids": ids.to(torch.int64), "attention_mask": torch.ones(2, 37, dtype=torch.int64),
+    feeds = {"input_ids": ids, "position_ids": ids.to(torch.int64),
+             "attention_mask": torch.ones(2, 37, dtype=torch.int64),
              "past_key": k[:, 1:, :, :5], "past_value": k[:, :2, :, :5]}  # strided views of the K/V buffers
     got = bind_inputs(specs, feeds, "cpu")
     for name, t in got.items():
