@@ -16,7 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("auto", "tensorrt", "tensorrt-rtx"), default="auto")
     p.add_argument("--max-batch-size", type=int, default=None)
     p.add_argument("--opt-batch-size", type=int, default=None)
-    p.add_argument("--version-compatible", action="store_true", default=None)
+    p.add_argument("--version-compatible", action="store_true", default=None,
+                   help="engines for later TensorRT runtimes of the same major version (dense exports only: refused "
+                        "with the top-k AOT plugin)")
     p.add_argument("--compute-capability", default=None, help="TensorRT-RTX target GPU (default SM80)")
     p.add_argument("--force", action="store_true", help="rebuild engines that already exist")
 

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-target", action="store_true", help="export the drafter only (the target stays a "
                    "transformers model at run time)")
     p.add_argument("--version-compatible", action="store_true", default=None,
-                   help="TensorRT: engine runs on later TensorRT runtimes of the same major version")
+                   help="TensorRT: engine runs on later TensorRT runtimes of the same major version (dense exports "
+                        "only: refused with the top-k AOT plugin, which is unverified in lean-runtime engines)")
     p.add_argument("--compute-capability", default=None, help="TensorRT-RTX target GPU (default SM80)")
     p.add_argument("--no-validate", action="store_true", help="skip the onnxruntime-vs-reference validation")
     p.add_argument("--force", action="store_true", help="replace a non-empty output directory")

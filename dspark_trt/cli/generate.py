@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 
 from ..errors import DSparkTrtError
 from .common import set_cpu_threads, verify_length
+
+log = logging.getLogger("dspark.generate")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -180,6 +183,10 @@ def run(args: argparse.Namespace) -> int:
         results.append(decoder.generate(chunk, draft=not args.no_draft,
                                         **generation_options(args, len(chunk), offset=start)))
     result = results[0] if len(results) == 1 else GenerationResult.merge(results)
+    if log.isEnabledFor(logging.DEBUG):  # -v: what the runtime holds on the device after the run
+        from ..runtime.device_memory import describe_reserved, reserved_device_memory
+
+        log.debug("device memory reserved: %s", describe_reserved(reserved_device_memory(decoder)))
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0

@@ -2,7 +2,9 @@
 
 What differs between the flavours is data (``FLAVORS``); the build itself is the same: a strongly typed
 network from the ONNX parser, one optimization profile over the batch dimension (and any other dynamic
-dimension given a range), optional version-compatible / hardware-compatibility flags (full TensorRT), an
+dimension given a range) — plus, where asked (``extra_profiles``: the target's small-Q verify profile), more
+profiles that narrow some of those ranges — optional version-compatible / hardware-compatibility flags (full
+TensorRT), an
 explicit compute capability (TensorRT-RTX builds on a CPU-only machine), and TensorRT's progress monitor
 reported per phase.
 
@@ -25,7 +27,7 @@ from typing import Callable, Literal
 from ..errors import DSparkTrtError
 
 __all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine",
-           "EngineFromOnnx", "union_engine_refusal", "check_engine_graph"]
+           "EngineFromOnnx", "union_engine_refusal", "check_engine_graph", "check_version_compatible"]
 
 log = logging.getLogger("dspark.engine")
 
@@ -89,6 +91,9 @@ class EngineBuildConfig:
     max_batch_size: int = 8
     opt_batch_size: int | None = None  # defaults to max_batch_size
     dynamic_ranges: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # other symbolic dims
+    #: more optimization profiles after profile 0, each overriding some of ``dynamic_ranges`` (a profile whose
+    #: shapes are smaller needs less activation memory, and TensorRT tunes it for its own opt shapes)
+    extra_profiles: tuple[dict[str, tuple[int, int, int]], ...] = ()
     batch_dim: str = "B"  # the symbolic batch dimension of the exported graphs
     version_compatible: bool = False  # full TensorRT: runs on later runtimes of the same major version
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
@@ -109,12 +114,18 @@ class EngineBuildConfig:
     def batch_range(self) -> tuple[int, int, int]:
         return 1, self.opt_batch_size or self.max_batch_size, self.max_batch_size
 
+    @property
+    def profile_ranges(self) -> list[dict[str, tuple[int, int, int]]]:
+        """The dynamic ranges of every optimization profile, profile 0 first."""
+        return [dict(self.dynamic_ranges)] + [{**self.dynamic_ranges, **extra} for extra in self.extra_profiles]
+
     def describe(self) -> dict:
         """JSON-able build flags for the manifest."""
         return {
             "flavor": self.flavor,
             "batch": dict(zip(("min", "opt", "max"), self.batch_range)),
             "dynamic_ranges": {k: list(v) for k, v in self.dynamic_ranges.items()},
+            "extra_profiles": [{k: list(v) for k, v in extra.items()} for extra in self.extra_profiles],
             "version_compatible": self.version_compatible,
             "hardware_compatibility": self.hardware_compatibility,
             "compute_capability": self.compute_capability if self.flavor == "tensorrt-rtx" else None,
@@ -274,6 +285,19 @@ def union_engine_refusal(flavor: str, markov_topm: int | None = None) -> str:
             f"plugin), run it with the onnxruntime backend (--engine none), or use --markov-topm 0")
 
 
+def check_version_compatible(version_compatible: bool, plugin_op: str | None) -> None:
+    """Refuse, in one line, a version-compatible engine around an AOT plugin (``plugin_op``: the draft graph's
+    plugin op, None without one). A version-compatible plan runs on the lean runtime it embeds, and TensorRT
+    documents no support there for quickly-deployable AOT plugin layers; until that has been shown to work on a
+    GPU host, the combination is refused before anything runs."""
+    if not version_compatible or plugin_op is None:
+        return
+    raise DSparkTrtError(f"--version-compatible with the {plugin_op} AOT plugin is not supported: TensorRT does "
+                         f"not document AOT plugin layers in version-compatible (lean-runtime) engines and it has not "
+                         f"been shown to work; drop --version-compatible (rebuild with dspark build-engine OUT --force "
+                         f"after a TensorRT upgrade), or export with --topk off (no plugin)")
+
+
 def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:
     """Refuse, in one line, an ONNX graph this flavor cannot build: TensorRT-RTX and the candidate-union node."""
     import onnx
@@ -306,14 +330,14 @@ def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
         errors = "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
         raise DSparkTrtError(f"{config.flavor} could not parse {onnx_path}: {errors}")
     build = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
     inputs = {network.get_input(i).name: list(network.get_input(i).shape) for i in range(network.num_inputs)}
     symbolic = onnx_inputs(onnx_path)
-    for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, config.dynamic_ranges,
-                                              config.batch_dim).items():
-        if name in inputs:
-            profile.set_shape(name, lo, opt, hi)
-    build.add_optimization_profile(profile)
+    for ranges in config.profile_ranges:  # profile 0, then the narrower ones (the target's verify profile)
+        profile = builder.create_optimization_profile()
+        for name, (lo, opt, hi) in profile_shapes(symbolic, config.batch_range, ranges, config.batch_dim).items():
+            if name in inputs:
+                profile.set_shape(name, lo, opt, hi)
+        build.add_optimization_profile(profile)
     if config.version_compatible:
         build.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
     if config.hardware_compatibility != "none" and config.flavor == "tensorrt":

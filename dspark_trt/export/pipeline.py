@@ -36,12 +36,12 @@ from typing import Callable
 from ..atomic import atomic_output_dir, atomic_write_bytes, atomic_write_text, check_output_dir
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
-from .engine import (FLAVORS, EngineBuildConfig, build_engine, onnx_inputs, profile_shapes, resolve_flavor,
-                     union_engine_refusal)
+from .engine import (FLAVORS, EngineBuildConfig, build_engine, check_version_compatible, onnx_inputs, profile_shapes,
+                     resolve_flavor, union_engine_refusal)
 from .manifest import MANIFEST_FILE, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
-           "TargetForExport", "Phases"]
+           "TargetForExport", "Phases", "target_build_config", "VERIFY_TOKENS"]
 
 log = logging.getLogger("dspark.export")
 
@@ -170,11 +170,8 @@ class EnginesForExport:
         for graph in GRAPHS + (("target",) if target else ()):
             config = self.config
             if graph == "target":
-                from .target_onnx import target_dynamic_ranges
-
                 onnx_file = target["onnx"]
-                config = dataclasses.replace(config, register_plugins=None,
-                                             dynamic_ranges=target_dynamic_ranges(int(target["max_context"])))
+                config = target_build_config(config, int(target["max_context"]))
             else:
                 onnx_file = self.manifest["graphs"][graph]["file"]
             if graph == "draft" and flavor == "tensorrt" and self.manifest.get("plugin_graph"):
@@ -188,8 +185,9 @@ class EnginesForExport:
             plan = build_engine(self.export_dir / onnx_file, config)
             atomic_write_bytes(path, plan)
             embedded = _embedded_since(flavor, before)
-            shapes = profile_shapes(onnx_inputs(self.export_dir / onnx_file), config.batch_range,
-                                    config.dynamic_ranges, config.batch_dim)
+            symbolic = onnx_inputs(self.export_dir / onnx_file)
+            profiles = [profile_shapes(symbolic, config.batch_range, ranges, config.batch_dim)
+                        for ranges in config.profile_ranges]
             if graph == "target":
                 target["engines"] = sorted({*target.get("engines", []), f"engines/{name}"})
             entries[f"{graph}.{flavor}"] = {
@@ -199,11 +197,35 @@ class EnginesForExport:
                 "flavor": flavor,
                 "version": trt_version,
                 "bytes": len(plan),
-                "profile": {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()},
+                "profile": _profile_record(profiles[0]),
+                "profiles": [_profile_record(shapes) for shapes in profiles],  # [0] = "profile"; the target: verify
                 "build": config.describe(),
                 **({"plugin_kernels": embedded} if embedded else {}),  # the PTX inside: file, sha256, ISA, arch
             }
         return entries
+
+
+def _profile_record(shapes: dict) -> dict:
+    return {k: {"min": list(v[0]), "opt": list(v[1]), "max": list(v[2])} for k, v in shapes.items()}
+
+
+#: verify rounds score at most this many new tokens in the target engine's small-Q profile (profile 1); the
+#: TensorRT target replays CUDA graphs for rounds up to the same size (``TensorRTTarget(max_graph_tokens=)``)
+VERIFY_TOKENS = 16
+
+
+def target_build_config(config: EngineBuildConfig, max_context: int,
+                        verify_tokens: int = VERIFY_TOKENS) -> EngineBuildConfig:
+    """The target engine's build: profile 0 for prefill (Q up to ``max_context``) and profile 1 for verify rounds
+    (Q ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole context
+    (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin."""
+    from .target_onnx import target_dynamic_ranges
+
+    ranges = target_dynamic_ranges(int(max_context))
+    lo, opt, hi = ranges["Q"]
+    small = min(hi, verify_tokens)
+    extra = ({"Q": (lo, min(opt, small), small)},) if small < hi else ()
+    return dataclasses.replace(config, register_plugins=None, dynamic_ranges=ranges, extra_profiles=extra)
 
 
 def _embedded_count(flavor: str) -> int:
@@ -288,6 +310,7 @@ def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk
     registered and pointed at the export's PTX (``kernel``: the manifest's kernel section, files in ``kernel_dir``).
     (``register_plugin`` registers both ops, so a candidate-union export's plugin graph finds
     ``DSparkTopKMarkovUnion``; its PTX is the union kernel's.)"""
+    check_version_compatible(options.version_compatible, _plugin_op(topk, markov_topm))
     register = None
     if flavor == "tensorrt" and topk is not None:
         def register() -> None:
@@ -321,6 +344,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     target_dir = resolve_target_dir(model_dir, target_dir)  # default: a speculators checkpoint's local verifier
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt", markov_topm=options.markov_topm)
+    check_version_compatible(options.version_compatible, _plugin_op(spec.topk, spec.markov_topm))
     flavor = resolve_flavor(options.engine)
     if flavor == "tensorrt-rtx" and spec.markov_topm:  # no plugin there: it does not build the union (engine.py)
         if options.engine != "auto":
@@ -405,13 +429,15 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
     export_dir = Path(export_dir)
     manifest = read_manifest(export_dir)
+    options = options or ExportOptions()
+    check_version_compatible(options.version_compatible,
+                             _plugin_op(manifest.get("topk"), int(manifest.get("markov_topm") or 0)))
     flavor = resolve_flavor(engine, none_allowed=False)
     if flavor == "tensorrt-rtx" and manifest.get("markov_topm"):
         raise DSparkTrtError(f"{export_dir}: " + union_engine_refusal(flavor, int(manifest["markov_topm"])))
     if flavor is None:
         raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
                              "pip install 'dspark-trt[rtx]' for TensorRT-RTX), then re-run dspark build-engine")
-    options = options or ExportOptions()
     kernel = manifest.get("kernel")
     build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
                           topk=manifest.get("topk"), kernel=kernel,
@@ -420,6 +446,13 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     manifest["engines"] = {**manifest.get("engines", {}), **EnginesForExport(export_dir, manifest, build, force=force)()}
     atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def _plugin_op(topk: int | None, markov_topm: int = 0) -> str | None:
+    """The draft graph's plugin op: the union's with M > 0, the plain one with a top-k, none for a dense graph."""
+    from ..plugins.contract import OP_NAME, UNION_OP_NAME
+
+    return None if not topk else UNION_OP_NAME if markov_topm else OP_NAME
 
 
 def _plugin_record(topk: int, logit_scale: float, markov_topm: int = 0) -> dict:

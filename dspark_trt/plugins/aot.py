@@ -2,11 +2,13 @@
 
 ``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32))`` needs no
 GPU. The PTX is what TensorRT's quickly-deployable AOT plugin stores in the engine; the driver JIT-compiles
-it at load time, so its ISA version must be one the deployment driver accepts (driver 580 / CUDA 13.0 →
-ISA ≤ 9.0). Triton's default ISA follows its bundled ptxas (ISA 9.4 for sm_90 with Triton 3.9), so we cap
-it with the ``ptx_version`` compile option (``ptx_isa``, default 9.0) and fall back to Triton's default when
-its ptxas is older than the cap (Triton 3.6 ships CUDA 12.8's ptxas → ISA 8.7). ``validate_ptx`` assembles
-the result with another ptxas — CUDA 13.0's next to ``nvcc`` here — which is what a CUDA 13.0 driver does.
+it at load time, so its ISA version must be one the deployment driver accepts (CUDA 12.4 drivers (550) →
+ISA ≤ 8.4, 12.8 (570) → 8.7, 13.0 (580) → 9.0). Triton's default ISA follows its bundled ptxas (ISA 9.4 for
+sm_90 with Triton 3.9), so we cap it with the ``ptx_version`` compile option (``ptx_isa``) at the lowest ISA
+the kernel needs, ``DEFAULT_PTX_ISA`` = 8.0: sm_90a exists from ISA 8.0 on (``min_ptx_isa``; LLVM refuses a
+lower one), and this kernel uses nothing newer — so every CUDA 12.x and 13.x driver JIT-compiles it. We fall
+back to Triton's default when its ptxas is older than the cap. ``validate_ptx`` assembles the result with
+another ptxas — CUDA 13.0's next to ``nvcc`` here — which is what a CUDA 13.0 driver does.
 
 Everything the export manifest and the TensorRT plugin need is a pure function of ``WalkKernelSpec`` and
 two numbers of the compiled kernel (``num_warps``, ``shared``): kernel name, signature, int32 extra
@@ -14,7 +16,9 @@ arguments, launch parameters. ``write_ptx_artifacts`` writes the PTX files and r
 
 The ISA is the lowest of three caps (``choose_ptx_isa``): the one asked for (``--ptx-isa``), what Triton's
 ptxas emits, and — on a host with a GPU driver — what that driver JIT-compiles (``driver_max_ptx_isa`` of
-``ptx_launch.driver_version()``); the chosen ISA is recorded with each kernel. The PTX targets ``sm_80``
+``ptx_launch.driver_version()``); the chosen ISA is recorded with each kernel, with its caps and the oldest
+CUDA driver that JIT-compiles it (``min_driver_cuda``). A cap below what the arch needs (a CUDA 11 driver for
+sm_90a) is a one-line refusal, never a compile. The PTX targets ``sm_80``
 (plain: any Ampere-or-newer driver JITs it) or ``sm_90a`` (Hopper's arch-specific features: it loads **only**
 on compute capability 9.0 exactly — ``ptx_runs_on``), so a hardware-compatible (``ampere_plus``) engine
 must embed the sm_80 file (``plugin_arch``). The kernel's static shared memory must stay ≤ 48 KiB
@@ -86,6 +90,9 @@ __all__ = [
     "write_ptx_artifacts",
     "MAX_STATIC_SHARED_MEM",
     "driver_max_ptx_isa",
+    "min_driver_cuda",
+    "min_ptx_isa",
+    "check_isa_for_arch",
     "choose_ptx_isa",
     "plugin_arch",
     "ptx_runs_on",
@@ -98,7 +105,7 @@ DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 #: fixed contract dtypes → Triton element type
 _FIXED = {"int32": "i32", "float32": "fp32"}
 DEFAULT_ARCHS = (80, 90)
-DEFAULT_PTX_ISA = 90  # ISA 9.0: what a CUDA 13.0 driver (580) JIT-compiles
+DEFAULT_PTX_ISA = 80  # ISA 8.0: the lowest sm_90a accepts and all this kernel needs (CUDA >= 12.0 drivers JIT it)
 MAX_STATIC_SHARED_MEM = 48 * 1024  # bytes a launch may use without cudaFuncAttributeMaxDynamicSharedMemorySize
 DESCRIPTION_FILE = "dspark_topk_markov_walk.json"  # what the CLI writes beside the .ptx files
 UNION_DESCRIPTION_FILE = "dspark_topk_markov_walk_union.json"  # the same for the union kernel (--markov-topm M)
@@ -123,7 +130,7 @@ class WalkKernelSpec:
     logits_dtype: str = "bfloat16"  # contract "T": float32 | float16 | bfloat16
     weights_dtype: str = "bfloat16"  # contract "W"
     arch: int = 90  # compute capability, e.g. 80, 90
-    ptx_isa: int | None = DEFAULT_PTX_ISA  # cap on the PTX ISA (90 = 9.0); None = Triton's default
+    ptx_isa: int | None = DEFAULT_PTX_ISA  # cap on the PTX ISA (80 = 8.0); None = Triton's default
     markov_topm: int = 0  # M: 0 = the DSparkTopKMarkov kernel, > 0 = the DSparkTopKMarkovUnion kernel
 
     def __post_init__(self):
@@ -328,6 +335,7 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
 
     driver_cap = driver_ptx_isa_cap()  # None on a host without a GPU driver
     isa = choose_ptx_isa(spec.ptx_isa, _triton_default_isa(spec.arch), driver_cap)
+    check_isa_for_arch(isa, spec.arch, driver_cap)  # before LLVM, which aborts the process on a too-low ISA
     with _fresh_triton_cache():
         try:
             with contextlib.redirect_stdout(sys.stderr):  # Triton prints the failing PTX to stdout
@@ -385,6 +393,41 @@ def driver_max_ptx_isa(cuda_version: str) -> int:
     if major == 11:
         return 70 + minor
     raise DSparkTrtError(f"CUDA {cuda_version} drivers are too old for the walk kernel (sm_80 needs CUDA >= 11)")
+
+
+#: CUDA versions whose drivers exist, oldest first (``min_driver_cuda`` picks the first whose driver JITs an ISA)
+_CUDA_RELEASES = tuple(f"11.{m}" for m in range(9)) + tuple(f"12.{m}" for m in (0, 1, 2, 3, 4, 5, 6, 8, 9)) + \
+    tuple(f"13.{m}" for m in range(10))
+
+
+def min_driver_cuda(isa: str | int) -> str:
+    """The oldest CUDA version whose driver JIT-compiles PTX ISA ``isa`` ("8.0" or 80): 8.0 → 12.0, 8.4 → 12.4,
+    8.7 → 12.8, 9.0 → 13.0 (the inverse of ``driver_max_ptx_isa`` over released versions)."""
+    number = isa if isinstance(isa, int) else _isa_number(isa)
+    for cuda in _CUDA_RELEASES:
+        if driver_max_ptx_isa(cuda) >= number:
+            return cuda
+    raise DSparkTrtError(f"no released CUDA driver JIT-compiles PTX ISA {number // 10}.{number % 10}")
+
+
+def min_ptx_isa(arch: int) -> int:
+    """The lowest PTX ISA (×10) that can target ``arch``'s PTX: sm_80 from ISA 7.0, sm_90a from 8.0 (the PTX ISA
+    release notes; LLVM refuses lower: "PTX version 7.8 does not support target 'sm_90a'")."""
+    return 80 if arch >= 90 else 70
+
+
+def check_isa_for_arch(isa: int | None, arch: int, driver_cap: int | None = None) -> None:
+    """Refuse (one line) an ISA below what ``arch`` needs: the cap came from ``--ptx-isa`` or from this host's
+    driver (then the fix is a newer driver, or building the PTX on another host)."""
+    need = min_ptx_isa(arch)
+    if isa is None or isa >= need:
+        return
+    sm = f"sm_{arch}{'a' if arch >= 90 else ''}"
+    if driver_cap is not None and isa == driver_cap:
+        raise DSparkTrtError(f"{sm} PTX needs ISA >= {need // 10}.{need % 10}, but this host's driver JIT-compiles at "
+                             f"most {isa // 10}.{isa % 10}; update the driver to CUDA >= {min_driver_cuda(need)}")
+    raise DSparkTrtError(f"--ptx-isa {isa // 10}.{isa % 10} is below the {need // 10}.{need % 10} that {sm} PTX needs; "
+                         f"use --ptx-isa {need // 10}.{need % 10} or higher")
 
 
 def choose_ptx_isa(requested: int | None, triton_default: int | None, driver_cap: int | None = None) -> int | None:
@@ -447,9 +490,11 @@ def select_export_kernel(kernel: dict, kernel_dir: str | Path, spec: WalkKernelS
     if hashlib.sha256(ptx.encode()).hexdigest() != entry["sha256"]:
         raise DSparkTrtError(f"{path} differs from the PTX the export checked (sha256); re-run dspark-export")
     if driver_cap is not None and _isa_number(entry["ptx_isa"]) > driver_cap:
+        cap = f"{driver_cap // 10}.{driver_cap % 10}"
+        fix = (f"re-export with --ptx-isa {cap} (or update the driver)" if driver_cap >= min_ptx_isa(spec.arch) else
+               f"update the driver to CUDA >= {min_driver_cuda(entry['ptx_isa'])}")
         raise DSparkTrtError(f"{entry['file']} is PTX ISA {entry['ptx_isa']} but this host's driver JIT-compiles "
-                             f"at most {driver_cap // 10}.{driver_cap % 10}; re-export with --ptx-isa "
-                             f"{driver_cap // 10}.{driver_cap % 10} (or update the driver)")
+                             f"at most {cap}; {fix}")
     check_shared_mem(entry["launch"]["shared_mem"])
     return {"name": kernel["kernel_name"], "ptx": ptx, "launch": entry["launch"], "entry": entry}
 
@@ -550,7 +595,8 @@ def write_ptx_artifacts(
                 "arch": spec.sm,
                 "compute_capability": arch,
                 "ptx_isa": ck.ptx_isa,
-                "ptx_isa_caps": {"requested": ptx_isa, "driver": ck.driver_isa_cap},
+                "ptx_isa_caps": {"requested": ptx_isa, "driver": ck.driver_isa_cap, "arch_min": min_ptx_isa(arch)},
+                "min_driver_cuda": min_driver_cuda(ck.ptx_isa),
                 "logits_dtype": logits_dtype,
                 "weights_dtype": weights_dtype,
                 "num_warps": ck.num_warps,
@@ -608,8 +654,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logit-scale", type=float, default=1.0)
     p.add_argument("--dtypes", default="bf16-bf16", help="comma list of LOGITS-WEIGHTS (default bf16-bf16)")
     p.add_argument("--archs", default="80,90", help="compute capabilities (default 80,90)")
-    p.add_argument("--ptx-isa", default="9.0", help="PTX ISA cap, e.g. 9.0 for CUDA 13.0 drivers; 'triton' = "
-                                                    "Triton's default")
+    default_isa = f"{DEFAULT_PTX_ISA // 10}.{DEFAULT_PTX_ISA % 10}"
+    p.add_argument("--ptx-isa", default=default_isa, help=f"PTX ISA cap (default {default_isa}: the lowest the kernel "
+                   "needs, JIT-compiled by CUDA >= 12.0 drivers); 'triton' = Triton's default")
     p.add_argument("--validate", action="store_true", help="assemble each PTX with the CUDA toolkit's ptxas")
     args = p.parse_args(argv)
     try:

@@ -11,6 +11,7 @@ the oracle ``walk_candidates`` with exactly the node's inputs.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -129,66 +130,53 @@ UNION_OUTPUTS = (
 UNION_ATTRIBUTES = {**ATTRIBUTES, "markov_topm": "int: M, the union width (the last dim of union_table), >= 1"}
 
 
-def reference_op(
-    cand_values: torch.Tensor,
-    cand_ids: torch.Tensor,
-    anchor: torch.Tensor,
-    markov_w1: torch.Tensor,
-    markov_w2: torch.Tensor,
-    d2t: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    position: torch.Tensor,
-    conf_base: torch.Tensor,
-    conf_w: torch.Tensor,
-    *,
-    logit_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The op on CPU via the oracle: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k], confidence fp32 [B, N])."""
-    result = _oracle_walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
-                          conf_base, conf_w, logit_scale=logit_scale)
-    return result.tokens.to(torch.int32), result.cand_logits, result.confidence
+def _op_signature(inputs: tuple[TensorContract, ...]) -> inspect.Signature:
+    """The reference function's signature: the op's inputs by name, in contract order, then ``logit_scale``."""
+    P = inspect.Parameter
+    return inspect.Signature([P(c.name, P.POSITIONAL_OR_KEYWORD, annotation=torch.Tensor) for c in inputs]
+                             + [P("logit_scale", P.KEYWORD_ONLY, annotation=float)])
 
 
-def _oracle_walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base,
-                 conf_w, *, logit_scale: float, **union):
-    """``walk_candidates`` on exactly the node's inputs (``union``: ``union_table=``, ``base_logits=``)."""
+_PLAIN_SIGNATURE, _UNION_SIGNATURE = _op_signature(INPUTS), _op_signature(UNION_INPUTS)
+
+
+def _reference(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]:
+    """Both ops through the oracle, one body: the union's two extra inputs when the signature has them (M > 0),
+    none for the plain op (M = 0); the outputs in contract order."""
+    bound = signature.bind(*args, **kwargs).arguments
+    union = {name: bound.pop(name) for name in ("union_table", "base_logits") if name in bound}
     from ..reference.markov import walk_candidates
 
-    return walk_candidates(
-        cand_values, cand_ids, anchor, markov_w1, markov_w2,
-        logit_scale=logit_scale,
-        d2t=d2t.to(torch.int64),
-        temperature=temperature,
-        seed=seed.to(torch.int64),
-        positions=position.to(torch.int64),
-        conf_base=conf_base,
-        conf_w_markov=conf_w,
+    result = walk_candidates(
+        bound["cand_values"], bound["cand_ids"], bound["anchor"], bound["markov_w1"], bound["markov_w2"],
+        logit_scale=bound["logit_scale"],
+        d2t=bound["d2t"].to(torch.int64),
+        temperature=bound["temperature"],
+        seed=bound["seed"].to(torch.int64),
+        positions=bound["position"].to(torch.int64),
+        conf_base=bound["conf_base"],
+        conf_w_markov=bound["conf_w"],
         **union,
     )
+    outputs = (result.tokens.to(torch.int32), result.cand_logits, result.confidence)
+    if not union:
+        return outputs
+    k = bound["cand_ids"].shape[-1]
+    return (*outputs, result.cand_ids[..., k:].to(torch.int32))
 
 
-def reference_union_op(
-    cand_values: torch.Tensor,
-    cand_ids: torch.Tensor,
-    anchor: torch.Tensor,
-    markov_w1: torch.Tensor,
-    markov_w2: torch.Tensor,
-    d2t: torch.Tensor,
-    temperature: torch.Tensor,
-    seed: torch.Tensor,
-    position: torch.Tensor,
-    conf_base: torch.Tensor,
-    conf_w: torch.Tensor,
-    union_table: torch.Tensor,
-    base_logits: torch.Tensor,
-    *,
-    logit_scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The union op on CPU via the oracle: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k + M],
-    confidence fp32 [B, N], union_ids int32 [B, N, M])."""
-    k = cand_ids.shape[-1]
-    result = _oracle_walk(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
-                          conf_base, conf_w, logit_scale=logit_scale, union_table=union_table, base_logits=base_logits)
-    return (result.tokens.to(torch.int32), result.cand_logits, result.confidence,
-            result.cand_ids[..., k:].to(torch.int32))
+def reference_op(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op on CPU via the oracle, on exactly the node's inputs (``INPUTS``, by position or name) and
+    ``logit_scale=``: (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k], confidence fp32 [B, N])."""
+    return _reference(_PLAIN_SIGNATURE, args, kwargs)  # type: ignore[return-value]
+
+
+def reference_union_op(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The union op on CPU via the oracle (``UNION_INPUTS``: the 11 above, ``union_table``, ``base_logits``, by
+    position or name; ``logit_scale=``): (draft_tokens int32 [B, N], cand_logits fp32 [B, N, k + M], confidence
+    fp32 [B, N], union_ids int32 [B, N, M])."""
+    return _reference(_UNION_SIGNATURE, args, kwargs)  # type: ignore[return-value]
+
+
+reference_op.__signature__ = _PLAIN_SIGNATURE  # type: ignore[attr-defined]
+reference_union_op.__signature__ = _UNION_SIGNATURE  # type: ignore[attr-defined]

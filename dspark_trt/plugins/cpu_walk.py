@@ -31,9 +31,11 @@ L1); Numba has no float16 on the CPU, so fp16 weights stay with the reference.
 
 Candidate union (``union_table`` [V, M], ``reference.markov``'s docstring): slot j walks k + M candidates,
 the last M being ``union_table[d_j]`` valued from the base logits, −inf where the id is already a top-k
-candidate (k comparisons each). Their Gumbel noise is hashed in the kernel (the reference's integer hash,
-exact; ``-log(-log u)`` in fp32 with the C library's ``logf``, which may differ from ATen's in the last
-bit), since their ids are known only once d_j is drawn.
+candidate (k comparisons each). The union ids' Gumbel noise is hashed in the kernel (the reference's
+integer hash, exact; ``-log(-log u)`` in fp32 with the C library's ``logf``, which may differ from ATen's in
+the last bit), since their ids are known only once d_j is drawn. One kernel (``_walk``) walks both: M = 0
+is the plain walk, whose loop is the top-k one alone (the same results bit for bit, and the same time, as
+a kernel of its own).
 
 Cost per round: B·N·V_d·4 bytes read once by the selection + B·N·k·r·|W| bytes of gathered W2 rows
 (``dspark bench markov`` reports this floor beside the measured time).
@@ -285,69 +287,6 @@ def _widen(row, bf16, out_bits, out_f32):
             out_f32[i] = np.float32(row[i])
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _walk(vals, ids, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, conf_base, conf_w, splits,
-          tokens, logits, conf, status):  # pragma: no cover - compiled
-    """The N-step walk (module docstring).
-
-    Reads vals [B, N, k] f32, ids [B, N, k] i64, anchor [B] i64, w1 [V, r] and w2 [V_d, r] (f32, or bf16 bits
-    as u16 where w*_bf16), d2t [V_d] i64 (empty: identity), temp [B] f32, greedy [B] bool, noise [B, N, k]
-    f32 (read for sampled requests only), conf_base [B, N] f32 and conf_w [r] f32 (empty: no confidence);
-    ``splits`` tasks per request and step. Writes tokens [B, N] i64, logits [B, N, k] f32, conf [B, N] f32;
-    status [B] = 1 where a target id left [0, V) (that request's walk stops)."""
-    B, N, k = vals.shape
-    V, r = w1.shape
-    flat = w2.reshape(-1)
-    prev = anchor.copy()  # [B] target ids d_j
-    per = (k + splits - 1) // splits
-    best_score = np.empty((B, splits), np.float32)
-    best_at = np.empty((B, splits), np.int64)
-    with_conf = conf_base.shape[0] > 0
-    for j in range(N):
-        for task in prange(B * splits):
-            b, part = task // splits, task % splits
-            if status[b]:
-                continue
-            e = np.empty(r, np.float32)  # [r] e_j = W1[d_j] in fp32
-            _widen(w1[prev[b]], w1_bf16, e.view(np.uint32), e)
-            if with_conf and part == 0:
-                conf[b, j] = 1.0 / (1.0 + np.exp(-(conf_base[b, j] + _dot(conf_w, e))))
-            row = np.empty(r, np.float32)  # [r] scratch for a widened bf16 W2 row
-            row_bits = row.view(np.uint32)
-            lo, hi = part * per, min(k, part * per + per)
-            for c in range(lo, min(hi, lo + PREFETCH_AHEAD)):
-                _prefetch_row(flat, ids[b, j, c], r)
-            top, at = np.float32(-np.inf), lo
-            for c in range(lo, hi):
-                if c + PREFETCH_AHEAD < hi:
-                    _prefetch_row(flat, ids[b, j, c + PREFETCH_AHEAD], r)
-                if w2_bf16:
-                    _widen(w2[ids[b, j, c]], True, row_bits, row)
-                    bias = _dot(row, e)
-                else:
-                    bias = _dot(w2[ids[b, j, c]], e)
-                z = vals[b, j, c] + np.float32(scale * bias)
-                logits[b, j, c] = z
-                score = z if greedy[b] else z / temp[b] + noise[b, j, c]
-                if score > top or c == lo:  # first maximum wins, as torch.argmax
-                    top, at = score, c
-            best_score[b, part], best_at[b, part] = top, at
-        for b in range(B):
-            if status[b]:
-                continue
-            at = best_at[b, 0]
-            for part in range(1, splits):
-                if best_at[b, part] < k and best_score[b, part] > best_score[b, 0]:
-                    best_score[b, 0], at = best_score[b, part], best_at[b, part]
-            draft = ids[b, j, at]
-            target = draft + d2t[draft] if d2t.shape[0] else draft
-            if target < 0 or target >= V:
-                status[b] = 1
-                continue
-            tokens[b, j] = target
-            prev[b] = target
-
-
 _A1, _C1 = HASH_ROUNDS[0]
 _A2, _C2 = HASH_ROUNDS[1]
 
@@ -369,12 +308,33 @@ def _gumbel(prefix, token):
     return -np.log(-np.log(u))
 
 
+@njit(inline="always")
+def _corrected(v, cid, w2, w2_bf16, e, row, row_bits, scale):
+    """z = v + s · (W2[cid] · e): one candidate's corrected logit (fp32 dot; a bf16 row widened into ``row``)."""
+    if w2_bf16:
+        _widen(w2[cid], True, row_bits, row)
+        bias = _dot(row, e)
+    else:
+        bias = _dot(w2[cid], e)
+    return v + np.float32(scale * bias)
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, prefix,
-                conf_base, conf_w, splits, out_ids, tokens, logits, conf, status):  # pragma: no cover - compiled
-    """``_walk`` over k + M candidates per slot: ids [B, N, k] and then ``table[d_j]`` [M] (masked −inf where
-    already a top-k id), valued from base [B, N, V_d]; prefix [B, N] i64 is the noise prefix per slot (the M
-    union ids' Gumbel noise is hashed here). Writes out_ids [B, N, k + M] besides ``_walk``'s outputs."""
+def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, prefix,
+          conf_base, conf_w, splits, all_ids, tokens, logits, conf, status):  # pragma: no cover - compiled
+    """The N-step walk over k + M candidates per slot (module docstring; M = table's width, 0 = the plain walk,
+    which reads no table, no base logits, no noise prefix and no union ids: its loop is the top-k one alone).
+
+    Reads vals [B, N, k] f32, ids [B, N, k] i64, base [B, N, V_d] f32 and table [V, M] (the union's: its ids'
+    base values, and the ids per predecessor), anchor [B] i64, w1 [V, r] and w2 [V_d, r] (f32, or bf16 bits as
+    u16 where w*_bf16), d2t [V_d] i64 (empty: identity), temp [B] f32, greedy [B] bool, noise [B, N, k] f32 (the
+    top-k ids' Gumbel noise, read for sampled requests only), prefix [B, N] i64 (the noise prefix per slot: the
+    M union ids' noise is hashed here, their ids being known only once d_j is drawn), conf_base [B, N] f32 and
+    conf_w [r] f32 (empty: no confidence); ``splits`` tasks per request and step, each over a range of the
+    k + M candidates. Writes all_ids [B, N, k + M] (ids, then table[d_j]; only when M > 0), tokens [B, N] i64,
+    logits [B, N, k + M] f32
+    (−inf at a union id that is already a top-k id), conf [B, N] f32; status [B] = 1 where a target id left
+    [0, V), 2 where a table id left [0, V_d) (that request's walk stops)."""
     B, N, k = vals.shape
     M = table.shape[1]
     K = k + M
@@ -398,41 +358,44 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
             row = np.empty(r, np.float32)  # [r] scratch for a widened bf16 W2 row
             row_bits = row.view(np.uint32)
             lo, hi = part * per, min(K, part * per + per)
-            for c in range(max(lo, k), hi):  # this task's union ids (the table row of d_j)
+            top, at = np.float32(-np.inf), lo
+            hi_k = min(hi, k)  # the task's top-k candidates: [lo, hi_k)
+            for c in range(lo, min(hi_k, lo + PREFETCH_AHEAD)):
+                _prefetch_row(flat, ids[b, j, c], r)
+            for c in range(lo, hi_k):
+                if c + PREFETCH_AHEAD < hi_k:
+                    _prefetch_row(flat, ids[b, j, c + PREFETCH_AHEAD], r)
+                z = _corrected(vals[b, j, c], ids[b, j, c], w2, w2_bf16, e, row, row_bits, scale)
+                logits[b, j, c] = z
+                score = z if greedy[b] else z / temp[b] + noise[b, j, c]
+                if score > top or c == lo:  # first maximum wins, as torch.argmax
+                    top, at = score, c
+            if M == 0:
+                best_score[b, part], best_at[b, part] = top, at
+                continue
+            for c in range(lo, hi_k):  # the union's candidate ids: the top-k ones, then the table row of d_j
+                all_ids[b, j, c] = ids[b, j, c]
+            lo_m = max(lo, k)  # the task's union candidates: [lo_m, hi)
+            for c in range(lo_m, hi):
                 cid = np.int64(table[prev[b], c - k])
                 if cid < 0 or cid >= Vd:
                     status[b] = 2  # a table id outside the draft vocabulary: this request stops
                     cid = 0
-                out_ids[b, j, c] = cid
-            for c in range(lo, min(hi, k)):
-                out_ids[b, j, c] = ids[b, j, c]
-            for c in range(lo, min(hi, lo + PREFETCH_AHEAD)):
-                _prefetch_row(flat, out_ids[b, j, c], r)
-            top, at = np.float32(-np.inf), lo
-            for c in range(lo, hi):
+                all_ids[b, j, c] = cid
+            for c in range(lo_m, min(hi, lo_m + PREFETCH_AHEAD)):
+                _prefetch_row(flat, all_ids[b, j, c], r)
+            for c in range(lo_m, hi):
                 if c + PREFETCH_AHEAD < hi:
-                    _prefetch_row(flat, out_ids[b, j, c + PREFETCH_AHEAD], r)
-                cid = out_ids[b, j, c]
-                if c < k:
-                    v = vals[b, j, c]
-                else:
-                    hit = False
-                    for t in range(k):  # branch-free: vectorises
-                        hit |= ids[b, j, t] == cid
-                    v = np.float32(-np.inf) if hit else base[b, j, cid]
-                if w2_bf16:
-                    _widen(w2[cid], True, row_bits, row)
-                    bias = _dot(row, e)
-                else:
-                    bias = _dot(w2[cid], e)
-                z = v + np.float32(scale * bias)
+                    _prefetch_row(flat, all_ids[b, j, c + PREFETCH_AHEAD], r)
+                cid = all_ids[b, j, c]
+                hit = False
+                for t in range(k):  # branch-free: vectorises
+                    hit |= ids[b, j, t] == cid
+                v = np.float32(-np.inf) if hit else base[b, j, cid]
+                z = _corrected(v, cid, w2, w2_bf16, e, row, row_bits, scale)
                 logits[b, j, c] = z
-                if greedy[b]:
-                    score = z
-                else:
-                    g = noise[b, j, c] if c < k else _gumbel(prefix[b, j], cid)
-                    score = z / temp[b] + g
-                if score > top or c == lo:  # first maximum wins, as torch.argmax
+                score = z if greedy[b] else z / temp[b] + _gumbel(prefix[b, j], cid)
+                if score > top or c == lo:  # after the top-k ones: a top-k candidate wins a tie
                     top, at = score, c
             best_score[b, part], best_at[b, part] = top, at
         for b in range(B):
@@ -442,13 +405,18 @@ def _walk_union(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, s
             for part in range(1, splits):
                 if best_at[b, part] < K and best_score[b, part] > best_score[b, 0]:
                     best_score[b, 0], at = best_score[b, part], best_at[b, part]
-            draft = out_ids[b, j, at]
+            draft = ids[b, j, at] if at < k else all_ids[b, j, at]
             target = draft + d2t[draft] if d2t.shape[0] else draft
             if target < 0 or target >= V:
                 status[b] = 1
                 continue
             tokens[b, j] = target
             prev[b] = target
+
+
+#: what the plain walk (M = 0) passes for the union's arrays: never read
+_NO_TABLE, _NO_BASE = np.empty((0, 0), np.int64), np.empty((0, 0, 0), np.float32)
+_NO_PREFIX, _NO_IDS = np.empty((0, 0), np.int64), np.empty((0, 0, 0), np.int64)
 
 
 def _weights(w: torch.Tensor) -> tuple[np.ndarray, bool]:
@@ -490,15 +458,16 @@ def cpu_walk_candidates(
 ) -> MarkovWalkResult:
     """``reference.markov.walk_candidates`` (top-k) as one native kernel on the CPU; same result type.
 
-    ``out`` (optional): contiguous CPU buffers the kernel writes — tokens [B, N] int64, cand_logits [B, N, k]
+    ``out`` (optional): contiguous CPU buffers the kernel writes — tokens [B, N] int64, cand_logits [B, N, k + M]
     fp32, confidence [B, N] fp32 — returned in the result. With ``union_table`` (M > 0) the candidate union:
-    cand_ids and cand_logits are [B, N, k + M] (``out`` not supported)."""
-    if union_table is not None and union_table.shape[-1] > 0:
-        return _cpu_walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, logit_scale=logit_scale,
-                               d2t=d2t, temperature=temperature, seed=seed, positions=positions, conf_base=conf_base,
-                               conf_w_markov=conf_w_markov)
+    cand_ids and cand_logits are [B, N, k + M]; M = 0 (no table) is the plain walk, the same kernel."""
+    M = 0 if union_table is None else int(union_table.shape[-1])
     if cand_ids is None:
-        raise DSparkTrtError("the CPU Markov kernel walks top-k candidates; use reference walk_candidates for dense")
+        raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k head: the dense head already "
+                             "scores every token; use --markov-topm 0 or a --topk" if M else
+                             "the CPU Markov kernel walks top-k candidates; use reference walk_candidates for dense")
+    if M and base_logits is None:
+        raise DSparkTrtError("the candidate union needs the base logits [B, N, V_d] to value the table's ids")
     if temperature is not None and (seed is None or positions is None):
         raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
     B, N, k = cand_vals.shape
@@ -508,6 +477,17 @@ def cpu_walk_candidates(
     for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V)):  # the kernel reads memory unchecked
         if a.size and (a.min() < 0 or a.max() >= hi):
             raise DSparkTrtError(f"{name} must lie in [0, {hi}); got [{a.min()}, {a.max()}]")
+    if M:
+        table = union_table.detach()  # [V, M] int32 or int64, read as is (ids range-checked in the kernel)
+        table = table if table.dtype in (torch.int32, torch.int64) and table.is_contiguous() else \
+            table.to(torch.int64).contiguous()
+        if table.shape[0] != V:
+            raise DSparkTrtError(f"union_table has {table.shape[0]} rows; it is indexed by target id ([V={V}, M])")
+        table_np = table.numpy()
+        base = base_logits.detach().to(torch.float32).contiguous().numpy()  # [B, N, V_d]
+        prefix = np.zeros((B, N), np.int64)
+    else:  # the plain walk: no table, no base logits, no prefix
+        table_np, base, prefix = _NO_TABLE, _NO_BASE, _NO_PREFIX
     w1_np, w1_bf16 = _weights(w1)
     w2_np, w2_bf16 = _weights(w2)
     if temperature is None:
@@ -517,7 +497,10 @@ def cpu_walk_candidates(
         greedy_t = is_greedy(t)
         greedy, temp = greedy_t.numpy(), torch.where(greedy_t, 1.0, t).numpy()
         steps = positions.to(torch.int64).cpu().view(B, 1, 1) + torch.arange(N).view(1, N, 1)  # [B, N, 1]
-        noise = gumbel_noise(seed.to(torch.int64).cpu().view(B, 1, 1), steps, ids, DRAFT_SALT).numpy()  # [B, N, k]
+        seeds = seed.to(torch.int64).cpu().view(B, 1, 1)
+        noise = gumbel_noise(seeds, steps, ids, DRAFT_SALT).numpy()  # [B, N, k]
+        if M:  # the union ids' noise is hashed in the kernel from this per-slot prefix
+            prefix = noise_prefix(seeds.view(B, 1), steps.view(B, N), DRAFT_SALT).contiguous().numpy()  # [B, N]
     with_conf = conf_base is not None
     empty = np.empty(0, np.float32)
     cb = conf_base.detach().to(torch.float32).contiguous().numpy() if with_conf else empty.reshape(0, 0)  # [B, N]
@@ -525,81 +508,25 @@ def cpu_walk_candidates(
                                       else conf_w_markov.detach().to(torch.float32).contiguous().numpy())  # [r]
     offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()  # [V_d]
     if out is None:
-        out = (torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k), torch.empty(B, N))
-    _check_out(out, ((B, N), (B, N, k), (B, N)), (torch.int64, torch.float32, torch.float32))
+        out = (torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k + M), torch.empty(B, N))
+    _check_out(out, ((B, N), (B, N, k + M), (B, N)), (torch.int64, torch.float32, torch.float32))
     tokens, logits, conf = (t.numpy() for t in out)
+    all_ids = torch.empty(B, N, k + M, dtype=torch.int64) if M else ids  # [B, N, k + M]: ids ++ table[d_j]
     status = np.zeros(B, np.uint8)
-    if B and N and k:
-        splits = max(1, min(_threads() // B, k))  # few requests: split each step's candidates over threads
+    if B and N and k + M:
+        splits = max(1, min(_threads() // B, k + M))  # few requests: split each step's candidates over threads
         vals = cand_vals.detach().to(torch.float32).contiguous().numpy()  # [B, N, k]
-        _walk(vals, ids_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets, np.float32(logit_scale), temp,
-              greedy, noise, cb, cw, splits, tokens, logits, conf, status)
+        _walk(vals, ids_np, base, table_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets,
+              np.float32(logit_scale), temp, greedy, noise, prefix, cb, cw, splits,
+              all_ids.numpy() if M else _NO_IDS, tokens, logits, conf, status)
     if status.any():
+        if (status == 2).any():
+            raise DSparkTrtError(f"union_table holds ids outside [0, {Vd}); build it with "
+                                 f"reference.markov.markov_union_table from this drafter's weights")
         raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
                              f"vocabulary [0, {V}); check the checkpoint's d2t table")
-    return MarkovWalkResult(tokens=out[0], cand_ids=ids, cand_logits=out[1], confidence=out[2] if with_conf else None)
-
-
-def _cpu_walk_union(cand_vals, cand_ids, anchor, w1, w2, union_table, base_logits, *, logit_scale, d2t, temperature,
-                    seed, positions, conf_base, conf_w_markov) -> MarkovWalkResult:
-    """``cpu_walk_candidates`` with the candidate union (``_walk_union``)."""
-    if cand_ids is None:
-        raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k head: the dense head already "
-                             "scores every token; use --markov-topm 0 or a --topk")
-    if base_logits is None:
-        raise DSparkTrtError("the candidate union needs the base logits [B, N, V_d] to value the table's ids")
-    if temperature is not None and (seed is None or positions is None):
-        raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
-    B, N, k = cand_vals.shape
-    V, Vd = w1.shape[0], w2.shape[0]
-    M = union_table.shape[-1]
-    ids = cand_ids.detach().to(torch.int64).contiguous()  # [B, N, k]
-    table = union_table.detach()  # [V, M] int32 or int64, read as is (ids range-checked in the kernel)
-    table = table if table.dtype in (torch.int32, torch.int64) and table.is_contiguous() else \
-        table.to(torch.int64).contiguous()
-    ids_np, anchor_np, table_np = ids.numpy(), anchor.detach().to(torch.int64).contiguous().numpy(), table.numpy()
-    for name, a, hi in (("cand_ids", ids_np, Vd), ("anchor", anchor_np, V)):  # the kernel reads memory unchecked
-        if a.size and (a.min() < 0 or a.max() >= hi):
-            raise DSparkTrtError(f"{name} must lie in [0, {hi}); got [{a.min()}, {a.max()}]")
-    if table.shape[0] != V:
-        raise DSparkTrtError(f"union_table has {table.shape[0]} rows; it is indexed by target id ([V={V}, M])")
-    w1_np, w1_bf16 = _weights(w1)
-    w2_np, w2_bf16 = _weights(w2)
-    base = base_logits.detach().to(torch.float32).contiguous().numpy()  # [B, N, V_d]
-    prefix = np.zeros((B, N), np.int64)
-    if temperature is None:
-        greedy, temp, noise = np.ones(B, np.bool_), np.ones(B, np.float32), np.empty((0, 0, 0), np.float32)
-    else:
-        t = temperature.detach().to(torch.float32).cpu()  # [B]
-        greedy_t = is_greedy(t)
-        greedy, temp = greedy_t.numpy(), torch.where(greedy_t, 1.0, t).numpy()
-        steps = positions.to(torch.int64).cpu().view(B, 1) + torch.arange(N).view(1, N)  # [B, N]
-        seeds = seed.to(torch.int64).cpu().view(B, 1)
-        noise = gumbel_noise(seeds.view(B, 1, 1), steps.view(B, N, 1), ids, DRAFT_SALT).numpy()  # [B, N, k]
-        prefix = noise_prefix(seeds, steps, DRAFT_SALT).contiguous().numpy()  # [B, N]
-    with_conf = conf_base is not None
-    empty = np.empty(0, np.float32)
-    cb = conf_base.detach().to(torch.float32).contiguous().numpy() if with_conf else empty.reshape(0, 0)
-    cw = empty if not with_conf else (np.zeros(w1.shape[1], np.float32) if conf_w_markov is None
-                                      else conf_w_markov.detach().to(torch.float32).contiguous().numpy())
-    offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()
-    out_ids = torch.empty(B, N, k + M, dtype=torch.int64)
-    tokens, logits, conf = torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k + M), torch.empty(B, N)
-    status = np.zeros(B, np.uint8)
-    if B and N:
-        splits = max(1, min(_threads() // B, k + M))
-        vals = cand_vals.detach().to(torch.float32).contiguous().numpy()
-        _walk_union(vals, ids_np, base, table_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets,
-                    np.float32(logit_scale), temp, greedy, noise, prefix, cb, cw, splits, out_ids.numpy(),
-                    tokens.numpy(), logits.numpy(), conf.numpy(), status)
-    if (status == 2).any():
-        raise DSparkTrtError(f"union_table holds ids outside [0, {Vd}); build it with "
-                             f"reference.markov.markov_union_table from this drafter's weights")
-    if status.any():
-        raise DSparkTrtError(f"request {int(status.argmax())}: a drafted id mapped through d2t left the target "
-                             f"vocabulary [0, {V}); check the checkpoint's d2t table")
-    return MarkovWalkResult(tokens=tokens, cand_ids=out_ids, cand_logits=logits,
-                            confidence=conf if with_conf else None, union_width=M)
+    return MarkovWalkResult(tokens=out[0], cand_ids=all_ids,
+                            cand_logits=out[1], confidence=out[2] if with_conf else None, union_width=M)
 
 
 def cpu_markov_walk(base_logits: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,

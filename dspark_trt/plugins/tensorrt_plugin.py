@@ -36,11 +36,13 @@ import itertools
 
 from ..errors import DSparkTrtError
 from .aot import DEFAULT_PTX_ISA, EXTRA_ARGS, WalkKernelSpec
-from .contract import INPUTS, OUTPUTS, PLUGIN_ID, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS, UNION_PLUGIN_ID
+from .contract import (INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS,
+                       UNION_PLUGIN_ID)
 
 __all__ = ["TRT_TYPE_NAMES", "DTYPE_COMBINATIONS", "MIN_TENSORRT", "autotune_type_strings", "output_layout",
            "union_output_layout", "output_shapes", "register_plugin", "register_plugins", "register_union_plugin",
-           "build_arch", "check_tensorrt_version", "use_export_ptx", "embedded_kernels", "union_kernel_spec"]
+           "build_arch", "check_tensorrt_version", "use_export_ptx", "embedded_kernels", "union_kernel_spec",
+           "node_kernel_spec"]
 
 MIN_TENSORRT = (10, 9)  # tensorrt.plugin.aot_impl / KernelLaunchParams
 #: (kernel description, its directory, hardware compatibility) set by use_export_ptx
@@ -99,19 +101,25 @@ def output_shapes(layout, input_shapes) -> list[tuple]:
     return out
 
 
-def union_kernel_spec(cand_values_shape, union_table_shape, *, k: int, markov_topm: int, rank: int,
-                      logit_scale: float, logits_dtype: str, weights_dtype: str, arch: int) -> WalkKernelSpec:
-    """The union kernel spec of a node (static N, k, M from the input shapes as ints), checking the attributes
-    against the shapes: a mismatch means a stale export."""
+def node_kernel_spec(cand_values_shape, union_table_shape=None, *, k: int, markov_topm: int = 0, rank: int,
+                     logit_scale: float, logits_dtype: str, weights_dtype: str, arch: int) -> WalkKernelSpec:
+    """The kernel spec of a node, either op (M = ``markov_topm``, 0 = the plain op, no table): static N and k
+    from ``cand_values``' shape and M from ``union_table``'s (ints), checked against the attributes — a
+    mismatch means a stale export."""
+    op = UNION_OP_NAME if markov_topm else OP_NAME
     n, k_shape = int(cand_values_shape[1]), int(cand_values_shape[2])
-    m_shape = int(union_table_shape[1])
     if k_shape != k:
-        raise DSparkTrtError(f"{UNION_OP_NAME} attribute k={k} but cand_values has k={k_shape}; re-export")
-    if m_shape != markov_topm:
-        raise DSparkTrtError(f"{UNION_OP_NAME} attribute markov_topm={markov_topm} but union_table has M={m_shape}; "
-                             "re-export")
+        raise DSparkTrtError(f"{op} attribute k={k} but cand_values has k={k_shape}; re-export")
+    if markov_topm and int(union_table_shape[1]) != markov_topm:
+        raise DSparkTrtError(f"{op} attribute markov_topm={markov_topm} but union_table has M="
+                             f"{int(union_table_shape[1])}; re-export")
     return WalkKernelSpec(n, k, rank, float(logit_scale), logits_dtype, weights_dtype, arch, DEFAULT_PTX_ISA,
                           markov_topm)
+
+
+def union_kernel_spec(cand_values_shape, union_table_shape, *, markov_topm: int, **kwargs) -> WalkKernelSpec:
+    """``node_kernel_spec`` of a union node (M = ``markov_topm`` >= 1)."""
+    return node_kernel_spec(cand_values_shape, union_table_shape, markov_topm=markov_topm, **kwargs)
 
 
 def build_arch(hardware_compatibility: str = "none") -> int:
@@ -222,11 +230,47 @@ def register_plugin() -> str:
     return PLUGIN_ID
 
 
+def _trt_dtypes(trt) -> dict:
+    """Contract dtype names → TensorRT data types (the describe functions' output dtypes)."""
+    return {"float32": trt.float32, "float16": trt.float16, "bfloat16": trt.bfloat16, "int32": trt.int32}
+
+
+def _describe_outputs(trtp, trt, layout, shapes) -> tuple:
+    """Both ops' describe function: the outputs' ``TensorDesc``s from the inputs' shape expressions."""
+    dtypes = _trt_dtypes(trt)
+    return tuple(trtp.from_shape_expr(shape, dtype=dtypes[dt]) for shape, (_, dt) in zip(output_shapes(layout, shapes),
+                                                                                          layout))
+
+
+def _aot_kernel(trtp, trt, descs: tuple, *, k: int, logit_scale: float, markov_topm: int = 0) -> tuple:
+    """Both ops' AOT hook, one body (M = ``markov_topm``, 0 = the plain op): the node's kernel spec from its static
+    shapes and attributes, the PTX (the export's, else compiled here), the launch (grid B, block warps·32, the
+    dynamic shared memory it was compiled with) and the int32 extras as ``SymInt32`` of the inputs' shapes."""
+    op, contract = (UNION_OP_NAME, UNION_INPUTS) if markov_topm else (OP_NAME, INPUTS)
+    named = dict(zip((c.name for c in contract), descs, strict=True))
+    cand_values, markov_w1 = named["cand_values"], named["markov_w1"]
+    what = {1: "num_draft_tokens (cand_values dim 1)", 2: "top-k (cand_values dim 2)"}
+    cv = [None] + [_constant(cand_values.shape_expr[d], what[d], op) for d in (1, 2)]
+    table = (None, _constant(named["union_table"].shape_expr[1], "union width (union_table dim 1)", op)) \
+        if markov_topm else None
+    rank = _constant(markov_w1.shape_expr[1], "Markov rank (markov_w1 dim 1)", op)
+    names = {v: name for name, v in _trt_dtypes(trt).items()}
+    spec = node_kernel_spec(cv, table, k=k, markov_topm=markov_topm, rank=rank, logit_scale=logit_scale,
+                            logits_dtype=names[cand_values.dtype], weights_dtype=names[markov_w1.dtype],
+                            arch=build_arch(_EXPORT_PTX.get("hardware_compatibility", "none")))
+    name, ptx, launch, record = _kernel_for(spec)
+    _EMBEDDED.append(record)  # called once per tactic/format TensorRT tries
+    params = trtp.KernelLaunchParams()
+    params.grid_x = cand_values.shape_expr[0]  # one program per request
+    params.block_x = launch["block"][0]
+    params.shared_mem = launch["shared_mem"]
+    extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(named[src].shape_expr[dim]) for _, src, dim in EXTRA_ARGS])
+    return name.encode(), ptx.encode(), params, extra
+
+
 @functools.cache
 def _register_plain_plugin() -> str:
     trt, trtp = _tensorrt_plugin_api()
-    dtypes = {"float32": trt.float32, "float16": trt.float16, "bfloat16": trt.bfloat16, "int32": trt.int32}
-    names = {v: k for k, v in dtypes.items()}
 
     @trtp.register(PLUGIN_ID)
     def _describe(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
@@ -234,9 +278,7 @@ def _register_plain_plugin() -> str:
                   temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
                   conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, k: int, logit_scale: float
                   ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
-        ins = (cand_values,)
-        return tuple(trtp.from_shape_expr(tuple(ins[i].shape_expr[d] for i, d in dims), dtype=dtypes[dt])
-                     for dims, dt in output_layout())
+        return _describe_outputs(trtp, trt, output_layout(), {0: cand_values.shape_expr})
 
     @trtp.autotune(PLUGIN_ID)
     def _autotune(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
@@ -251,23 +293,8 @@ def _register_plain_plugin() -> str:
              conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, k: int, logit_scale: float,
              outputs: tuple[trtp.TensorDesc], tactic: int
              ) -> tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
-        n = _constant(cand_values.shape_expr[1], "num_draft_tokens (cand_values dim 1)")
-        k_shape = _constant(cand_values.shape_expr[2], "top-k (cand_values dim 2)")
-        if k_shape != k:
-            raise DSparkTrtError(f"DSparkTopKMarkov attribute k={k} but cand_values has k={k_shape}; re-export")
-        rank = _constant(markov_w1.shape_expr[1], "Markov rank (markov_w1 dim 1)")
-        spec = WalkKernelSpec(n, k, rank, float(logit_scale), names[cand_values.dtype], names[markov_w1.dtype],
-                              build_arch(_EXPORT_PTX.get("hardware_compatibility", "none")), DEFAULT_PTX_ISA)
-        name, ptx, launch, record = _kernel_for(spec)
-        _EMBEDDED.append(record)  # called once per tactic/format TensorRT tries
-        params = trtp.KernelLaunchParams()
-        params.grid_x = cand_values.shape_expr[0]  # one program per request
-        params.block_x = launch["block"][0]
-        params.shared_mem = launch["shared_mem"]
-        descs = dict(zip((c.name for c in INPUTS), (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t,
-                                                    temperature, seed, position, conf_base, conf_w)))
-        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(descs[src].shape_expr[dim]) for _, src, dim in EXTRA_ARGS])
-        return name.encode(), ptx.encode(), params, extra
+        return _aot_kernel(trtp, trt, (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                       position, conf_base, conf_w), k=k, logit_scale=logit_scale)
 
     return PLUGIN_ID
 
@@ -276,8 +303,6 @@ def _register_plain_plugin() -> str:
 def register_union_plugin() -> str:
     """Register ``dspark::DSparkTopKMarkovUnion`` with TensorRT in this process (idempotent); returns its id."""
     trt, trtp = _tensorrt_plugin_api()
-    dtypes = {"float32": trt.float32, "float16": trt.float16, "bfloat16": trt.bfloat16, "int32": trt.int32}
-    names = {v: k for k, v in dtypes.items()}
 
     @trtp.register(UNION_PLUGIN_ID)
     def _describe(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
@@ -286,10 +311,9 @@ def register_union_plugin() -> str:
                   conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, union_table: trtp.TensorDesc,
                   base_logits: trtp.TensorDesc, k: int, logit_scale: float, markov_topm: int
                   ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
-        layout = union_output_layout()
-        shapes = {0: cand_values.shape_expr, 11: union_table.shape_expr}  # the only inputs the layout reads
-        return tuple(trtp.from_shape_expr(shape, dtype=dtypes[dt])
-                     for shape, (_, dt) in zip(output_shapes(layout, shapes), layout))
+        # the only inputs the layout reads: cand_values (B, N, k) and union_table (M)
+        return _describe_outputs(trtp, trt, union_output_layout(), {0: cand_values.shape_expr,
+                                                                    11: union_table.shape_expr})
 
     @trtp.autotune(UNION_PLUGIN_ID)
     def _autotune(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
@@ -304,23 +328,8 @@ def register_union_plugin() -> str:
              base_logits: trtp.TensorDesc, k: int, logit_scale: float, markov_topm: int,
              outputs: tuple[trtp.TensorDesc], tactic: int
              ) -> tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
-        op = UNION_OP_NAME
-        cv = [_constant(cand_values.shape_expr[d], f"cand_values dim {d}", op) if d else None for d in range(3)]
-        m = _constant(union_table.shape_expr[1], "union width (union_table dim 1)", op)
-        rank = _constant(markov_w1.shape_expr[1], "Markov rank (markov_w1 dim 1)", op)
-        spec = union_kernel_spec(cv, (None, m), k=k, markov_topm=markov_topm, rank=rank, logit_scale=logit_scale,
-                                 logits_dtype=names[cand_values.dtype], weights_dtype=names[markov_w1.dtype],
-                                 arch=build_arch(_EXPORT_PTX.get("hardware_compatibility", "none")))
-        name, ptx, launch, record = _kernel_for(spec)
-        _EMBEDDED.append(record)
-        params = trtp.KernelLaunchParams()
-        params.grid_x = cand_values.shape_expr[0]  # one program per request
-        params.block_x = launch["block"][0]
-        params.shared_mem = launch["shared_mem"]
-        descs = dict(zip((c.name for c in UNION_INPUTS),
-                         (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
-                          conf_base, conf_w, union_table, base_logits)))
-        extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(descs[src].shape_expr[dim]) for _, src, dim in EXTRA_ARGS])
-        return name.encode(), ptx.encode(), params, extra
+        return _aot_kernel(trtp, trt, (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                       position, conf_base, conf_w, union_table, base_logits), k=k,
+                           logit_scale=logit_scale, markov_topm=markov_topm)
 
     return UNION_PLUGIN_ID

@@ -282,6 +282,8 @@ class GraphRunner:
     output_batch_dims: Mapping[str, int] | None = None  # outputs whose batch is not dimension 0
     warmup: int = 2
     debug: bool = False
+    stream: Any = None  # a non-default stream to run on, shared by runners whose work must stay in order (all the
+    # contexts of one TensorRT engine share its scratch memory); None: the runner's own
     entries: dict[GraphKey, GraphEntry] = field(default_factory=dict)
     _pool: Any = None
     _stream: Any = None
@@ -297,11 +299,15 @@ class GraphRunner:
     # -- lifetime (Polygraphy-style) -----------------------------------------------------------------
     def activate(self) -> "GraphRunner":
         if self.mode == "graph" and self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)  # never the default stream
+            # never the default stream: a shared one (``stream``) or the runner's own
+            self._stream = self.stream if self.stream is not None else torch.cuda.Stream(self.device)
             self._pool = torch.cuda.graph_pool_handle()  # this role's own pool
         return self
 
     def deactivate(self) -> None:
+        """Drop the graphs and their buffers, after the work already replayed on the runner's stream."""
+        if self._stream is not None:
+            self._stream.synchronize()
         self.entries.clear()
         self._stream = self._pool = None
 

@@ -5,7 +5,10 @@ graph run by ``TensorRTGraph``: a verify round (Q ≤ ``max_graph_tokens`` new t
 bucket and a past-length bucket and replayed from a CUDA graph, one per (batch bucket, past bucket, Q);
 padded past slots are masked out (``attention_mask`` 0), padded requests attend to their own new tokens
 only (mask 1, zero K/V), so every real row computes what it would alone. A prefill (long Q) runs eagerly
-with exact shapes. Tensor names and dtypes come from the manifest's ``target.io`` (CONTRACT: ``input_ids``,
+with exact shapes. All contexts share the engine's one scratch buffer and stream (``TensorRTEngine``); an
+engine built with a small-Q verify profile runs verify rounds on it. The engine's I/O is checked against the
+manifest's ``target.io`` at load.
+Tensor names and dtypes come from the manifest's ``target.io`` (CONTRACT: ``input_ids``,
 ``position_ids``, ``attention_mask`` [B, P + Q], ``past_key``/``past_value`` [L, B, H, P, D] → ``logits``,
 ``taps``, ``new_key``/``new_value`` [L, B, H, Q, D]).
 
@@ -78,8 +81,9 @@ class TensorRTTarget(OnnxRuntimeTarget):
         self.onnx_path = export_dir / t["onnx"]
         self.k = self.v = None
         self._taps_set = False
-        self._engine = TensorRTEngine(export_dir / entry["file"], entry)
+        self._engine = TensorRTEngine(export_dir / entry["file"], entry, device=self.device, name="target")
         self._tensors = io_tensors(t["io"])
+        self._engine.check_io(self._tensors)  # buffers are sized from the manifest: refuse another graph's plan
         self._mask_symbol = mask_symbol(self._tensors)
         profile_max = int(entry["build"]["batch"]["max"])
         self._max_batch = min(max_batch or profile_max, profile_max)
@@ -131,6 +135,11 @@ class TensorRTTarget(OnnxRuntimeTarget):
         return self
 
     def deactivate(self) -> None:
+        self._engine.synchronize()  # replays and exact-shape runs still in flight use the contexts and buffers
         for g in self._graphs.values():
             g.deactivate()
         self._graphs.clear()
+
+    def reserved_device_memory(self) -> dict[str, int]:
+        """Device memory the target's engine reserves for its contexts (one scratch buffer), by name."""
+        return {"target engine scratch": self._engine.reserved_bytes()}

@@ -1,6 +1,6 @@
 """``dspark gpu-check --out DIR``: everything that needs a GPU, in one command (≈ 4–8 min on one H200).
 
-    # optional, on the CPU machine: the PTX a TensorRT engine would embed (ISA 9.0 for CUDA 13.0 drivers)
+    # optional, on the CPU machine: the PTX a TensorRT engine would embed (ISA 8.0: CUDA >= 12.0 drivers)
     python -m dspark_trt.plugins.aot --out ptx --n 7 --k 512 --rank 256 --dtypes fp32-bf16,bf16-bf16 --validate
     # on the GPU host, from the repository root, with its own torch/Triton (installs nothing)
     PYTHONPATH=. python -m dspark_trt.cli.main gpu-check --out gpu-check [--ptx-dir ptx] [--quick]
@@ -21,17 +21,30 @@
    torch backend's captured round (backbone + top-k + fused walk) against the same padded round run
    eagerly, token for token, at batch buckets 1/4/8 (greedy and sampled rounds, fresh seeds per replay);
    then a draft round's time eager (unpadded, no graph) vs replayed, per bucket.
+5. **TensorRT** (when full TensorRT is importable; otherwise one ``SKIP`` row, "TensorRT not importable: …",
+   and the rest runs): the tiny pair exported with engines through the ONNX parser (context, draft with the
+   AOT plugin, target with its small-Q verify profile); the drafter engines eagerly and through the CUDA-graph
+   path against the reference drafter (``export.validate``'s checks; TensorRT's tolerance, ``TRT_TOLERANCE``);
+   the target engine (prefill, verify, rollback, verify) against transformers, both paths; generation with
+   ``backend="tensorrt"`` (eager and graph) against the onnxruntime backend's tokens, with its time and the
+   device memory the runtime reserves (each engine's one scratch buffer, the caching allocator).
+6. **``pytest -m "tensorrt or gpu"``** from the checkout's ``tests/`` (skipped, with a row saying so, when the
+   package runs without its tests; ``--skip-pytest``).
 
-Writes ``DIR/gpu_check.json`` (device, versions, every check, the benchmark rows, the graph timings and
-the goals) and prints a table last. Exit status 0 when every check passes, 3 when one disagrees with the
-reference, 1 without a CUDA device (one line) or on a setup error.
+Writes ``DIR/gpu_check.json`` (device, versions, every check, the benchmark rows, the graph timings, the
+TensorRT section, the device memory and the goals) and prints a table last. Exit status 0 when every check
+passes (``SKIP`` rows do not fail it), 3 when one disagrees with the reference, 1 without a CUDA device
+(one line) or on a setup error. The whole check stays under 8 minutes on one H200.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -41,7 +54,8 @@ import torch
 
 from ..errors import DSparkTrtError
 
-__all__ = ["main", "run_gpu_check", "qwen3_8b_drafter_config", "GRAPH_BUCKETS", "Checks"]
+__all__ = ["main", "run_gpu_check", "qwen3_8b_drafter_config", "GRAPH_BUCKETS", "Checks", "tensorrt_checks",
+           "pytest_command", "parse_pytest_summary", "pytest_check", "PYTEST_MARKERS"]
 
 QWEN3_8B = dict(vocab=151936, rank=256, steps=7)
 GRAPH_BUCKETS = (1, 4, 8)
@@ -84,9 +98,14 @@ class Checks:
         print(f"{status:5} {name}: {detail}", flush=True)
         return data
 
+    def skip(self, name: str, reason: str) -> None:
+        """A check that cannot run here, said explicitly (``SKIP`` rows do not fail the report)."""
+        self.rows.append({"check": name, "status": "SKIP", "detail": reason, "seconds": 0.0})
+        print(f"SKIP  {name}: {reason}", flush=True)
+
     @property
     def passed(self) -> bool:
-        return all(r["status"] == "PASS" for r in self.rows)
+        return all(r["status"] in ("PASS", "SKIP") for r in self.rows)
 
     def table(self) -> str:
         w = max(len(r["check"]) for r in self.rows)
@@ -352,9 +371,190 @@ def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> l
     return timings
 
 
+# ---------------------------------------------------------------------------------------------- 5 TensorRT
+#: TensorRT vs the references: TensorRT may run fp32 GEMMs as TF32 (10-bit mantissa, as fp16), so the fp16
+#: rules apply (tolerances, and a token may differ only at a near-tie)
+TRT_TOLERANCE = "fp16"
+
+
+def tensorrt_checks(checks: Checks, out: Path) -> dict:
+    """The TensorRT steps (module docstring, 5); without full TensorRT one ``SKIP`` row and nothing else."""
+    from ..runtime.tensorrt_engine import tensorrt_available
+
+    why = tensorrt_available()
+    if why is not None:
+        checks.skip("tensorrt", f"TensorRT not importable: {why}")
+        return {"available": False, "reason": why}
+    import tensorrt
+
+    section: dict = {"available": True, "version": tensorrt.__version__}
+    export = checks.run("tensorrt export (tiny pair: context, draft + AOT plugin, target)",
+                        lambda: _tensorrt_export(out / "tensorrt-export"))
+    if export is None:
+        return section
+    section["export"] = export
+    for mode in ("eager", "graph"):
+        checks.run(f"tensorrt drafter {mode} vs reference", lambda m=mode: _tensorrt_drafter(export, m))
+        checks.run(f"tensorrt target {mode} vs transformers", lambda m=mode: _tensorrt_target(export, m))
+    section["generate"] = checks.run("tensorrt generate eager/graph == onnxruntime tokens",
+                                     lambda: _tensorrt_generate(export))
+    return section
+
+
+def _tensorrt_export(out: Path) -> tuple[str, dict]:
+    from ..export.pipeline import ExportOptions, export_model
+    from ..testing import write_tiny_checkpoint
+
+    pair = write_tiny_checkpoint(out / "pair", seed=0, force=True)
+    t0 = time.perf_counter()
+    result = export_model(pair.drafter, out / "export", ExportOptions(topk=16, dtype="fp32", engine="tensorrt",
+                                                                      max_context=512, validate=False),
+                          target_dir=pair.target, force=True)
+    seconds = round(time.perf_counter() - t0, 1)
+    engines = result.manifest["engines"]
+    assert set(engines) == {"context.tensorrt", "draft.tensorrt", "target.tensorrt"}, f"engines: {sorted(engines)}"
+    kernels = engines["draft.tensorrt"].get("plugin_kernels") or []
+    assert kernels, "the draft engine records no embedded plugin kernel"
+    profiles = len(engines["target.tensorrt"].get("profiles", [None]))
+    detail = (f"3 engines in {seconds}s; draft embeds {kernels[0]['file']} (ISA {kernels[0]['ptx_isa']}); target "
+              f"{profiles} profiles")
+    return detail, {"dir": str(out / "export"), "drafter": str(pair.drafter), "target": str(pair.target),
+                    "seconds": seconds, "bytes": {k: v["bytes"] for k, v in engines.items()},
+                    "target_profiles": profiles}
+
+
+class _OnCpu:
+    """A graph whose outputs come back to the CPU, where the reference's are (``export.validate`` compares)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+    def run(self, feeds):
+        return {k: v.cpu() for k, v in self.graph.run(feeds).items()}
+
+
+def _tensorrt_drafter(export: dict, mode: str) -> tuple[str, dict]:
+    from ..export.validate import validate_onnx
+    from ..loader import load_drafter
+    from ..runtime.backends.tensorrt_backend import TensorRTDrafterBackend
+
+    backend = TensorRTDrafterBackend(export["dir"], graphs=mode)
+    drafter = load_drafter(export["drafter"], target_dir=export["target"])
+    report = validate_onnx(_OnCpu(backend._graphs["context"]), _OnCpu(backend._graphs["draft"]), drafter, topk=16,
+                           dtype=TRT_TOLERANCE, raise_on_failure=False)
+    bad = [c for c in report.checks if not c.ok]
+    assert not bad, f"{len(bad)} of {len(report.checks)} checks: {bad[0].name}: {bad[0].detail}"
+    entries = backend._graphs["draft"].runner.entries.values()
+    captured = sum(e.graph is not None for e in entries)
+    if mode == "graph":
+        assert captured, f"no draft graph captured ({next(iter(entries)).eager_reason if entries else 'no entry'})"
+    memory = backend.reserved_device_memory()
+    backend.deactivate()
+    return f"{len(report.checks)} checks ok, {captured} graphs captured", {"reserved": memory}
+
+
+def _tensorrt_target(export: dict, mode: str) -> tuple[str, dict]:
+    """Prefill (exact shapes), verify (a padded bucket: graph or eager), a rollback, verify again."""
+    from ..export.target_onnx import load_target_model
+    from ..export.validate import _close
+    from ..export.validate_target import TARGET_TOLERANCES
+    from ..runtime.target import HFTarget
+    from ..runtime.tensorrt_target import TensorRTTarget
+
+    got = TensorRTTarget(export["dir"], graphs=mode)
+    ref = HFTarget(load_target_model(export["target"], torch.float32))
+    ref.set_taps(got.layer_ids)
+    got.set_taps(got.layer_ids)
+    tol = TARGET_TOLERANCES[TRT_TOLERANCE]
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, got.vocab_size, (n,), generator=gen) for n in (7, 3)]
+    r, g = ref.prefill(prompts), got.prefill(prompts)
+    checks = [_close("prefill logits", g.logits.cpu(), r.logits.float(), tol)]
+    for step, (Q, keep) in enumerate(((4, (3, 1)), (3, (3, 3)))):
+        tokens = torch.randint(0, got.vocab_size, (2, Q), generator=gen)
+        r, g = ref.verify(tokens), got.verify(tokens)
+        checks += [_close(f"verify {step + 1} logits", g.logits.cpu(), r.logits.float(), tol),
+                   _close(f"verify {step + 1} taps", g.taps.cpu().float(), r.taps.float(), tol)]
+        ref.commit(torch.tensor(keep))
+        got.commit(torch.tensor(keep))
+    bad = [c for c in checks if not c.ok]
+    assert not bad, f"{bad[0].name}: {bad[0].detail}"
+    assert got.lengths.tolist() == ref.lengths.tolist(), f"lengths {got.lengths.tolist()} vs {ref.lengths.tolist()}"
+    memory = got.reserved_device_memory()
+    got.deactivate()
+    return f"{len(checks)} comparisons ok ({tol.atol}/{tol.rtol})", {"reserved": memory}
+
+
+def _tensorrt_generate(export: dict) -> tuple[str, dict]:
+    from ..runtime import SpeculativeDecoder
+    from ..runtime.device_memory import describe_reserved, reserved_device_memory
+
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    want = SpeculativeDecoder.from_export(export["dir"], backend="onnxruntime").generate(
+        prompts, max_new_tokens=24, topk=16).tokens
+    rows = {}
+    for mode in ("eager", "graph"):
+        dec = SpeculativeDecoder.from_export(export["dir"], backend="tensorrt", graphs=mode)
+        got = dec.generate(prompts, max_new_tokens=24, topk=16).tokens  # warm-up: contexts, captures
+        assert got == want, f"{mode}: tokens differ from onnxruntime's: {got} vs {want}"
+        ms = _median_ms(lambda: dec.generate(prompts, max_new_tokens=24, topk=16), repeats=3, warmup=0)
+        rows[mode] = {"ms": round(ms, 2), "tokens_per_s": round(3 * 24 / ms * 1e3, 1),
+                      "reserved": reserved_device_memory(dec)}
+        if mode == "graph":
+            print(f"      device memory reserved (graph): {describe_reserved(rows[mode]['reserved'])}", flush=True)
+        dec.backend.deactivate()
+        dec.target.deactivate()
+    detail = (f"eager {rows['eager']['ms']:.1f} ms, graph {rows['graph']['ms']:.1f} ms per batch of 3 x 24 tokens; "
+              f"scratch: " + ", ".join(f"{k} {v}" for k, v in rows["graph"]["reserved"].items() if "scratch" in k))
+    return detail, rows
+
+
+# ---------------------------------------------------------------------------------------------- 6 pytest
+PYTEST_MARKERS = "tensorrt or gpu"
+#: the tests pytest leaves out: this check itself (it would run gpu-check inside gpu-check)
+PYTEST_DESELECT = ("tests/tools/test_gpu_check.py::test_gpu_check_quick_passes",)
+_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
+
+
+def pytest_command(paths, markers: str = PYTEST_MARKERS) -> list[str]:
+    """``python -m pytest PATHS -m MARKERS``, self-contained: the project's addopts (xdist's ``--dist``) replaced,
+    so a GPU host without pytest-xdist runs it too."""
+    cmd = [sys.executable, "-m", "pytest", *map(str, paths), "-m", markers, "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=-ra --strict-markers"]
+    for test in PYTEST_DESELECT:
+        cmd += ["--deselect", test]
+    return cmd
+
+
+def parse_pytest_summary(output: str) -> dict[str, int]:
+    """The counts of pytest's last summary line (``3 passed, 1 skipped in 2.0s`` → {"passed": 3, "skipped": 1})."""
+    lines = [line for line in output.splitlines() if re.search(r"\b(passed|failed|skipped|error|deselected)", line)
+             and " in " in line]
+    counts: dict[str, int] = {}
+    for n, what in _SUMMARY.findall(lines[-1] if lines else ""):
+        counts["errors" if what.startswith("error") else what] = int(n)
+    return counts
+
+
+def pytest_check(root: Path | None = None, paths=None, timeout: float = 300) -> tuple[str, dict]:
+    """Run ``pytest -m "tensorrt or gpu"`` in a child process from the checkout ``root``; fails on a failure,
+    an error, or a non-zero exit other than "nothing collected"."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    paths = paths or [root / "tests"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(pytest_command(paths), cwd=root, capture_output=True, text=True, timeout=timeout, env=env)
+    counts = parse_pytest_summary(proc.stdout)
+    failing = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    detail = ", ".join(f"{n} {what}" for what, n in counts.items()) or "no summary"
+    assert proc.returncode in (0, 5) and not counts.get("failed") and not counts.get("errors"), (
+        f"pytest exit {proc.returncode}: {detail}; {failing[0] if failing else proc.stdout.strip()[-200:]}")
+    return detail, {"returncode": proc.returncode, "counts": counts, "failing": failing}
+
+
 # ---------------------------------------------------------------------------------------------- driver
 def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = False, skip_bench: bool = False,
-                  skip_graphs: bool = False, layers: int = 5, context: int = 1024, topk: int = 512) -> int:
+                  skip_graphs: bool = False, layers: int = 5, context: int = 1024, topk: int = 512,
+                  skip_tensorrt: bool = False, skip_pytest: bool = False) -> int:
     if not torch.cuda.is_available():
         raise DSparkTrtError("no CUDA device is visible; dspark gpu-check runs on a GPU host")
     import triton
@@ -373,6 +573,18 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
     union_timing = _kernel_checks(checks, arch, quick, ptx_dir)
     bench = None if skip_bench else checks.run("bench markov --device cuda (k=512)", lambda: _bench(quick))
     graphs = [] if skip_graphs else _graph_checks(checks, layers, context, topk)
+    graph_reserved = torch.cuda.max_memory_reserved()  # the torch graphs' peak (bench and kernels included)
+    trt = {"skipped": "--skip-tensorrt"} if skip_tensorrt else tensorrt_checks(checks, out)
+    tests_dir = Path(__file__).resolve().parents[2] / "tests"
+    if skip_pytest:
+        checks.skip(f"pytest -m \"{PYTEST_MARKERS}\"", "--skip-pytest")
+    elif not tests_dir.is_dir():
+        checks.skip(f"pytest -m \"{PYTEST_MARKERS}\"", f"no tests/ beside the package ({tests_dir}): run gpu-check "
+                    f"from a source checkout")
+    else:
+        checks.run(f"pytest -m \"{PYTEST_MARKERS}\"", pytest_check)
+    generated = trt.get("generate") if isinstance(trt.get("generate"), dict) else None
+    memory = {"torch_max_reserved": graph_reserved, "tensorrt": generated["graph"]["reserved"] if generated else None}
     rows512 = [r for r in (bench or {}).get("rows", []) if r["topk"] == 512 and "kernel_ms" in r]
     b1 = next((g for g in graphs if g["batch"] == 1), None)
     goals = {
@@ -383,9 +595,14 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
                                                       for r in (union_timing or {}).get("rows", [])},
     }
     report = {**info, "checks": checks.rows, "bench_markov": (bench or {}).get("rows"), "graphs": graphs,
-              "union_timing": (union_timing or {}).get("rows"), "goals": goals, "passed": checks.passed}
+              "union_timing": (union_timing or {}).get("rows"), "tensorrt": trt, "device_memory": memory,
+              "goals": goals, "passed": checks.passed}
     atomic_write_text(out / OUT_FILE, json.dumps(report, indent=1) + "\n")
+    from ..runtime.device_memory import describe_reserved, format_bytes
+
     print("\n" + checks.table())
+    print(f"\ndevice memory: torch peak reserved {format_bytes(graph_reserved)}; TensorRT runtime: "
+          f"{describe_reserved(memory['tensorrt']) if memory['tensorrt'] else 'not run'}")
     print(f"\ngoals: {json.dumps(goals)}\nwrote {out / OUT_FILE}")
     return 0 if checks.passed else 3
 
@@ -399,11 +616,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=5, help="draft layers of the Qwen3-8B-shaped drafter (default 5)")
     p.add_argument("--context", type=int, default=1024, help="context length of the graph rounds (default 1024)")
     p.add_argument("--topk", type=int, default=512, help="top-k of the graph rounds (default 512)")
+    p.add_argument("--skip-tensorrt", action="store_true", help="skip the TensorRT engine checks")
+    p.add_argument("--skip-pytest", action="store_true", help=f"skip pytest -m \"{PYTEST_MARKERS}\"")
 
 
 def run(args: argparse.Namespace) -> int:
     return run_gpu_check(args.out, ptx_dir=args.ptx_dir, quick=args.quick, skip_bench=args.skip_bench,
-                         skip_graphs=args.skip_graphs, layers=args.layers, context=args.context, topk=args.topk)
+                         skip_graphs=args.skip_graphs, layers=args.layers, context=args.context, topk=args.topk,
+                         skip_tensorrt=args.skip_tensorrt, skip_pytest=args.skip_pytest)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,8 @@ def big_vocab_pair(tmp_path_factory):
     ("union+off", "--markov-topm 5 needs a top-k export"),
     ("union>Vd", "--markov-topm 2501 must be an integer in [0, draft_vocab_size=2500]"),
     ("union<0", "--markov-topm -1: use an integer M >= 0"),
+    ("vc+plugin", "--version-compatible with the DSparkTopKMarkov AOT plugin is not supported"),
+    ("vc+union", "--version-compatible with the DSparkTopKMarkovUnion AOT plugin is not supported"),
 ])
 def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pair, big_vocab_pair, tmp_path):
     out = tmp_path / "out"
@@ -57,6 +59,9 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pai
         "union+off": [tiny_pair.drafter, "--topk", "off", "--markov-topm", "5"],
         "union>Vd": [tiny_pair.drafter, "--topk", "16", "--markov-topm", "2501"],
         "union<0": [tiny_pair.drafter, "--topk", "16", "--markov-topm=-1"],
+        "vc+plugin": [tiny_pair.drafter, "--topk", "16", "--engine", "none", "--version-compatible"],
+        "vc+union": [tiny_pair.drafter, "--topk", "16", "--markov-topm", "4", "--engine", "none",
+                     "--version-compatible"],
     }[case]
     proc = dspark("export", *args, "-o", out)
     assert proc.returncode == 1, proc.stderr

@@ -198,3 +198,13 @@ def test_speculators_drafter_defaults_to_its_recorded_verifier(tiny_causal_pair,
     assert code == 0, err
     code, explicit, _ = run_cli(capsys, *args, "--target", tiny_causal_pair.target, "--no-draft")
     assert code == 0 and json.loads(out)["tokens"] == json.loads(explicit)["tokens"]
+
+
+def test_verbose_prints_the_device_memory_the_runtime_reserves(distilled_pair, capsys):
+    """``-v``: one line with what the runtime holds on the device (on this CPU run: nothing)."""
+    pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target]
+    code, _, err = run_cli(capsys, *pair, "--input-ids", "1 2 3", "--max-new-tokens", 4, "-v")
+    lines = [line for line in err.splitlines() if "device memory reserved" in line]
+    assert code == 0 and lines == ["[D] device memory reserved: none (the models run on the CPU)"], err[-2000:]
+    code, _, err = run_cli(capsys, *pair, "--input-ids", "1 2 3", "--max-new-tokens", 4)
+    assert code == 0 and "device memory reserved" not in err  # without -v: not printed

@@ -53,6 +53,38 @@ def test_version_compatible_is_full_tensorrt_only():
         EngineBuildConfig("tensorrt-rtx", version_compatible=True)
 
 
+def test_version_compatible_is_refused_around_the_aot_plugin():
+    """No TensorRT documentation says a lean-runtime (version-compatible) engine runs AOT plugin layers."""
+    from dspark_trt.export.engine import check_version_compatible
+
+    check_version_compatible(True, None)  # a dense draft graph: no plugin
+    check_version_compatible(False, "DSparkTopKMarkov")
+    for op in ("DSparkTopKMarkov", "DSparkTopKMarkovUnion"):
+        message = f"--version-compatible with the {op} AOT plugin is not supported"
+        with pytest.raises(DSparkTrtError, match=message) as e:
+            check_version_compatible(True, op)
+        assert "\n" not in str(e.value) and "drop --version-compatible" in str(e.value)
+
+
+def test_the_target_engine_gets_a_small_q_verify_profile():
+    """Profile 0 prefills (Q up to the context), profile 1 verifies (Q <= 16): a verify context's activation
+    memory is sized for a few new tokens, not for max batch x max context."""
+    from dspark_trt.export.pipeline import VERIFY_TOKENS, target_build_config
+
+    base = EngineBuildConfig("tensorrt", max_batch_size=4, register_plugins=print)
+    cfg = target_build_config(base, 512)
+    assert cfg.register_plugins is None and VERIFY_TOKENS == 16
+    ranges = cfg.profile_ranges
+    assert len(ranges) == 2 and ranges[0]["Q"] == (1, 8, 512) and ranges[1]["Q"] == (1, 8, 16)
+    assert ranges[1]["P"] == ranges[0]["P"] and ranges[1]["S"] == ranges[0]["S"]  # only Q narrows
+    inputs = {"input_ids": ["B", "Q"], "attention_mask": ["B", "S"], "past_key": [2, "B", 2, "P", 16]}
+    verify = profile_shapes(inputs, cfg.batch_range, ranges[1])
+    assert verify["input_ids"] == ((1, 1), (4, 8), (4, 16)) and verify["past_key"][2] == (2, 4, 2, 512, 16)
+    assert cfg.describe()["extra_profiles"] == [{"Q": [1, 8, 16]}]
+    assert target_build_config(base, 12).profile_ranges == [target_build_config(base, 12).dynamic_ranges]  # Q <= 12
+    assert EngineBuildConfig("tensorrt").profile_ranges == [{}]  # the drafter's engines: one profile
+
+
 def test_resolve_flavor():
     from tests.conftest import have_module, have_tensorrt
 

@@ -98,6 +98,13 @@ def test_tensorrt_rtx_engines_were_built(exported):
             for dim, (lo, hi) in enumerate(zip(profile["min"], profile["max"])):
                 want = {"B": (1, 8), "T": (1, T), "Q": (1, T), "P": (0, T), "S": (1, T)}.get(i["shape"][dim])
                 assert (lo, hi) == (want or (i["shape"][dim], i["shape"][dim]))
+        assert entry["profiles"][0] == entry["profile"]
+        if entry["graph"] != "target":
+            assert len(entry["profiles"]) == 1
+            continue
+        verify = entry["profiles"][1]  # the target's small-Q verify profile: only Q narrows, to 16 new tokens
+        assert len(entry["profiles"]) == 2 and verify["input_ids"]["max"] == verify["position_ids"]["max"] == [8, 16]
+        assert all(verify[n] == entry["profile"][n] for n in verify if n not in ("input_ids", "position_ids"))
 
 
 @pytest.mark.rtx
@@ -119,3 +126,14 @@ def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
         with pytest.raises(DSparkTrtError) as e:
             build_engines(out, engine="tensorrt")
         assert "or use --engine tensorrt-rtx" in str(e.value) and "none" not in str(e.value)
+
+
+def test_build_engine_refuses_version_compatible_around_the_plugin(tmp_path):
+    """Before TensorRT is even looked for: a version-compatible engine around the AOT plugin is unverified."""
+    from dspark_trt.export.manifest import FORMAT_VERSION
+
+    for topk, m, op in ((16, 0, "DSparkTopKMarkov"), (16, 4, "DSparkTopKMarkovUnion")):
+        (tmp_path / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "topk": topk,
+                                                            "markov_topm": m, "op_contract_version": 2}))
+        with pytest.raises(DSparkTrtError, match=f"--version-compatible with the {op} AOT plugin is not supported"):
+            build_engines(tmp_path, engine="tensorrt", options=ExportOptions(version_compatible=True))

@@ -151,10 +151,10 @@ def test_union_kernel_arguments_follow_the_aot_calling_convention():
 
 
 @pytest.mark.slow
-def test_qwen3_8b_shapes_build_for_cuda_13_drivers(tmp_path):
+def test_qwen3_8b_shapes_build_for_cuda_12_drivers(tmp_path):
     info = build(tmp_path, "--n", "7", "--k", "3840", "--rank", "1024", "--archs", "90")
     (k,) = info["kernels"]
-    assert k["ptx_isa"] == "9.0" and k["arch"] == "sm_90a"
+    assert k["ptx_isa"] == "8.0" and k["arch"] == "sm_90a" and k["min_driver_cuda"] == "12.0"
     assert k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM  # the largest tiles still fit the AOT launch
 
 
@@ -174,8 +174,11 @@ def test_select_export_kernel_refuses_what_does_not_match(small_build, tmp_path)
     spec = aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "float16", arch=90)
     with pytest.raises(DSparkTrtError, match="must embed sm_80 PTX, not sm_90a"):
         aot.select_export_kernel(info, out, spec, hardware_compatibility="ampere_plus")
-    with pytest.raises(DSparkTrtError, match="driver JIT-compiles at most 8.5; re-export with --ptx-isa 8.5"):
-        aot.select_export_kernel(info, out, spec, driver_cap=85)
+    with pytest.raises(DSparkTrtError, match="driver JIT-compiles at most 7.8; update the driver to CUDA >= 12.0"):
+        aot.select_export_kernel(info, out, spec, driver_cap=78)  # a CUDA 11.8 driver: no sm_90a PTX at all
+    with pytest.raises(DSparkTrtError, match="driver JIT-compiles at most 7.8; re-export with --ptx-isa 7.8"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 8, 0.5, "float32", "float16", arch=80),
+                                 driver_cap=78)
     with pytest.raises(DSparkTrtError, match="built for N, k, r"):
         aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 32, 8, 0.5, "float32", "float16", arch=90))
     with pytest.raises(DSparkTrtError, match="no PTX for sm_90a float16-float16"):
@@ -276,6 +279,46 @@ def test_driver_isa_cap_refuses_garbage_and_old_drivers():
         aot.driver_max_ptx_isa("thirteen")
     with pytest.raises(DSparkTrtError, match="too old"):
         aot.driver_max_ptx_isa("10.2")
+
+
+def test_the_default_isa_is_what_cuda_12_drivers_jit_compile(small_build, union_build):
+    """Hosts with 550 (CUDA 12.4) and 570 (12.8) drivers build engines from the export's PTX: the default ISA is
+    the lowest the kernel needs (sm_90a's 8.0), recorded with the oldest driver that JIT-compiles it."""
+    for (out, info), m in ((small_build, 0), (union_build, 5)):
+        spec = aot.WalkKernelSpec(3, 16, 8, 0.5, *(("float32", "float16") if not m else ("float32", "bfloat16")),
+                                  arch=90, markov_topm=m)
+        for cuda in ("12.0", "12.4", "12.8", "13.0"):  # a build host with this driver takes the export's PTX
+            aot.select_export_kernel(info, out, spec, driver_cap=aot.driver_max_ptx_isa(cuda))
+        for k in info["kernels"]:
+            assert k["ptx_isa"] == "8.0" and k["min_driver_cuda"] == "12.0"
+            assert k["ptx_isa_caps"]["arch_min"] == aot.min_ptx_isa(k["compute_capability"])
+            assert aot.ptx_isa_version((out / k["file"]).read_text()) == "8.0"
+    assert aot.DEFAULT_PTX_ISA == aot.min_ptx_isa(90) == 80 <= aot.driver_max_ptx_isa("12.4")
+
+
+@pytest.mark.parametrize("isa,cuda", [("8.0", "12.0"), ("8.4", "12.4"), ("8.5", "12.5"), ("8.6", "12.8"),
+                                      ("8.7", "12.8"), ("8.8", "12.9"), ("9.0", "13.0"), (78, "11.8"), (92, "13.2")])
+def test_min_driver_cuda_inverts_the_release_table(isa, cuda):
+    assert aot.min_driver_cuda(isa) == cuda
+    assert aot.driver_max_ptx_isa(cuda) >= (isa if isinstance(isa, int) else aot._isa_number(isa))
+
+
+def test_an_isa_below_the_arch_minimum_is_refused_in_one_line(tmp_path):
+    """LLVM aborts the whole process on sm_90a below ISA 8.0: the choice is refused before any compile."""
+    aot.check_isa_for_arch(78, 80)  # sm_80 takes ISA 7.0 and newer
+    aot.check_isa_for_arch(None, 90)  # Triton's default
+    with pytest.raises(DSparkTrtError, match=r"driver JIT-compiles at most 7.8; update the driver to CUDA >= 12.0"):
+        aot.check_isa_for_arch(78, 90, driver_cap=78)
+    with pytest.raises(DSparkTrtError, match=r"--ptx-isa 7.8 is below the 8.0 that sm_90a PTX needs"):
+        aot.check_isa_for_arch(78, 90)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "dspark_trt.plugins.aot", "--out", str(tmp_path), "--n", "2", "--k",
+                           "16", "--rank", "8", "--archs", "90", "--ptx-isa", "7.8"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == ["error: --ptx-isa 7.8 is below the 8.0 that sm_90a PTX needs; use "
+                                                "--ptx-isa 8.0 or higher"]
 
 
 def test_isa_choice_is_the_lowest_known_cap():

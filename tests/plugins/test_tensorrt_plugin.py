@@ -199,6 +199,21 @@ def test_union_kernel_spec_from_a_node():
                           logits_dtype="float32", weights_dtype="bfloat16", arch=90)
 
 
+def test_one_spec_builder_serves_both_ops():
+    """The plain op's AOT hook builds its spec with the union's code at M = 0 (no table): the spec, and so the
+    PTX it selects or compiles, is the plain op's."""
+    from dspark_trt.plugins.aot import DEFAULT_PTX_ISA, WalkKernelSpec
+    from dspark_trt.plugins.tensorrt_plugin import node_kernel_spec
+
+    spec = node_kernel_spec((None, 7, 512), None, k=512, rank=256, logit_scale=0.5, logits_dtype="float32",
+                            weights_dtype="bfloat16", arch=90)
+    assert spec == WalkKernelSpec(7, 512, 256, 0.5, "float32", "bfloat16", 90, DEFAULT_PTX_ISA)
+    assert spec.op_name == "DSparkTopKMarkov" and spec.markov_topm == 0 and not spec.union
+    with pytest.raises(DSparkTrtError, match="^DSparkTopKMarkov attribute k=64 but cand_values has k=512; re-export"):
+        node_kernel_spec((None, 7, 512), None, k=64, rank=256, logit_scale=0.5, logits_dtype="float32",
+                         weights_dtype="bfloat16", arch=90)
+
+
 def test_export_ptx_is_chosen_per_op(tmp_path):
     """``use_export_ptx`` with one description per op: a node of an op the export did not build is refused."""
     from dspark_trt.plugins import tensorrt_plugin as tp

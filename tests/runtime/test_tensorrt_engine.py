@@ -7,13 +7,19 @@ onnxruntime executing the graph (on the CPU, eagerly): a padded round gives the 
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime.cuda_graphs import BucketPolicy, GraphRunner
-from dspark_trt.runtime.tensorrt_engine import (check_engine_version, engine_entry, input_specs, io_tensors,
-                                                output_batch_dims, plan_io, require_tensorrt, tensorrt_available)
+from dspark_trt.runtime.tensorrt_engine import (TENSOR_ALIGNMENT, TORCH_DTYPES, ContextCache, EngineTensor, Profile,
+                                                aligned, aligned_empty, bind_inputs, check_engine_io,
+                                                check_engine_version, choose_profile, engine_entry, input_specs,
+                                                io_tensors, output_batch_dims, plan_io, require_tensorrt,
+                                                tensorrt_available, trt_enum_name)
 
 DRAFT_IO = {
     "inputs": [{"name": "anchor", "dtype": "int32", "shape": ["B"]},
@@ -139,6 +145,164 @@ def test_a_padded_draft_graph_round_gives_the_unpadded_results(onnx_export, tiny
     assert torch.equal(got["cand_ids"].sort(-1).values, want["cand_ids"].sort(-1).values)
     torch.testing.assert_close(got["cand_logits"].sort(-1).values, want["cand_logits"].sort(-1).values,
                                rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- engine I/O against the manifest
+TRT_NAMES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BF16", "int32": "INT32", "int64": "INT64"}
+
+
+def engine_io(io, **changes) -> list[EngineTensor]:
+    """What a deserialized engine built from ``io`` reports (-1 for symbolic dimensions), with ``changes``
+    {name: EngineTensor field overrides} (None: the tensor is absent)."""
+    out = []
+    for side, is_input in (("inputs", True), ("outputs", False)):
+        for t in io[side]:
+            fields = dict(name=t["name"], is_input=is_input, dtype=t["dtype"],
+                          shape=tuple(d if isinstance(d, int) else -1 for d in t["shape"]))
+            change = changes.get(t["name"], {})
+            if change is not None:
+                out.append(EngineTensor(**{**fields, **change}))
+    return out
+
+
+def test_trt_enum_names_map_onto_the_manifest_dtypes():
+    from dspark_trt.runtime.tensorrt_engine import TRT_DTYPES
+
+    class Member:  # a pybind11 enum member has .name; older bindings print as DataType.BF16
+        name = "BF16"
+
+    assert trt_enum_name(Member()) == "BF16" and trt_enum_name("DataType.HALF") == "HALF"
+    assert {TRT_DTYPES[TRT_NAMES[k]] for k in TRT_NAMES} == set(TRT_NAMES)
+    assert set(TRT_DTYPES.values()) == set(TORCH_DTYPES)  # every dtype the manifest can name, both ways
+
+
+def test_an_engine_with_the_manifests_io_is_accepted():
+    for io in (DRAFT_IO, TARGET_IO):
+        check_engine_io(engine_io(io), io_tensors(io))
+    reordered = list(reversed(engine_io(DRAFT_IO)))  # binding order is the engine's business
+    check_engine_io(reordered, io_tensors(DRAFT_IO))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"cand_logits": {"dtype": "float16"}}, "cand_logits is float16, the manifest says float32"),
+    ({"logits": {"dtype": "bfloat16"}}, "logits is bfloat16, the manifest says float32"),
+    ({"ctx_k": {"shape": (-1, -1, 2, 16)}}, r"ctx_k has rank 4, the manifest's shape \[2, 'B', 'T', 2, 16\] rank 5"),
+    ({"draft_tokens": {"shape": (-1, 8)}}, "draft_tokens dimension 1 is 8, the manifest says 7"),
+    ({"cand_ids": None}, "the manifest's output cand_ids is missing"),
+    ({"seed": {"is_input": False}}, "seed is an output, the manifest has an input"),
+])
+def test_an_engine_whose_io_differs_from_the_manifest_is_refused_in_one_line(changes, message):
+    """Output buffers are sized and typed from the manifest: another graph's plan would be written past them."""
+    io = TARGET_IO if "logits" in changes else DRAFT_IO
+    with pytest.raises(DSparkTrtError, match=message) as e:
+        check_engine_io(engine_io(io, **changes), io_tensors(io), "the draft engine")
+    assert "\n" not in str(e.value) and "dspark build-engine OUT --force" in str(e.value)
+    assert str(e.value).startswith("the draft engine does not match the export's manifest: ")
+
+
+def test_an_engine_input_the_manifest_lacks_is_refused():
+    extra = engine_io(DRAFT_IO) + [EngineTensor("attention_mask", True, "int64", (-1, -1))]
+    with pytest.raises(DSparkTrtError, match="input attention_mask is not in the manifest"):
+        check_engine_io(extra, io_tensors(DRAFT_IO))
+
+
+# ------------------------------------------------------------------------------------------ profiles
+GiB, MiB = 1 << 30, 1 << 20
+#: the target engine: profile 0 = prefill (Q up to the context), profile 1 = verify (Q <= 16), less memory
+TARGET_PROFILES = [
+    Profile(0, {"input_ids": ((1, 1), (8, 8192)), "attention_mask": ((1, 1), (8, 8192)),
+                "past_key": ((4, 1, 8, 0, 128), (4, 8, 8, 8192, 128))}, memory=9 * GiB),
+    Profile(1, {"input_ids": ((1, 1), (8, 16)), "attention_mask": ((1, 1), (8, 8192)),
+                "past_key": ((4, 1, 8, 0, 128), (4, 8, 8, 8192, 128))}, memory=40 * MiB),
+]
+
+
+def test_verify_rounds_run_on_the_small_q_profile_and_prefill_on_the_large_one():
+    verify = {"input_ids": (4, 8), "attention_mask": (4, 1032), "past_key": (4, 4, 8, 1024, 128)}
+    assert choose_profile(TARGET_PROFILES, verify) == 1
+    assert choose_profile(TARGET_PROFILES, {**verify, "input_ids": (4, 16)}) == 1
+    prefill = {"input_ids": (2, 700), "attention_mask": (2, 700), "past_key": (4, 2, 8, 0, 128)}
+    assert choose_profile(TARGET_PROFILES, prefill) == 0
+    assert choose_profile(list(reversed(TARGET_PROFILES)), verify) == 1  # by memory, not by position
+    assert choose_profile([], verify) == 0  # an engine read without profiles: the default one
+    same = [Profile(0, TARGET_PROFILES[1].shapes, 5), Profile(1, TARGET_PROFILES[1].shapes, 5)]
+    assert choose_profile(same, verify) == 0  # a tie: the lower index
+
+
+def test_shapes_outside_every_profile_are_refused_in_one_line():
+    with pytest.raises(DSparkTrtError, match=r"input input_ids shape \(9, 8\) is outside every profile") as e:
+        choose_profile(TARGET_PROFILES, {"input_ids": (9, 8), "attention_mask": (9, 16)})
+    assert "--max-batch-size" in str(e.value) and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ context lifetimes
+class _Context:
+    """A plain object standing for a context: the test watches *when* the cache lets go of it."""
+
+
+def test_exact_shape_contexts_are_bounded_and_dropped_only_after_a_synchronize():
+    """Work enqueued through a context keeps using its memory until it finishes: the cache synchronises the
+    engine's stream before it lets go of any context (eviction or clear), and keeps at most ``capacity``."""
+    events, created = [], []
+
+    def make(key):
+        ctx = _Context()
+        weakref.finalize(ctx, events.append, f"drop {key}")
+        created.append(key)
+        return ctx
+
+    cache = ContextCache(lambda: events.append("sync"), capacity=2)
+    first = id(cache.get("a", lambda: make("a")))
+    cache.get("b", lambda: make("b"))
+    assert id(cache.get("a", lambda: make("a"))) == first and created == ["a", "b"]  # a hit creates nothing
+    cache.get("c", lambda: make("c"))  # evicts "b", the least recently used
+    gc.collect()
+    assert events == ["sync", "drop b"] and len(cache) == 2 and "a" in cache and "c" in cache
+    cache.clear()
+    gc.collect()
+    assert events[2] == "sync" and sorted(events[3:]) == ["drop a", "drop c"] and len(cache) == 0
+    cache.clear()  # nothing left: nothing to wait for
+    assert events.count("sync") == 2
+    unbounded = ContextCache(lambda: events.append("sync"))
+    for i in range(20):
+        unbounded.get(i, _Context)
+    assert len(unbounded) == 20 and events.count("sync") == 2
+    with pytest.raises(DSparkTrtError, match="capacity 0 must be >= 1"):
+        ContextCache(lambda: None, capacity=0)
+
+
+# ------------------------------------------------------------------------------------------ alignment
+def test_a_view_with_a_storage_offset_is_copied_into_an_aligned_buffer():
+    """TensorRT needs 256-byte aligned tensor addresses: ``.contiguous()`` keeps a contiguous view where it
+    starts (the old exact-shape path bound it as is)."""
+    base = torch.randn(4 * 1000)
+    view = base[1:1 + 999]  # contiguous, 4 bytes into its storage
+    assert view.is_contiguous() and view.contiguous().data_ptr() == view.data_ptr()
+    assert view.data_ptr() % TENSOR_ALIGNMENT != 0
+    got = aligned(view)
+    assert got.data_ptr() % TENSOR_ALIGNMENT == 0 and got.is_contiguous() and torch.equal(got, view)
+    assert aligned(got) is got  # already aligned: no copy
+    for dtype in TORCH_DTYPES.values():
+        for shape in ((7,), (3, 5, 2), (0, 4)):
+            t = aligned_empty(shape, dtype)
+            assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
+            assert t.numel() == 0 or t.data_ptr() % TENSOR_ALIGNMENT == 0
+
+
+def test_exact_shape_inputs_are_bound_aligned_contiguous_and_in_the_engine_dtype():
+    """The target's prefill feeds its K/V buffers' used slots (a strided view) and the drafter's context K/V
+    can be a batch slice (an offset view): both reach TensorRT as aligned contiguous copies."""
+    specs = input_specs(io_tensors(TARGET_IO), "B", "P", {"attention_mask": (1, 0)})
+    k = torch.randn(4, 3, 8, 40, 128, dtype=torch.bfloat16)  # [L, B, H, capacity, D]
+    ids = torch.arange(2 * 33, dtype=torch.int32).view(2, 33)[:, 1:]  # offset view, int32 where the engine has int64
+    feeds = {"input_ids": ids, "position_ids": ids.to(torch.int64),
+             "attention_mask": torch.ones(2, 37, dtype=torch.int64),
+             "past_key": k[:, 1:, :, :5], "past_value": k[:, :2, :, :5]}  # strided views of the K/V buffers
+    got = bind_inputs(specs, feeds, "cpu")
+    for name, t in got.items():
+        assert t.is_contiguous() and t.data_ptr() % TENSOR_ALIGNMENT == 0, name
+        assert t.dtype == TORCH_DTYPES[next(i["dtype"] for i in TARGET_IO["inputs"] if i["name"] == name)]
+        assert torch.equal(t, feeds[name].to(t.dtype))
 
 
 # ------------------------------------------------------------------------------------------ the refusal

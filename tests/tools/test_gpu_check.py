@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from dspark_trt.cli.main import main as dspark
-from dspark_trt.tools.gpu_check import Checks, main as gpu_check, qwen3_8b_drafter_config
+from dspark_trt.tools.gpu_check import (Checks, main as gpu_check, parse_pytest_summary, pytest_check, pytest_command,
+                                        qwen3_8b_drafter_config, tensorrt_checks)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_without_cuda_it_refuses_in_one_line(capsys, tmp_path):
@@ -43,11 +47,63 @@ def test_checks_record_failures_and_errors_without_stopping(capsys):
     assert "crash" in checks.table()
 
 
+def test_a_skipped_check_is_explicit_and_does_not_fail_the_report(capsys):
+    checks = Checks()
+    checks.run("ok", lambda: "fine")
+    checks.skip("tensorrt", "TensorRT not importable: no module")
+    assert checks.passed and [r["status"] for r in checks.rows] == ["PASS", "SKIP"]
+    assert "SKIP  tensorrt: TensorRT not importable: no module" in capsys.readouterr().out
+    assert "tensorrt  SKIP" in checks.table()
+    checks.run("bad", lambda: 1 / 0)
+    assert not checks.passed
+
+
+def test_without_tensorrt_the_report_says_so_and_runs_nothing_else(tmp_path):
+    """The TensorRT section of the report: one explicit entry when full TensorRT is not importable."""
+    from dspark_trt.runtime.tensorrt_engine import tensorrt_available
+
+    if tensorrt_available() is None:
+        pytest.skip("TensorRT and a GPU are present: the section runs for real on this host")
+    checks = Checks()
+    section = tensorrt_checks(checks, tmp_path)
+    (row,) = checks.rows
+    assert row["check"] == "tensorrt" and row["status"] == "SKIP" and checks.passed
+    assert row["detail"] == f"TensorRT not importable: {tensorrt_available()}"
+    assert section == {"available": False, "reason": tensorrt_available()} and list(tmp_path.iterdir()) == []
+    json.dumps(section)
+
+
+def test_pytest_command_runs_without_xdist_and_never_runs_gpu_check_inside_itself():
+    cmd = pytest_command(["tests"])
+    assert cmd[1:5] == ["-m", "pytest", "tests", "-m"] and cmd[5] == "tensorrt or gpu"
+    assert "addopts=-ra --strict-markers" in cmd  # the project's --dist (pytest-xdist) replaced
+    assert cmd[cmd.index("--deselect") + 1] == "tests/tools/test_gpu_check.py::test_gpu_check_quick_passes"
+
+
+@pytest.mark.parametrize("text, counts", [
+    ("....\n4 passed, 2 skipped, 190 deselected in 12.31s\n", {"passed": 4, "skipped": 2, "deselected": 190}),
+    ("F.\nFAILED tests/a.py::t - x\n=== 1 failed, 1 passed, 1 error in 3.0s ===", {"failed": 1, "passed": 1,
+                                                                                   "errors": 1}),
+    ("\n=== 12 deselected in 0.5s ===", {"deselected": 12}),
+    ("ImportError while loading conftest", {}),
+])
+def test_pytest_summary_is_parsed(text, counts):
+    assert parse_pytest_summary(text) == counts
+
+
+def test_the_pytest_step_runs_the_marked_tests_of_a_checkout():
+    """A real child pytest: here the one gpu-marked test of the file is collected and skipped (no CUDA)."""
+    detail, data = pytest_check(REPO, paths=[REPO / "tests" / "runtime" / "test_device_memory.py"], timeout=120)
+    want = {"passed": 1, "deselected": 6} if torch.cuda.is_available() else {"skipped": 1, "deselected": 6}
+    assert data["counts"] == want and data["returncode"] == 0 and data["failing"] == [], detail
+
+
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.slow
 def test_gpu_check_quick_passes(tmp_path):
-    assert gpu_check(["--out", str(tmp_path), "--quick", "--skip-bench", "--layers", "1", "--context", "256"]) == 0
+    assert gpu_check(["--out", str(tmp_path), "--quick", "--skip-bench", "--layers", "1", "--context", "256",
+                      "--skip-pytest"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["passed"] and [g["batch"] for g in report["graphs"]] == [1, 4, 8]
 

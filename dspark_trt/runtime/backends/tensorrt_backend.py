@@ -1,6 +1,7 @@
 """The ``tensorrt`` drafter backend: an export's TensorRT engines (``engines/context.plan``, ``engines/draft.plan``).
 
-The draft round runs in CUDA graphs, one per (batch bucket, context-length bucket): the batch and the
+Each engine's contexts share one scratch buffer and one stream; the engines' I/O is checked against the
+manifest at load. The draft round runs in CUDA graphs, one per (batch bucket, context-length bucket): the batch and the
 context are padded into static buffers (``runtime.tensorrt_engine.TensorRTGraph``), the top-k Markov walk
 is the AOT plugin inside the engine (no plugin registration, no Python at enqueue). The context graph runs
 with exact shapes (its outputs are as long as its input). Tensor names come from the manifest's I/O; the
@@ -72,7 +73,7 @@ class TensorRTDrafterBackend(DrafterBackend):
         max_batch = min(max_batch or profile_max, profile_max)
         self._graphs = {}
         for graph, entry in entries.items():
-            engine = TensorRTEngine(self.export_dir / entry["file"], entry)
+            engine = TensorRTEngine(self.export_dir / entry["file"], entry, device=self.device, name=graph)
             io = io_tensors(manifest["graphs"][graph])
             if graph == "context":
                 self._graphs[graph] = TensorRTGraph(engine, io, max_batch=max_batch, role="draft", graphs=graphs,
@@ -99,7 +100,11 @@ class TensorRTDrafterBackend(DrafterBackend):
 
     def deactivate(self) -> None:
         for g in self._graphs.values():
-            g.deactivate()
+            g.deactivate()  # each synchronizes its engine's stream before dropping anything
+
+    def reserved_device_memory(self) -> dict[str, int]:
+        """Device memory the engines reserve for their contexts (one scratch buffer each), by name."""
+        return {f"{name} engine scratch": g.engine.reserved_bytes() for name, g in self._graphs.items()}
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from ...export.graphs import run_context
