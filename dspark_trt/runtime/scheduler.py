@@ -29,7 +29,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import DSparkTrtError
-from .decoder import SpeculativeDecoder, _Request, _Run, check_sampling, resolve_draft_options, resolve_verify_drafts
+from .decoder import (SpeculativeDecoder, _Request, _Run, check_context_budget, check_sampling, resolve_draft_options,
+                      resolve_verify_drafts)
 
 __all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
 
@@ -146,7 +147,7 @@ class RequestScheduler:
         draft (bool, defaults to True): ``False`` decodes with the target alone (the baseline).
         max_batch_size (int, defaults to 64): requests decoded together; later ones wait for a free row.
         max_context (*optional*): refuse requests whose prompt + ``max_new_tokens`` exceeds this
-            (default: the target's ``max_context`` when it has one).
+            (default: the decoder's ``max_context``, the KV bound of an export's graphs or engines).
     """
 
     def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
@@ -163,7 +164,7 @@ class RequestScheduler:
         self.verify_cap = resolve_verify_drafts(decoder.config, verify_drafts)
         self.draft = draft
         self.max_batch_size = int(max_batch_size)
-        self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
+        self.max_context = max_context if max_context is not None else decoder.max_context
         self.stats = SchedulerStats()
         self._run: _Run | None = None
         self._ids = itertools.count()
@@ -192,10 +193,7 @@ class RequestScheduler:
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_sampling(torch.tensor([float(temperature)]), torch.tensor([int(seed)]))
-        if self.max_context is not None and len(tokens) + int(max_new_tokens) > self.max_context:
-            raise DSparkTrtError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({int(max_new_tokens)}) exceeds the "
-                                 f"model's context of {self.max_context} tokens; shorten the prompt or ask for fewer "
-                                 f"tokens")
+        check_context_budget([len(tokens)], max_new_tokens, self.max_context)
         eos = dec.target.eos_token_ids if eos_token_id is None else (
             (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
         rid = next(self._ids)
