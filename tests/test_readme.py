@@ -89,7 +89,8 @@ def readme_export(tmp_path_factory):
 
 def test_the_readme_shows_its_export_and_generate_commands():
     commands = [c for c, _ in shown_commands()]
-    assert any(c.startswith("dspark-export ") for c in commands) and any(c.startswith("dspark generate ") for c in commands)
+    assert any(c.startswith("dspark-export ") for c in commands)
+    assert any(c.startswith("dspark generate ") for c in commands)
 
 
 @pytest.mark.onnx

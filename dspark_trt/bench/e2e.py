@@ -115,8 +115,8 @@ def _report(decoder, prompts, args, spec, base, batch_size: int, prompt_format: 
 
 def too_few_rounds(report: dict) -> str:
     """The line printed instead of the ratios when a run measured fewer than ``MIN_ROUNDS`` rounds."""
-    return (f"  only {report['rounds']} draft round(s) ({report['generated_tokens']} tokens, the rest stopped at EOS or "
-            f"--max-new-tokens): too few to measure a speed-up or an acceptance; ask for more tokens "
+    return (f"  only {report['rounds']} draft round(s) for {report['generated_tokens']} tokens (EOS or "
+            f"--max-new-tokens came first): too few to measure a speed-up or an acceptance; ask for more tokens "
             f"(--max-new-tokens, --ignore-eos) or give prompts the model continues")
 
 

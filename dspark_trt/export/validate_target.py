@@ -14,7 +14,7 @@ quadrature over the n layers a value has passed. Per row (one token's tap block 
 its logits: n = L + 1)::
 
     rms(Δ_row) ≤ c · u · √n · rms(ref_row)                           the row as a whole
-    |Δ_i|      ≤ a · u · |ref_i| + t · u · √n · rms(ref_row)         every element (its own roundings + the row's)
+    |Δ_i|      ≤ a · u · |ref_i| + t · u · √n · rms(ref_row)         each element: own roundings + the row's
 
 Constants measured, not tuned (docs/export.md "Precision"): on SmolLM2-135M (30 layers, massive activations
 of 2.6·10⁴), transformers' own bf16 lies up to 4.9 u·√n·rms from its fp32 (rows), the exported graph up to
@@ -58,8 +58,8 @@ class RoundingTolerance:
         return UNIT_ROUNDOFF[self.dtype]
 
     def summary(self) -> str:
-        return (f"per row over n layers rms|Δ| ≤ {self.row_rms:g}·u·√n·rms(ref), each |Δ| ≤ {self.element:g}·u·|ref| "
-                f"+ {self.row_tail:g}·u·√n·rms(ref), u = {self.unit:.3g}")
+        return (f"per row over n layers rms|Δ| ≤ {self.row_rms:g}·u·√n·rms(ref), each |Δ| ≤ "
+                f"{self.element:g}·u·|ref| + {self.row_tail:g}·u·√n·rms(ref), u = {self.unit:.3g}")
 
     def check(self, name: str, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
               mask: torch.Tensor | None = None) -> Check:

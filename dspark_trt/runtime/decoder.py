@@ -186,8 +186,8 @@ class SpeculativeDecoder:
     def max_context(self) -> int | None:
         """The longest sequence (prompt + new tokens) this decoder can hold: the smaller KV bound of its target and
         drafter graphs or engines (``--max-context`` of the export); None when neither has one (transformers)."""
-        bounds = [int(b) for b in (getattr(self.target, "max_context", None), getattr(self.backend, "max_context", None))
-                  if b]
+        bounds = [getattr(self.target, "max_context", None), getattr(self.backend, "max_context", None)]
+        bounds = [int(b) for b in bounds if b]
         return min(bounds) if bounds else None
 
     def check_context(self, inputs, max_new_tokens: int) -> None:
