@@ -26,6 +26,7 @@ from dspark_trt.cli.main import main as dspark
 from dspark_trt.export.pipeline import ExportOptions, export_model
 from dspark_trt.models.smollm2 import build_smollm2_pair
 from dspark_trt.runtime import SpeculativeDecoder
+from dspark_trt.runtime.prompting import encode_prompt
 
 
 def main() -> None:
@@ -51,10 +52,10 @@ def main() -> None:
 
     # 3. generate from the export alone (onnxruntime; no transformers model), chat prompt through the template
     decoder = SpeculativeDecoder.from_export(export, backend="onnxruntime", device="cpu")
-    messages = [{"role": "user", "content": "What are three uses of a paperclip?"}]
-    prompt = decoder.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    spec = decoder.generate(prompt, max_new_tokens=48)
-    alone = decoder.generate(prompt, max_new_tokens=48, draft=False)
+    prompt, how = encode_prompt(decoder.tokenizer, "What are three uses of a paperclip?")  # how == "chat"
+    print("prompt format:", how)
+    spec = decoder.generate([prompt], max_new_tokens=48)
+    alone = decoder.generate([prompt], max_new_tokens=48, draft=False)
     print("text:", spec.texts[0].strip())
     print("identical to the target alone:", spec.tokens == alone.tokens)
     print(spec.stats.summary())
@@ -64,6 +65,9 @@ def main() -> None:
     with redirect_stdout(buf):
         code = dspark(["bench", "e2e", "--export", str(export), "--max-new-tokens", "32", "--repeats", "1", "--json"])
     report = next(iter(json.loads(buf.getvalue()).values()))
+    if not report["enough_rounds"]:  # e.g. every prompt answered with EOS at once
+        print(f"bench e2e (exit {code}): only {report['rounds']} draft rounds, too few for a speed-up")
+        return
     print(f"bench e2e (exit {code}): speedup {report['speedup']:.2f}x, acceptance "
           f"{report['mean_acceptance_length']:.2f} tokens/round, greedy outputs identical: {report['same_tokens']}")
 

@@ -57,6 +57,50 @@ def scatter_dense(cand_ids: torch.Tensor, cand_logits: torch.Tensor, vocab: int)
     return out.scatter(-1, cand_ids.to(torch.int64), cand_logits)
 
 
+def summation_order_bound(rows: torch.Tensor, e: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[..., k] float64: how far two summation orders of the ``dtype`` dot products ``rows · e`` can lie apart.
+
+    ``rows`` [..., k, r], ``e`` [..., r]. Any order's error is at most γ_r · Σ_i |rows_i · e_i| with
+    γ_n = n·u / (1 − n·u) and u = eps/2 the unit roundoff (Higham, *Accuracy and Stability of Numerical
+    Algorithms*, §3.1), so two orders — a GEMM against a batched GEMV, another BLAS kernel for another
+    shape or CPU — differ by at most twice that. Derived from the dtype, not tuned to a machine.
+    """
+    u = torch.finfo(dtype).eps / 2
+    r = rows.shape[-1]
+    gamma = r * u / (1 - r * u)
+    mags = torch.einsum("...kr,...r->...k", rows.double().abs(), e.double().abs())
+    return 2 * gamma * mags
+
+
+def assert_walk_logits_match(got_ids: torch.Tensor, got_logits: torch.Tensor, want_dense: torch.Tensor,
+                             tokens: torch.Tensor, case: "WalkCase") -> None:
+    """Two fp32 walks' corrected logits Z = U + s · (W2[id] · W1[d_j]) agree up to the summation order of the
+    bias dot products, and no further: got [B, N, k] at ``got_ids`` against the dense rows ``want_dense``
+    [B, N, V_d] of a walk that drafted the same ``tokens`` [B, N]. −inf entries of ``got`` (masked
+    duplicates of a candidate union) are skipped. Per entry, the bound is twice the error of one path:
+    the bias's order bound scaled by s, plus one rounding each for × s and for + U
+    (|fl(x) − x| ≤ u·|x|), which both paths perform identically on their own operands.
+    """
+    u = torch.finfo(torch.float32).eps / 2
+    prev = torch.cat((case.anchor.view(-1, 1), tokens[:, :-1]), dim=1)  # [B, N] d_j as target ids
+    ids = got_ids.to(torch.int64)
+    rows = case.w2.float()[ids]  # [B, N, k, r]
+    e = case.w1.float()[prev]  # [B, N, r]
+    s = abs(case.scale)
+    bias_mag = torch.einsum("bnkr,bnr->bnk", rows.double().abs(), e.double().abs())  # >= |bias|
+    want = want_dense.gather(-1, ids)  # [B, N, k]
+    live = got_logits != float("-inf")
+    tol = (s * summation_order_bound(rows, e) + 2 * u * s * bias_mag * (1 + 1e-6)
+           + u * (got_logits.double().abs() + want.double().abs()))
+    diff = (got_logits.double() - want.double()).abs()
+    bad = live & ~(diff <= tol)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise AssertionError(f"{int(bad.sum())} of {int(live.sum())} candidate logits differ by more than fp32 "
+                             f"summation order allows; first at {where}: |Δ| {float(diff[where]):.3g} > "
+                             f"bound {float(tol[where]):.3g}")
+
+
 def index_overlap(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean fraction of shared ids between two [..., k] index sets (order ignored)."""
     a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])

@@ -1,8 +1,10 @@
 """The package's layering: lower layers never import upper ones (read from the source, no imports run).
 
-Order, bottom to top: reference → plugins → export → runtime → testing/bench → cli. ``errors``, ``config``,
-``atomic`` and the other top-level modules sit below all of them. A test helper (``testing/``) builds
-checkpoints and must not depend on the runtime; a GPU check or benchmark is a tool, not part of the op.
+Order, bottom to top: reference → plugins → export → runtime → testing/serving/bench → cli. ``errors``,
+``config``, ``atomic`` and the other top-level modules sit below all of them. A test helper (``testing/``)
+builds checkpoints and must not depend on the runtime; a GPU check or benchmark is a tool, not part of the op;
+a benchmark builds on the library, never on the CLI (what ``dspark generate`` and ``dspark bench e2e`` share
+— their options, the decoder built from them — is ``runtime/options.py``).
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ FORBIDDEN = {
     "export": {"runtime", "testing", "bench", "cli"},
     "runtime": {"testing", "bench", "cli"},
     "testing": {"runtime", "bench", "cli"},
+    "serving": {"bench", "cli"},
     "bench": {"cli"},
 }
-# Known, tracked exceptions (remove an entry when its import goes): bench e2e still borrows generate's
-# argument parser; the target graph's validation runs the runtime's own targets side by side (transformers'
-# HFTarget vs OnnxRuntimeTarget through a prefill, verifies and a rollback), so it checks the graph with the
-# code that will execute it.
-KNOWN = {("bench/e2e.py", "cli"), ("export/validate_target.py", "runtime")}
+# Known, tracked exceptions (remove an entry when its import goes): the target graph's validation runs the
+# runtime's own targets side by side (transformers' HFTarget vs OnnxRuntimeTarget through a prefill, verifies
+# and a rollback), so it checks the graph with the code that will execute it.
+KNOWN = {("export/validate_target.py", "runtime")}
 
 
 def _imported_subpackages(path: Path) -> set[str]:
@@ -55,6 +57,11 @@ def test_no_layer_imports_a_layer_above_it():
                 if (rel, name) not in KNOWN:
                     violations.append(f"{rel} imports dspark_trt.{name}")
     assert not violations, violations
+
+
+def test_no_benchmark_imports_the_cli():
+    """Not even through a known exception: every module under bench/ is free of dspark_trt.cli."""
+    assert not [p.name for p in sorted((ROOT / "bench").rglob("*.py")) if "cli" in _imported_subpackages(p)]
 
 
 def test_the_checker_sees_relative_imports():

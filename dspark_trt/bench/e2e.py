@@ -7,6 +7,10 @@ median tokens/s of each, their ratio, and the acceptance of the speculative runs
   dspark bench e2e
   dspark bench e2e --drafter DRAFTER --target TARGET --input-ids "1 2 3" --max-new-tokens 256 --json
   dspark bench e2e --export OUT     the exported (onnxruntime) target next to the transformers one, same drafter
+
+--prompt text goes through the target tokenizer's chat template when it has one (--raw: as is), as in
+'dspark generate'; the report says which. A run with fewer than 5 draft rounds (e.g. a chat model that
+answers EOS at once) says so instead of printing ratios (JSON: enough_rounds false, the ratios null).
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import argparse
 import json
 import statistics
 
+PROMPT_FORMATS = {"chat": "text through the chat template", "raw": "text as is", "ids": "token ids",
+                  "held-out": "chat turns through the chat template, text as is"}
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli.generate import add_arguments as add_generate_arguments
+    from ..runtime.options import add_arguments as add_decoding_arguments
 
-    add_generate_arguments(p)
+    add_decoding_arguments(p)
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
 
 
@@ -54,10 +61,12 @@ def _measure(decoder, batches, options, repeats: int):
     return spec, base
 
 
-def batches_of(args, decoder) -> tuple[list, str]:
-    """The request batches: the held-out prompts of the pair in chunks of --batch-size (default 1) when no
-    prompt is given and the pair has them, else one batch of exactly --batch-size requests."""
-    from ..cli.generate import requests
+def batches_of(args, decoder) -> tuple[list, str, str]:
+    """(batches, where the prompts come from, their format): the held-out prompts of the pair in chunks of
+    --batch-size (default 1) when no prompt is given and the pair has them (format ``"held-out"``: as
+    ``dspark smollm2`` rendered them, chat turns through the chat template and text as is), else one batch of
+    exactly --batch-size requests (``"chat"``/``"raw"`` text, or ``"ids"``: ``runtime/options.requests``)."""
+    from ..runtime.options import requests
     from .heldout import find_heldout
 
     if args.prompt is None and args.input_ids is None:
@@ -66,33 +75,49 @@ def batches_of(args, decoder) -> tuple[list, str]:
             prompts, path = found
             size = args.batch_size or 1
             prompts = prompts[: len(prompts) - len(prompts) % size] or prompts[:size]
-            return [prompts[i: i + size] for i in range(0, len(prompts), size)], f"held-out prompts {path}"
-    prompts = requests(args, decoder)
-    prompts = prompts[: args.batch_size] if args.batch_size else prompts  # one batch of exactly that size
-    return [prompts], "given prompts"
+            return [prompts[i: i + size] for i in range(0, len(prompts), size)], f"held-out prompts {path}", "held-out"
+    batch = requests(args, decoder)
+    prompts = batch.prompts[: args.batch_size] if args.batch_size else batch.prompts  # one batch of exactly that size
+    return [prompts], "given prompts", batch.prompt_format
 
 
-def _report(decoder, prompts, args, spec, base, batch_size: int) -> dict:
+#: fewer speculative rounds (request-rounds, one repeat) than this and the run measured too little for a ratio
+MIN_ROUNDS = 5
+
+
+def _report(decoder, prompts, args, spec, base, batch_size: int, prompt_format: str) -> dict:
     spec_tps = statistics.median(r.stats.tokens_per_second for r in spec)
     base_tps = statistics.median(r.stats.tokens_per_second for r in base)
     last = spec[-1].stats
+    enough = last.rounds >= MIN_ROUNDS
     return {
         "device": str(decoder.target.device),
         "backend": decoder.backend.name,
         "target": type(decoder.target).__name__,
         "requests": len(prompts),
         "batch_size": batch_size,
+        "prompt_format": prompt_format,
         "max_new_tokens": args.max_new_tokens,
         "num_draft_tokens": last.num_draft_tokens,
-        "speculative_tokens_per_second": spec_tps,
-        "target_only_tokens_per_second": base_tps,
-        "speedup": spec_tps / base_tps if base_tps else None,
-        "mean_acceptance_length": last.mean_acceptance_length,
-        "per_position_acceptance": last.per_position_acceptance,
+        "rounds": last.rounds,
+        "generated_tokens": last.generated_tokens,
+        "enough_rounds": enough,  # False: the ratios below are null (too few rounds to mean anything)
+        "speculative_tokens_per_second": spec_tps if enough else None,
+        "target_only_tokens_per_second": base_tps if enough else None,
+        "speedup": spec_tps / base_tps if enough and base_tps else None,
+        "mean_acceptance_length": last.mean_acceptance_length if enough else None,
+        "per_position_acceptance": last.per_position_acceptance if enough else None,
         "time_split": {k: getattr(last, f"{k}_seconds") / last.total_seconds for k in
                        ("prefill", "draft", "verify", "other")} if last.total_seconds else {},
         "same_tokens": all(s.tokens == b.tokens for s, b in zip(spec, base)),
     }
+
+
+def too_few_rounds(report: dict) -> str:
+    """The line printed instead of the ratios when a run measured fewer than ``MIN_ROUNDS`` rounds."""
+    return (f"  only {report['rounds']} draft round(s) for {report['generated_tokens']} tokens (EOS or "
+            f"--max-new-tokens came first): too few to measure a speed-up or an acceptance; ask for more tokens "
+            f"(--max-new-tokens, --ignore-eos) or give prompts the model continues")
 
 
 def _transformers_twin(decoder, export_dir):
@@ -115,16 +140,18 @@ def _transformers_twin(decoder, export_dir):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli.generate import build_decoder, generation_options
     from ..errors import DSparkTrtError
+    from ..runtime.options import build_decoder, generation_options
+    from ..testing.embedded import embedded_pair
 
     if args.no_draft:
         raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")
     if args.max_new_tokens is None:
         args.max_new_tokens = 128
-    decoder = build_decoder(args)
-    batches, source = batches_of(args, decoder)
+    decoder = build_decoder(args, default_pair=embedded_pair)
+    batches, source, prompt_format = batches_of(args, decoder)
     prompts = [p for b in batches for p in b]
+    decoder.check_context(prompts, args.max_new_tokens)  # before the warm-up
     options = generation_options(args, max(len(b) for b in batches))
     decoders = {"exported target (onnxruntime)" if args.export else "target": decoder}
     if args.export:
@@ -132,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     reports, results = {}, {}
     for name, dec in decoders.items():
         results[name] = _measure(dec, batches, options, args.repeats)
-        reports[name] = _report(dec, prompts, args, *results[name], max(len(b) for b in batches))
+        reports[name] = _report(dec, prompts, args, *results[name], max(len(b) for b in batches), prompt_format)
     if args.export:
         names = list(reports)
         reports[names[0]]["same_tokens_as_transformers"] = all(
@@ -141,13 +168,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(reports if args.export else next(iter(reports.values()))))
         return 0
     first = next(iter(reports.values()))
-    last_stats = results[next(iter(results))][0][-1].stats
-    print(f"{source}: {len(batches)} batch(es) of {first['batch_size']}")
+    print(f"{source} ({PROMPT_FORMATS.get(prompt_format, prompt_format)}): {len(batches)} batch(es) of "
+          f"{first['batch_size']}")
     print(f"device {first['device']}, drafter backend {first['backend']}, {len(prompts)} request(s) x "
-          f"{args.max_new_tokens} tokens, N = {last_stats.num_draft_tokens}, median of {max(1, args.repeats)}")
+          f"{args.max_new_tokens} tokens, N = {first['num_draft_tokens']}, median of {max(1, args.repeats)}")
     for name, report in reports.items():
         if args.export:
             print(f"{name}:")
+        if not report["enough_rounds"]:
+            print(too_few_rounds(report))
+            continue
         print(f"  speculative : {report['speculative_tokens_per_second']:8.1f} tok/s   acceptance "
               f"{report['mean_acceptance_length']:.2f} tok/round, per slot "
               f"{' '.join(f'{a:.2f}' for a in report['per_position_acceptance'])}")

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         set_cpu_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"pair": str(pair), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+    report = {"pair": portable_path(pair), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "matrix": [], "sweep": [], "verify_sweep": [], "seen": [], "verify_cost": {}}
     torch_dec = SpeculativeDecoder.from_pretrained(pair / "drafter", pair / "target", device="cpu")
@@ -214,6 +214,21 @@ def _reference(pair: Path):
     from ..loader import load_drafter
 
     return load_drafter(pair / "drafter", target_dir=pair / "target")
+
+
+def portable_path(path: str | Path) -> str:
+    """A path as it reads on another machine, for the report: as given when relative, else relative to the working
+    directory, else ``~/…`` under the home directory, else ``…/NAME`` (never a machine's absolute path)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return p.as_posix()
+    resolved = p.resolve()
+    for base, prefix in ((Path.cwd().resolve(), ""), (Path.home().resolve(), "~/")):
+        try:
+            return prefix + resolved.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return f".../{p.name}"
 
 
 def _save(report: dict, out: Path) -> None:

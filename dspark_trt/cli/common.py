@@ -15,16 +15,12 @@ from types import ModuleType
 from typing import Callable
 
 from ..errors import DSparkTrtError, ValidationMismatch
+from ..runtime.options import verify_length  # noqa: F401  (re-exported for the commands)
 from ..threads import set_cpu_threads  # noqa: F401  (re-exported for the commands)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3
 
 log = logging.getLogger("dspark")
-
-
-def verify_length(text: str) -> int | str:
-    """``--verify-drafts`` values: an integer L, or 'auto' (argparse names this function in its error)."""
-    return "auto" if text.strip().lower() == "auto" else int(text)
 
 
 def add_verbosity(parser: argparse.ArgumentParser) -> None:

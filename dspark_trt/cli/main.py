@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .. import __version__
+from .bench import BENCHMARKS
 from .common import EXIT_USAGE, add_verbosity, import_optional, run_guarded, setup_logging
 
 #: subcommand → (module under dspark_trt.cli, one-line help)
@@ -16,7 +17,7 @@ SUBCOMMANDS = {
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),
     "smollm2": ("smollm2", "SmolLM2-135M-Instruct as a Hugging Face directory (+ a distilled drafter), offline"),
     "distill": ("distill", "train a DSpark drafter for a Hugging Face target on the CPU"),
-    "bench": ("bench", "benchmarks: the Markov round, end to end"),
+    "bench": ("bench", f"benchmarks: {', '.join(BENCHMARKS)}"),
     "tune-topk": ("tune_topk", "sweep top-k and the candidate union on real prompts; recommend (and --write) one"),
     "env": ("env", "versions of everything a bug report needs"),
     "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),

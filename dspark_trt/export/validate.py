@@ -52,6 +52,9 @@ class Tolerance:
     def bound(self, ref: torch.Tensor) -> torch.Tensor:
         return self.atol + self.rtol * ref.abs()
 
+    def summary(self) -> str:
+        return f"atol {self.atol:g}, rtol {self.rtol:g}"
+
 
 #: per export dtype; the reason is printed with every report
 TOLERANCES = {
@@ -89,7 +92,7 @@ class ValidationReport:
 
     def lines(self) -> list[str]:
         t = self.tolerance
-        head = f"{self.title} ({self.dtype}: atol {t.atol:g}, rtol {t.rtol:g} — {t.reason})"
+        head = f"{self.title} ({self.dtype}: {t.summary()} — {t.reason})"
         return [head] + ["  " + c.line() for c in self.checks]
 
     def raise_on_failure(self) -> None:

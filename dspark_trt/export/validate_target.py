@@ -5,11 +5,28 @@ The scenario is the runtime's own: a right-padded prefill of two prompts of diff
 of 3 tokens over that cache. Logits (fp32) and taps are compared at every valid slot within the export
 dtype's tolerance (``TARGET_TOLERANCES``, printed with its reason); a mismatch raises ``ValidationMismatch``
 (CLI exit 3).
+
+fp32: elementwise ``atol + rtol·|ref|`` (both sides store fp32; only summation order differs). fp16/bf16
+(``RoundingTolerance``): both sides round every stored activation to the dtype (unit roundoff u), and a
+pre-norm transformer spreads a rounding anywhere in a token's row over the whole row (RMSNorm, then GEMMs
+that mix every channel), so errors scale with the row's RMS — massive activations included — and add up in
+quadrature over the n layers a value has passed. Per row (one token's tap block of layer id ℓ: n = ℓ + 1;
+its logits: n = L + 1)::
+
+    rms(Δ_row) ≤ c · u · √n · rms(ref_row)                           the row as a whole
+    |Δ_i|      ≤ a · u · |ref_i| + t · u · √n · rms(ref_row)         each element: own roundings + the row's
+
+Constants measured, not tuned (docs/export.md "Precision"): on SmolLM2-135M (30 layers, massive activations
+of 2.6·10⁴), transformers' own bf16 lies up to 4.9 u·√n·rms from its fp32 (rows), the exported graph up to
+2.5 from transformers, a graph tapping one layer deeper ≥ 15 in its worst tap's worst row; c = 10 is twice a
+model's own rounding error, t = 10·c an outlier no rounding explains, a = 4 the element's own two roundings
+on each side.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -17,20 +34,80 @@ import torch
 
 from .validate import Check, Tolerance, ValidationReport, _close
 
-__all__ = ["TARGET_TOLERANCES", "validate_target_onnx"]
+__all__ = ["TARGET_TOLERANCES", "RoundingTolerance", "UNIT_ROUNDOFF", "validate_target_onnx"]
 
 log = logging.getLogger("dspark.export")
+
+#: unit roundoff u (half an ulp at 1) of each half-precision storage dtype
+UNIT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+@dataclass(frozen=True)
+class RoundingTolerance:
+    """Two implementations of one target that both store activations in a half-precision dtype: per row,
+    ``rms(Δ) ≤ c·u·√n·rms(ref)`` and ``|Δ_i| ≤ a·u·|ref_i| + t·u·√n·rms(ref)`` (module docstring)."""
+
+    dtype: str
+    reason: str
+    element: float = 4.0  # a
+    row_rms: float = 10.0  # c
+    row_tail: float = 100.0  # t
+
+    @property
+    def unit(self) -> float:
+        return UNIT_ROUNDOFF[self.dtype]
+
+    def summary(self) -> str:
+        return (f"per row over n layers rms|Δ| ≤ {self.row_rms:g}·u·√n·rms(ref), each |Δ| ≤ "
+                f"{self.element:g}·u·|ref| + {self.row_tail:g}·u·√n·rms(ref), u = {self.unit:.3g}")
+
+    def check(self, name: str, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
+              mask: torch.Tensor | None = None) -> Check:
+        """``got``/``ref`` [..., len(depths)·w]: one row of width w per depth n; ``mask`` [...] selects rows."""
+        if got.shape != ref.shape:
+            return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
+        blocks = len(depths)
+        G = got.to(torch.float64).reshape(*got.shape[:-1], blocks, -1)  # [..., m, w]
+        R = ref.to(torch.float64).reshape(*ref.shape[:-1], blocks, -1)
+        if mask is not None:
+            G, R = G[mask], R[mask]
+        G, R = G.reshape(-1, blocks, G.shape[-1]), R.reshape(-1, blocks, R.shape[-1])  # [rows, m, w]
+        if not (bool(torch.isfinite(G).all()) and bool(torch.isfinite(R).all())):
+            bad = int((~torch.isfinite(G)).sum() + (~torch.isfinite(R)).sum())
+            return Check(name, False, f"{bad} non-finite values (graph or transformers)")
+        u = self.unit
+        diff = (G - R).abs()
+        scale = u * torch.tensor([max(int(n), 1) for n in depths], dtype=torch.float64).sqrt().view(1, blocks) \
+            * R.pow(2).mean(-1).sqrt()  # [rows, m]: u·√n·rms(ref_row)
+        err = diff.pow(2).mean(-1).sqrt()  # [rows, m]
+        rel = torch.where(err == 0, 0.0, err / scale.clamp_min(torch.finfo(torch.float64).tiny))
+        outside = diff > self.element * u * R.abs() + self.row_tail * scale.unsqueeze(-1)
+        worst_row, n_out = float(rel.max()) if rel.numel() else 0.0, int(outside.sum())
+        ok = worst_row <= self.row_rms and n_out == 0
+        return Check(name, ok, f"max |Δ| {float(diff.max()) if diff.numel() else 0.0:.3g}, worst row rms|Δ| "
+                               f"{worst_row:.2g}·u·√n·rms (limit {self.row_rms:g}), {n_out} of {diff.numel()} "
+                               f"elements outside their bound")
+
 
 #: per export dtype; the reason is printed with every report
 TARGET_TOLERANCES = {
     "fp32": Tolerance(2e-4, 1e-4, "fp32 both sides; MLAS GEMMs and softmax sum in another order than torch "
                       "(~1e-7 relative per op, grown through the layers and the lm_head)"),
-    "fp16": Tolerance(6e-2, 2e-2, "fp16 activations: onnxruntime and torch round fp16 intermediates at different "
-                      "points (10-bit mantissa, ~1e-3 per op, grown through the layers)", exact_tokens=False),
-    "bf16": Tolerance(2.5e-1, 4e-2, "bf16 activations (8-bit mantissa, ~4e-3 per op) on both sides, the graph as "
-                      "its fp32 bf16-emulation twin on onnxruntime's CPU provider; fused attention rounds elsewhere",
-                      exact_tokens=False),
+    "fp16": RoundingTolerance("fp16", "both sides store fp16 activations; roundings spread over a token's row and "
+                              "add up over the layers (docs/export.md, Precision)"),
+    "bf16": RoundingTolerance("bf16", "both sides store bf16 activations (the graph as its fp32 bf16-emulation twin "
+                              "on onnxruntime's CPU provider); roundings spread over a token's row and add up over "
+                              "the layers (docs/export.md, Precision)"),
 }
+
+
+def _compare(name: str, got: torch.Tensor, ref: torch.Tensor, tol, depths: Sequence[int],
+             mask: torch.Tensor | None = None) -> Check:
+    if isinstance(tol, RoundingTolerance):
+        return tol.check(name, got, ref, depths, mask)
+    if mask is not None:
+        mask = mask.unsqueeze(-1).expand_as(ref)
+    return _close(name, got, ref, tol, mask=mask)
 
 
 def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int], *, dtype: str, seed: int = 0,
@@ -55,15 +132,17 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     V = shape.vocab_size
     prompts = [torch.randint(0, V, (n,), generator=gen) for n in (7, 3)]
     r, g = ref.prefill(prompts), got.prefill(prompts)
-    valid = ref.valid.unsqueeze(-1).expand_as(r.taps)  # [B, T, m·d]: padding slots are not compared
-    report.checks += [_close("prefill logits [B, V]", g.logits, r.logits.float(), tol),
-                      _close("prefill taps [B, T, m·d]", g.taps, r.taps, tol, mask=valid)]
+    valid = ref.valid.clone()  # [B, T]: padding slots are not compared
+    tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
+    logit_depths = [shape.num_layers + 1]  # every layer, then the lm_head
+    report.checks += [_compare("prefill logits [B, V]", g.logits, r.logits.float(), tol, logit_depths),
+                      _compare("prefill taps [B, T, m·d]", g.taps, r.taps, tol, tap_depths, mask=valid)]
     for step, (Q, keep) in enumerate(((4, (3, 1)), (3, (3, 3)))):
         tokens = torch.randint(0, V, (2, Q), generator=gen)
         r, g = ref.verify(tokens), got.verify(tokens)
         label = f"verify {step + 1} (Q={Q}{', after a rollback' if step else ''})"
-        report.checks += [_close(f"{label} logits [B, Q, V]", g.logits, r.logits.float(), tol),
-                          _close(f"{label} taps [B, Q, m·d]", g.taps, r.taps, tol)]
+        report.checks += [_compare(f"{label} logits [B, Q, V]", g.logits, r.logits.float(), tol, logit_depths),
+                          _compare(f"{label} taps [B, Q, m·d]", g.taps, r.taps, tol, tap_depths)]
         ref.commit(torch.tensor(keep))
         got.commit(torch.tensor(keep))
     report.checks.append(Check("committed lengths", got.lengths.tolist() == ref.lengths.tolist(),

@@ -26,8 +26,10 @@ scales the bias by a context-dependent gate, so a static table could rank only i
 
 The verifier must use ``q_j = softmax(Z_j / T)`` over ``S_j`` — the dense corrected distribution restricted
 to the candidates and renormalised — or one-hot for greedy drafts. The candidate logits are returned
-*before* temperature. With ``k = V_d`` the top-k walk equals the dense walk bit for bit in fp32: both
-project with the same GEMM shape per row and key the noise by token id, not by candidate rank.
+*before* temperature. With ``k = V_d`` the top-k walk drafts the dense walk's tokens: the noise is keyed by
+token id, not by candidate rank. Its corrected logits equal the dense ones up to the summation order of the
+r-term bias (the dense walk runs one GEMM over V_d, the top-k walk a batched GEMV over gathered rows, and BLAS
+picks kernels, hence orders, by shape and CPU): within 2·γ_r·s·Σ|W2·e| in fp32, not bit for bit.
 """
 
 from __future__ import annotations

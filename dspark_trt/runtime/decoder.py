@@ -33,7 +33,7 @@ from .stop import StopStrings
 from .stats import GenerationResult, GenerationStats, Stopwatch
 from .target import HFTarget, Target
 
-__all__ = ["SpeculativeDecoder", "check_pair", "check_sampling", "check_truncation"]
+__all__ = ["SpeculativeDecoder", "check_context_budget", "check_pair", "check_sampling", "check_truncation"]
 
 log = logging.getLogger("dspark")
 
@@ -66,6 +66,19 @@ def check_truncation(top_k: torch.Tensor, top_p: torch.Tensor) -> None:
         raise DSparkTrtError(f"top_k must be >= 0 (0 = off), got {int(top_k.min())}")
     if not bool(torch.isfinite(top_p).all()) or bool(((top_p <= 0) | (top_p > 1)).any()):
         raise DSparkTrtError("top_p must be in (0, 1] (1 = off)")
+
+
+def check_context_budget(prompt_lengths: Sequence[int], max_new_tokens: int, max_context: int | None) -> None:
+    """Refuse, before anything runs, a request whose prompt + ``max_new_tokens`` exceeds ``max_context`` (the
+    graphs' or engines' KV bound; None: unbounded). One line naming the limit and the fix."""
+    if max_context is None or not prompt_lengths:
+        return
+    longest = max(int(n) for n in prompt_lengths)
+    if longest + int(max_new_tokens) > int(max_context):
+        raise DSparkTrtError(f"prompt ({longest} tokens) + max_new_tokens ({int(max_new_tokens)}) exceeds the model's "
+                             f"context of {int(max_context)} tokens; shorten the prompt or ask for at most "
+                             f"{max(int(max_context) - longest, 0)} new tokens (an export's bound: dspark-export "
+                             f"--max-context)")
 
 
 def resolve_draft_options(c, topk: int | None, confidence_threshold: float | None, *, default_topk: int | None):
@@ -177,6 +190,18 @@ class SpeculativeDecoder:
         decoder = cls(target, drafter, tokenizer=tok)
         decoder.default_topk = manifest.get("topk")  # the graphs draft with the export's top-k
         return decoder
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest sequence (prompt + new tokens) this decoder can hold: the smaller KV bound of its target and
+        drafter graphs or engines (``--max-context`` of the export); None when neither has one (transformers)."""
+        bounds = [getattr(self.target, "max_context", None), getattr(self.backend, "max_context", None)]
+        bounds = [int(b) for b in bounds if b]
+        return min(bounds) if bounds else None
+
+    def check_context(self, inputs, max_new_tokens: int) -> None:
+        """``check_context_budget`` for ``inputs`` (as ``generate`` takes them) against ``max_context``."""
+        check_context_budget([len(p) for p in self._prompts(inputs)], max_new_tokens, self.max_context)
 
     @property
     def _d2t(self) -> torch.Tensor | None:
@@ -299,6 +324,7 @@ class SpeculativeDecoder:
         B = len(prompts)
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_context_budget([len(p) for p in prompts], max_new_tokens, self.max_context)
         temp = self._per_request(temperature, B, "temperature", torch.float32)
         seeds = self._per_request(seed, B, "seed", torch.int64)
         check_sampling(temp, seeds)
@@ -529,6 +555,9 @@ class _Run:
                 n = n.clamp_max(policy.choose(len(n)))
             elif self.verify_cap is not None:
                 n = n.clamp_max(self.verify_cap)
+            room = getattr(target, "verify_room", None)
+            if dec.max_context is not None and room is not None:  # near the KV bound: verify fewer (lossless)
+                n = n.clamp_max(max(room(dec.max_context, int(n.max()) + 1) - 1, 0))
             width = int(n.max()) + 1
             cand = draft_to_target(res.cand_ids, dec._d2t).to(target.device)  # [B, N, k] target ids
             q = draft_probs(res.cand_logits.to(target.device), cand, drafts, self.temp)  # [B, N, k]

@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import DSparkTrtError, ServerBusy
-from .decoder import (SpeculativeDecoder, _Request, _Run, check_sampling, check_truncation, resolve_draft_options,
-                      resolve_verify_drafts)
+from .decoder import (SpeculativeDecoder, _Request, _Run, check_context_budget, check_sampling, check_truncation,
+                      resolve_draft_options, resolve_verify_drafts)
 
 __all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
 
@@ -155,7 +155,7 @@ class RequestScheduler:
         draft (bool, defaults to True): ``False`` decodes with the target alone (the baseline).
         max_batch_size (int, defaults to 64): requests decoded together; later ones wait for a free row.
         max_context (*optional*): refuse requests whose prompt + ``max_new_tokens`` exceeds this
-            (default: the target's ``max_context`` when it has one).
+            (default: the decoder's ``max_context``, the KV bound of an export's graphs or engines).
         max_queue (*optional*): how many requests may wait for a batch row; ``submit`` refuses the next one
             with ``ServerBusy`` (default: no bound).
         on_round (*optional*): ``on_round(drafted, accepted)`` after every round, on the loop thread, with one
@@ -184,7 +184,7 @@ class RequestScheduler:
             raise DSparkTrtError(f"max_queue must be >= 0 (requests allowed to wait), got {max_queue}")
         self.max_queue = None if max_queue is None else int(max_queue)
         self.on_round = on_round
-        self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
+        self.max_context = max_context if max_context is not None else decoder.max_context
         self.stats = SchedulerStats()
         self._run: _Run | None = None
         self._ids = itertools.count()
@@ -216,10 +216,7 @@ class RequestScheduler:
         check_sampling(torch.tensor([float(temperature)]), torch.tensor([int(seed)]))
         check_truncation(torch.tensor([int(top_k)]), torch.tensor([float(top_p)]))
         stops = dec.stop_check(stop) if stop else None
-        if self.max_context is not None and len(tokens) + int(max_new_tokens) > self.max_context:
-            raise DSparkTrtError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({int(max_new_tokens)}) exceeds the "
-                                 f"model's context of {self.max_context} tokens; shorten the prompt or ask for fewer "
-                                 f"tokens")
+        check_context_budget([len(tokens)], max_new_tokens, self.max_context)
         eos = dec.target.eos_token_ids if eos_token_id is None else (
             (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
         rid = next(self._ids)

@@ -158,6 +158,15 @@ class SlotTarget:
         self._gather_slots(order)
         self.valid = torch.arange(longest, device=self.valid.device).view(1, longest) < self._lengths.view(B, 1)
 
+    def verify_room(self, bound: int, want: int) -> int:
+        """How many tokens the next ``verify`` may score without the cache passing ``bound`` slots; when ``want``
+        would pass it, the holes are compacted away first (the committed tokens then fill the front)."""
+        S = self.valid.shape[1]
+        longest = int(self._lengths.max()) if self._lengths.numel() else 0
+        if S + want > bound and longest < S and self._can_compact():
+            self._compact(longest)
+        return bound - self.valid.shape[1]
+
     def cached_slots(self) -> int:
         """Slots currently held by the KV cache (committed tokens + holes)."""
         return int(self.valid.shape[1])

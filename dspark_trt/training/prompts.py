@@ -93,14 +93,8 @@ HELDOUT_PROMPTS: tuple[tuple[str, str], ...] = (
 
 
 def render_prompts(prompts, tokenizer) -> list[list[int]]:
-    """Token ids of each prompt: chat turns through the tokenizer's chat template, text as is."""
-    out = []
-    for kind, text in prompts:
-        if kind == "chat" and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        else:
-            ids = tokenizer.encode(text, add_special_tokens=False)
-        out.append([int(i) for i in ids])
-    return out
+    """Token ids of each prompt: chat turns through the tokenizer's chat template (``runtime/prompting.py``, as
+    ``dspark generate --prompt`` feeds them), text as is."""
+    from ..runtime.prompting import encode_prompt
+
+    return [encode_prompt(tokenizer, text, raw=kind != "chat")[0] for kind, text in prompts]

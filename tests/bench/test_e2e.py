@@ -18,10 +18,25 @@ def test_e2e_report(distilled_pair, capsys):
     assert report["speculative_tokens_per_second"] > 0 and report["target_only_tokens_per_second"] > 0
     assert report["same_tokens"] is True  # greedy: speculation changed nothing
     assert 1.0 <= report["mean_acceptance_length"] <= report["num_draft_tokens"] + 1
+    assert report["prompt_format"] == "ids" and report["enough_rounds"] and report["rounds"] >= 5
     code = main(["bench", "e2e", "--drafter", str(distilled_pair.drafter), "--target", str(distilled_pair.target),
-                 "--input-ids", "1 2 3", "--max-new-tokens", "8", "--repeats", "1"])
+                 "--input-ids", "1 2 3", "--max-new-tokens", "32", "--repeats", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "speculative" in out and "target only" in out and "speedup" in out
+
+
+def test_a_run_of_too_few_rounds_says_so_instead_of_ratios(distilled_pair, capsys):
+    """Two new tokens: the prefill's and one round — nothing a speed-up or an acceptance could be read from."""
+    args = ["bench", "e2e", "--drafter", str(distilled_pair.drafter), "--target", str(distilled_pair.target),
+            "--input-ids", "1 2 3", "--max-new-tokens", "2", "--repeats", "1"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["enough_rounds"] is False and report["rounds"] < 5
+    assert report["speedup"] is None and report["mean_acceptance_length"] is None
+    assert report["speculative_tokens_per_second"] is None
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "too few to measure a speed-up" in out and "speedup" not in out and "tok/s" not in out
 
 
 def test_paired_runs_alternate_the_modes_batch_by_batch(distilled_pair):

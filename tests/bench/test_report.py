@@ -76,6 +76,7 @@ def test_report_writes_json_tables_and_plots(pair_with_distill_record, tmp_path,
                  "--sweep", "8,64,dense"])
     assert code == 0
     r = json.loads((out / "benchmarks.json").read_text())
+    assert r["pair"] == ".../pair"  # the pair under /tmp: never a machine's absolute path
     assert [(m["temperature"], m["batch"]) for m in r["matrix"]] == [(0.0, 1), (0.0, 4), (1.0, 1), (1.0, 4)]
     assert all(m["same_tokens"] for m in r["matrix"] if m["temperature"] == 0)  # greedy: lossless
     assert [s["topk"] for s in r["sweep"]] == [8, 64, None]
@@ -98,3 +99,25 @@ def test_report_writes_json_tables_and_plots(pair_with_distill_record, tmp_path,
     tables = (out / "tables.md").read_text()
     assert "| dense |" in tables and "speed-up" in tables and "| tokens verified |" in tables
     assert "| drafts verified per round |" in tables and "trained on" in tables
+
+
+def test_report_paths_are_portable(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from dspark_trt.bench.report import portable_path
+
+    monkeypatch.chdir(tmp_path)
+    assert portable_path("out/smollm2") == "out/smollm2"  # as given
+    assert portable_path(tmp_path / "out" / "pair") == "out/pair"  # under the working directory
+    assert portable_path(Path.home() / "pairs" / "sm") == "~/pairs/sm"  # the home directory (not below tmp_path)
+    assert portable_path("/somewhere/else/sm3") == ".../sm3"
+
+
+def test_the_shipped_benchmark_record_holds_no_absolute_path():
+    from pathlib import Path
+
+    import dspark_trt
+
+    record = Path(dspark_trt.__file__).resolve().parents[1] / "docs" / "benchmarks" / "benchmarks.json"
+    text = json.loads(record.read_text())
+    assert not Path(text["pair"]).is_absolute() and "/work/" not in record.read_text()

@@ -99,16 +99,59 @@ def test_verify_drafts_auto_is_lossless_and_a_bad_length_is_a_usage_error(distil
     assert exit_info.value.code == 2 and "invalid verify_length value: 'some'" in capsys.readouterr().err
 
 
-def test_text_prompt_with_a_tokenizer(distilled_pair, tmp_path, capsys):
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def with_byte_tokenizer(pair, directory: Path, chat: bool = False) -> Path:
+    """A copy of the vocabulary-257 target with the byte tokenizer (ids = bytes), optionally a chat template."""
+    from transformers import AutoTokenizer
+
     from dspark_trt.testing.embedded import write_byte_tokenizer
 
-    target = tmp_path / "target"
-    shutil.copytree(distilled_pair.target, target)
-    write_byte_tokenizer(target)  # ids = bytes, 256 = <|mask|>: matches the vocabulary-257 pair
-    code, out, _ = run_cli(capsys, "--drafter", distilled_pair.drafter, "--target", target, "--prompt", "hello",
-                           "--max-new-tokens", 6)
+    shutil.copytree(pair.target, directory)
+    write_byte_tokenizer(directory)  # ids = bytes, 256 = <|mask|>: matches the vocabulary-257 pair
+    if chat:
+        tok = AutoTokenizer.from_pretrained(directory)
+        tok.chat_template = CHAT_TEMPLATE
+        tok.save_pretrained(directory)
+    return directory
+
+
+def test_text_prompt_with_a_tokenizer_prints_the_new_text_only(distilled_pair, tmp_path, capsys):
+    """A tokenizer without a chat template: the text is fed as it is; plain and JSON outputs both hold the new
+    tokens only (no prompt in front: Triton's text_output is the same) and say how the prompt was fed."""
+    target = with_byte_tokenizer(distilled_pair, tmp_path / "target")
+    args = ["--drafter", distilled_pair.drafter, "--target", target, "--prompt", "hello", "--max-new-tokens", 6]
+    code, out, _ = run_cli(capsys, *args)
     lines = out.strip().splitlines()
-    assert code == 0 and lines[0].startswith("[0] hello") and "acceptance" in lines[-1]
+    assert code == 0 and lines[0] == "prompt format: raw (the text as it is)" and "acceptance" in lines[-1]
+    code, js, _ = run_cli(capsys, *args, "--json")
+    result = json.loads(js)
+    assert code == 0 and result["prompt_format"] == "raw" and lines[1] == f"[0] {result['texts'][0]}"
+    from transformers import AutoTokenizer
+
+    decoded = AutoTokenizer.from_pretrained(target).decode(result["tokens"][0], skip_special_tokens=False)
+    assert result["texts"][0] == decoded  # the new tokens only: no prompt in front
+    code, ids, _ = run_cli(capsys, *args[:4], "--input-ids", " ".join(str(b) for b in b"hello"), *args[6:], "--json")
+    assert json.loads(ids)["tokens"] == result["tokens"] and json.loads(ids)["prompt_format"] == "ids"
+
+
+def test_text_prompt_goes_through_the_chat_template_unless_raw(distilled_pair, tmp_path, capsys):
+    target = with_byte_tokenizer(distilled_pair, tmp_path / "target", chat=True)
+    args = ["--drafter", distilled_pair.drafter, "--target", target, "--max-new-tokens", 8, "--json"]
+    code, out, _ = run_cli(capsys, *args, "--prompt", "hi")
+    chat = json.loads(out)
+    rendered = " ".join(str(b) for b in b"<user>hi\n<assistant>")  # the template's one user turn, assistant opened
+    code_ids, out_ids, _ = run_cli(capsys, *args, "--input-ids", rendered)
+    assert code == code_ids == 0 and chat["prompt_format"] == "chat"
+    assert chat["tokens"] == json.loads(out_ids)["tokens"]
+    code, out, _ = run_cli(capsys, *args, "--prompt", "hi", "--raw")
+    raw = json.loads(out)
+    code_ids, out_ids, _ = run_cli(capsys, *args, "--input-ids", " ".join(str(b) for b in b"hi"))
+    assert code == code_ids == 0 and raw["prompt_format"] == "raw" and raw["tokens"] == json.loads(out_ids)["tokens"]
+    code, out, _ = run_cli(capsys, *args[:-1], "--prompt", "hi")
+    assert code == 0 and out.splitlines()[0].startswith("prompt format: chat (the tokenizer's chat template")
 
 
 def mutate_config(src: Path, dst: Path, **changes) -> Path:

@@ -66,6 +66,23 @@ def one_error(capsys) -> str:
     return lines[0]
 
 
+@pytest.mark.parametrize("command", [["generate"], ["bench", "e2e", "--repeats", "1"]])
+def test_a_request_past_the_export_bound_is_refused_at_once(qwen3_topk_export, command, capsys, monkeypatch):
+    """The export's KV bound (--max-context, 8192 here) against prompt + --max-new-tokens, before any prefill
+    (the warm-up of the benchmark included), not after thousands of rounds."""
+    from dspark_trt.runtime.decoder import _Run
+
+    def poisoned(*_args, **_kwargs):
+        raise AssertionError("a request was admitted before the bound was checked")
+
+    monkeypatch.setattr(_Run, "admit", poisoned)
+    code = main([*command, "--export", str(qwen3_topk_export), "--input-ids", "5 6 7", "--max-new-tokens", "100000"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1, err
+    assert "prompt (3 tokens) + max_new_tokens (100000) exceeds the model's context of 8192 tokens" in err[0]
+    assert "at most 8189 new tokens" in err[0]
+
+
 def test_an_export_without_target_says_how_to_add_it(random_pair, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["export", str(random_pair.drafter), "--target", str(random_pair.target), "--skip-target", "--topk",

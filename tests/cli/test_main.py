@@ -62,3 +62,14 @@ def test_one_topk_rule_and_message_for_every_command(value, tiny_pair, capsys):
     for argv in (["export", "--topk", value, "--engine", "none"], ["generate", *pair, "--topk", value, "--input-ids", "1"]):
         assert main(argv) == 1
         assert f"error: {message}" in capsys.readouterr().err.splitlines()
+
+
+def test_help_lists_every_benchmark(capsys):
+    """``dspark --help`` names every ``dspark bench`` subcommand (markov, e2e, serve, report)."""
+    from dspark_trt.cli.bench import BENCHMARKS
+    from dspark_trt.cli.main import main
+
+    assert main([]) == 2  # no command: the help, exit 2
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("bench "))
+    assert {"markov", "e2e", "serve", "report"} <= set(BENCHMARKS)
+    assert all(name in line for name in BENCHMARKS), line

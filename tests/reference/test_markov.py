@@ -9,7 +9,7 @@ from scipy import stats
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.reference.markov import draft_to_target, markov_walk, walk_candidates
 from dspark_trt.reference.verify import draft_probs
-from tests.helpers import index_overlap, scatter_dense, walk_case
+from tests.helpers import assert_walk_logits_match, index_overlap, scatter_dense, walk_case
 
 
 def predecessors(case, tokens):
@@ -19,13 +19,31 @@ def predecessors(case, tokens):
 
 @pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "probabilistic"])
 @pytest.mark.parametrize("V, Vd, r, N", [(257, 257, 8, 7), (257, 131, 8, 1), (97, 97, 192, 4)])
-def test_topk_at_full_vocab_equals_dense_bit_for_bit(sampling, V, Vd, r, N):
+def test_topk_at_full_vocab_equals_dense(sampling, V, Vd, r, N):
+    """k = V_d drafts the dense walk's tokens exactly; the corrected logits agree up to the summation order of
+    the bias (dense: one GEMM over V_d; top-k: a batched GEMV over the gathered rows — BLAS sums them in
+    machine-dependent orders), which ``assert_walk_logits_match`` bounds from the fp32 unit roundoff."""
     case = walk_case(B=5, N=N, V=V, Vd=Vd, r=r, seed=V + r + N)
     dense = markov_walk(case.base, case.anchor, case.w1, case.w2, topk=None, **case.kwargs(sampling))
     full = markov_walk(case.base, case.anchor, case.w1, case.w2, topk=Vd, **case.kwargs(sampling))
     assert torch.equal(full.tokens, dense.tokens)
-    assert torch.equal(scatter_dense(full.cand_ids, full.cand_logits, Vd), dense.cand_logits)
-    assert torch.equal(full.confidence, dense.confidence)
+    assert sorted(full.cand_ids[0, 0].tolist()) == list(range(Vd))  # every draft id once
+    assert_walk_logits_match(full.cand_ids, full.cand_logits, dense.cand_logits, dense.tokens, case)
+    assert torch.equal(full.confidence, dense.confidence)  # same [B, r] @ [r] on both paths
+
+
+@pytest.mark.parametrize("V, Vd, r, N", [(257, 257, 8, 7), (97, 97, 192, 4)])
+def test_the_full_vocab_comparison_catches_one_dropped_bias(V, Vd, r, N):
+    """The tolerance above is tight enough to see a real bug: one candidate scored without its Markov bias."""
+    case = walk_case(B=5, N=N, V=V, Vd=Vd, r=r, seed=V + r + N)
+    dense = markov_walk(case.base, case.anchor, case.w1, case.w2, topk=None, **case.kwargs(False))
+    full = markov_walk(case.base, case.anchor, case.w1, case.w2, topk=Vd, **case.kwargs(False))
+    b, j, i = 2, N - 1, 5
+    dropped = full.cand_logits.clone()
+    dropped[b, j, i] = case.base[b, j, full.cand_ids[b, j, i]]  # U only: the bias s · W2[id] · W1[d_j] lost
+    assert abs(float(dropped[b, j, i] - full.cand_logits[b, j, i])) > 1e-3  # construction: a bias that matters
+    with pytest.raises(AssertionError, match="1 of .* differ by more than fp32 summation order allows"):
+        assert_walk_logits_match(full.cand_ids, dropped, dense.cand_logits, dense.tokens, case)
 
 
 @pytest.mark.parametrize("k", [1, 16, 100])

@@ -332,3 +332,45 @@ def test_causal_windowed_speculators_drafter_is_lossless(tiny_causal_pair):
     assert dec.generate(prompts, 10, topk=16).tokens == dec.generate(prompts, 10, draft=False).tokens
     default = SpeculativeDecoder.from_pretrained(tiny_causal_pair.drafter, None, device="cpu", dtype="fp32")
     assert default.generate(prompts, 10, topk=16).tokens == dec.generate(prompts, 10, draft=False).tokens
+
+
+# -- the KV bound of an export ------------------------------------------------------------------------------------
+def bounded_decoder(export, bound):
+    """The export's decoder (onnxruntime target + drafter) with both graphs' KV bound set to ``bound`` (None: the
+    target unbounded, the drafter's bound far away)."""
+    dec = SpeculativeDecoder.from_export(export, backend="onnxruntime", device="cpu", threads=1)
+    dec.target.max_context, dec.backend.max_context = bound, bound or 1 << 30
+    return dec
+
+
+@pytest.mark.onnx
+@pytest.mark.slow  # the qwen3 export (shared with other tests)
+def test_a_request_past_the_kv_bound_is_refused_before_anything_runs(qwen3_topk_export):
+    dec = bounded_decoder(qwen3_topk_export, 32)
+    calls = []
+    prefill = dec.target.prefill
+    dec.target.prefill = lambda prompts: calls.append(len(prompts)) or prefill(prompts)
+    assert dec.max_context == 32
+    with pytest.raises(DSparkTrtError) as e:
+        dec.generate([[5, 6, 7] * 3, [1, 2]], max_new_tokens=24)  # 9 + 24 > 32
+    message = str(e.value)
+    assert "\n" not in message
+    assert "prompt (9 tokens) + max_new_tokens (24) exceeds the model's context of 32" in message
+    assert "at most 23 new tokens" in message and calls == []  # refused before the prefill
+    with pytest.raises(DSparkTrtError, match="exceeds the model's context of 32"):
+        dec.check_context([[5] * 20], 13)  # the CLI and the benchmark check every chunk up front with this
+    dec.check_context([[5] * 20], 12)  # exactly at the bound: fine
+
+
+@pytest.mark.onnx
+@pytest.mark.slow
+@pytest.mark.parametrize("prompts", [[list(range(5, 15))], [list(range(5, 15)), [42, 7]]],
+                         ids=["one", "two-with-holes"])
+def test_requests_up_to_the_kv_bound_finish_with_the_unbounded_tokens(qwen3_topk_export, prompts):
+    """prompt + max_new_tokens = the bound: the last rounds verify fewer drafts (and holes are compacted) instead of
+    asking for more KV slots than the graphs have; the tokens are those of an unbounded run (lossless)."""
+    new = 32 - len(prompts[0])
+    want = bounded_decoder(qwen3_topk_export, None).generate(prompts, new, eos_token_id=[])
+    got = bounded_decoder(qwen3_topk_export, 32).generate(prompts, new, eos_token_id=[])
+    assert got.tokens == want.tokens and all(len(t) == new for t in got.tokens)
+    assert got.stats.rounds > 0
