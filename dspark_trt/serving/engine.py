@@ -152,11 +152,12 @@ def build_scheduler(settings: ModelSettings, decoder=None):
 
 
 def context_limit(settings: ModelSettings, decoder) -> int | None:
-    """The longest prompt + max_tokens served: the setting, else the target's ``max_context`` or its model's
-    ``max_position_embeddings`` (a bound keeps one huge prompt from exhausting memory)."""
+    """The longest prompt + max_tokens served: the setting, else the decoder's ``max_context`` (the KV bound of
+    its graphs or engines) or its target model's ``max_position_embeddings`` (a bound keeps one huge prompt from
+    exhausting memory)."""
     if settings.max_context:
         return settings.max_context
-    limit = getattr(decoder.target, "max_context", None)
+    limit = getattr(decoder, "max_context", None)
     if limit is None:
         model = getattr(decoder.target, "model", None)
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
