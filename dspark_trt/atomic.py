@@ -53,14 +53,15 @@ def check_output_dir(out: str | Path, *, force: bool = False, marker: str = MARK
     return out
 
 
-def write_marker(directory: str | Path, written_by: str, **info) -> None:
-    """Write ``directory/manifest.json`` saying who wrote this output (so ``--force`` may replace it later)."""
+def write_marker(directory: str | Path, written_by: str, *, marker: str = MARKER, **info) -> None:
+    """Write ``directory/<marker>`` (``manifest.json`` by default) saying who wrote this output (so ``--force``
+    may replace it later)."""
     import json
 
     from . import __version__
 
     record = {"written_by": written_by, "dspark_trt": __version__, **info}
-    atomic_write_text(Path(directory) / MARKER, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    atomic_write_text(Path(directory) / marker, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _umask() -> int:

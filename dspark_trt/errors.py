@@ -20,6 +20,11 @@ class ValidationMismatch(DSparkTrtError):
     """An exported artifact disagrees with the reference (CLI exit 3)."""
 
 
+class ServerBusy(DSparkTrtError):
+    """A request refused because as many requests as allowed already wait (``max_queue``): retry later
+    (the Triton model answers UNAVAILABLE, an HTTP front end 503)."""
+
+
 class DSparkTrtInternalError(Exception):
     """A broken internal invariant: this is a bug in dspark-trt."""
 

@@ -34,7 +34,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copy", action="store_true",
                    help="copy the export (or drafter and target) into REPO/dspark/1/ and reference it there: a "
                         "repository you can move, mount into a container or ship as one directory")
-    p.add_argument("--force", action="store_true", help="replace a non-empty REPO")
+    p.add_argument("--instances", type=int, default=1, metavar="N",
+                   help="model instances, each with its own decoder and in-flight batch (default 1)")
+    p.add_argument("--gpus", type=_gpu_list, default=None, metavar="IDS",
+                   help="GPU ids the instances run on, e.g. 0,1 (GPU runtimes; N instances on each)")
+    p.add_argument("--max-queue", type=int, default=None, metavar="N",
+                   help="requests allowed to wait for a batch row (per instance); the next one is refused with "
+                        "'server busy' (default: no bound)")
+    p.add_argument("--force", action="store_true", help="replace a repository written by triton-repo")
+
+
+def _gpu_list(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus takes device ids separated by commas (e.g. 0,1), got {text!r}")
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"--gpus takes device ids >= 0 separated by commas, got {text!r}")
+    return ids
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
                                   target_dir=args.target, runtime=args.runtime, device=args.device, topk=args.topk,
                                   confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts,
                                   max_batch_size=args.max_batch_size, max_context=args.max_context,
-                                  threads=args.threads, copy=args.copy, force=args.force)
+                                  threads=args.threads, copy=args.copy, force=args.force,
+                                  instances=args.instances, gpus=args.gpus, max_queue=args.max_queue)
     print(f"wrote Triton model repository {repo} (model 'dspark'); launch it with: dspark serve {repo}")
     return 0

@@ -16,6 +16,18 @@ Mersenne prime — would leave u an affine function of the token id; the squares
 positions and seeds independent: see the chi-square tests in ``tests/reference/test_sampling.py``.)
 Gumbel-max turns the uniforms into samples: ``argmax_v (z_v / T + g_v)``, ``g = -log(-log u)``.
 
+Truncated sampling (``top_k``, ``top_p``, per request, on the distribution at temperature T as in
+Hugging Face and vLLM): ``truncation_mask`` keeps the tokens whose scaled logit ``z = logit / T`` is at
+least a threshold τ, so tied tokens are kept or dropped together::
+
+    top-k:  τ_k = the k-th largest z                          (k = 0: off)
+    top-p:  over softmax(z) restricted to z ≥ τ_k, in decreasing order, the shortest head whose mass
+            reaches p; τ_p = the smallest z in it             (p = 1: off)
+    keep    z ≥ max(τ_k, τ_p)                                  (the argmax is always kept)
+
+The truncated distribution ``p' = softmax(z)`` over the kept tokens (0 elsewhere) is what the target-only
+sampler draws from and what the verifier accepts against (``reference/verify.py``).
+
 Streams (salts) keep the draft's noise disjoint from the verifier's (docs/dspark.md §8.3.3, vLLM #54282):
 ``DRAFT_SALT`` for the Markov walk's Gumbel noise, ``ACCEPT_SALT`` for the verifier's acceptance uniforms,
 ``SAMPLE_SALT`` for the verifier's residual/bonus samples and the target-only sampler.
@@ -36,6 +48,8 @@ __all__ = [
     "uniform_noise",
     "gumbel_noise",
     "is_greedy",
+    "truncation_mask",
+    "apply_truncation",
 ]
 
 HASH_PRIME = 2147483647  # 2^31 - 1
@@ -79,3 +93,43 @@ def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, token: torch.Tensor
 def is_greedy(temperature: torch.Tensor) -> torch.Tensor:
     """[B] bool: requests whose temperature means greedy (argmax) decoding."""
     return temperature.to(torch.float32) < GREEDY_TEMPERATURE
+
+
+def truncation_mask(
+    scaled: torch.Tensor,  # [..., V] fp32 logits / T
+    top_k: torch.Tensor,  # [...] int64, 0 = off
+    top_p: torch.Tensor,  # [...] fp32 in (0, 1], 1 = off
+) -> torch.Tensor:
+    """[..., V] bool: the tokens top-k / top-p keep (see the module docstring); every row keeps its argmax."""
+    V = scaled.shape[-1]
+    z = scaled.to(torch.float32)
+    ordered = z.sort(-1, descending=True).values  # [..., V]
+    k = torch.where(top_k > 0, top_k.clamp_max(V), V).to(torch.int64)  # [...]
+    tau_k = ordered.gather(-1, (k - 1).unsqueeze(-1))  # [..., 1] the k-th largest
+    head = torch.arange(V, device=z.device) < k.unsqueeze(-1)  # [..., V] the top-k of the sorted row
+    probs = torch.softmax(torch.where(head, ordered, float("-inf")), -1)  # [..., V] renormalised top-k
+    before = probs.cumsum(-1) - probs  # [..., V] mass of the tokens ahead of each
+    count = (before < top_p.to(torch.float32).unsqueeze(-1)).sum(-1, keepdim=True).clamp(1, V)  # [..., 1]
+    tau_p = ordered.gather(-1, count - 1)  # [..., 1] the smallest z of the top-p head
+    tau = torch.where((top_p >= 1.0).unsqueeze(-1), tau_k, torch.maximum(tau_k, tau_p))
+    return z >= tau
+
+
+def apply_truncation(
+    scaled: torch.Tensor,  # [..., V] fp32 logits / T
+    top_k: torch.Tensor | None,  # [...] int64, 0 = off; None = all off
+    top_p: torch.Tensor | None,  # [...] fp32, 1 = off; None = all off
+) -> torch.Tensor:
+    """``scaled`` with the tokens top-k / top-p drop set to −inf (only rows that truncate are touched)."""
+    if top_k is None and top_p is None:
+        return scaled
+    lead = scaled.shape[:-1]
+    top_k = torch.zeros(lead, dtype=torch.int64, device=scaled.device) if top_k is None else top_k.expand(lead)
+    top_p = torch.ones(lead, dtype=torch.float32, device=scaled.device) if top_p is None else top_p.expand(lead)
+    rows = (top_k > 0) | (top_p < 1.0)  # [...]
+    if not bool(rows.any()):
+        return scaled
+    out = scaled.clone()
+    sub = out[rows]  # [R, V]
+    out[rows] = torch.where(truncation_mask(sub, top_k[rows], top_p[rows]), sub, float("-inf"))
+    return out

@@ -9,6 +9,10 @@ The draft distribution of slot j is sparse: candidate ids (target vocabulary) an
         on reject: emit y ~ normalize(max(p_j − q_j, 0)); stop
     all accepted: emit the bonus y ~ p_{N+1}
 
+With top-k / top-p (``sampling.truncation_mask``), p_j is the target's *truncated* distribution p'_j: the
+same rule against p'_j keeps the output distributed exactly as the truncated target (the drafts themselves
+are drawn as usual; a draft outside p'_j's support is always rejected).
+
 Greedy (T < 1e-5): accept while ``d_j = argmax p_j``; emit ``argmax p_j`` at the first mismatch, or
 ``argmax p_{N+1}``. Samples are Gumbel-max draws keyed by (seed, position of the emitted token, token id)
 in ``SAMPLE_SALT``; ``sample_tokens`` is the same sampler for target-only decoding, so a bonus token equals
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import ACCEPT_SALT, SAMPLE_SALT, gumbel_noise, is_greedy, uniform_noise
+from .sampling import ACCEPT_SALT, SAMPLE_SALT, apply_truncation, gumbel_noise, is_greedy, uniform_noise
 
 __all__ = ["VerifyResult", "draft_probs", "verify_drafts", "sample_tokens"]
 
@@ -61,8 +65,11 @@ def sample_tokens(
     temperature: torch.Tensor | None,  # [B] fp32
     seed: torch.Tensor | None,  # [B] int64
     position: torch.Tensor | None,  # [B] int64: sequence position of the token being sampled
+    top_k: torch.Tensor | None = None,  # [B] int64, 0 = off
+    top_p: torch.Tensor | None = None,  # [B] fp32, 1 = off
 ) -> torch.Tensor:
-    """[B] int64: argmax for greedy requests, Gumbel-max ``argmax(logits / T + G)`` otherwise."""
+    """[B] int64: argmax for greedy requests, Gumbel-max ``argmax(z + G)`` otherwise, with ``z = logits / T``
+    and the tokens top-k / top-p drop at −inf."""
     logits = logits.to(torch.float32)
     greedy_tok = logits.argmax(-1)
     if temperature is None:
@@ -72,7 +79,8 @@ def sample_tokens(
     temp = torch.where(greedy, 1.0, temperature.to(torch.float32)).view(B, 1)
     vocab = torch.arange(V, device=logits.device).view(1, V)
     g = gumbel_noise(seed.view(B, 1), position.view(B, 1), vocab, SAMPLE_SALT)
-    return torch.where(greedy, greedy_tok, (logits / temp + g).argmax(-1))
+    z = apply_truncation(logits / temp, top_k, top_p)  # [B, V]
+    return torch.where(greedy, greedy_tok, (z + g).argmax(-1))
 
 
 def _sample_probs(probs: torch.Tensor, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -92,6 +100,8 @@ def verify_drafts(
     temperature: torch.Tensor | None = None,  # [B] fp32; None = all greedy
     seed: torch.Tensor | None = None,  # [B] int64
     positions: torch.Tensor | None = None,  # [B] int64: sequence position of d_1
+    top_k: torch.Tensor | None = None,  # [B] int64, 0 = off
+    top_p: torch.Tensor | None = None,  # [B] fp32, 1 = off
 ) -> VerifyResult:
     """Accept a prefix of each request's drafts and emit one more token (see the module docstring)."""
     B, N1, V = target_logits.shape
@@ -110,7 +120,9 @@ def verify_drafts(
     else:
         greedy = is_greedy(temperature)
         temp = torch.where(greedy, 1.0, temperature.to(torch.float32)).view(B, 1, 1)
-        p = torch.softmax(target_logits / temp, dim=-1)  # [B, N+1, V]
+        z = apply_truncation(target_logits / temp, None if top_k is None else top_k.view(B, 1),
+                             None if top_p is None else top_p.view(B, 1))  # [B, N+1, V]
+        p = torch.softmax(z, dim=-1)  # [B, N+1, V] truncated target
         q = torch.zeros(B, N, V, device=device).scatter_add_(-1, cand_target_ids, cand_probs.to(torch.float32))
         p_d = p[:, :N].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]
         q_d = q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, N]

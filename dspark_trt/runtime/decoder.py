@@ -29,10 +29,11 @@ from ..reference.verify import draft_probs, sample_tokens, verify_drafts
 from .backends.base import DrafterBackend, backend_class
 from .drafter_state import DrafterState
 from .nonfinite import NonFiniteMonitor
+from .stop import StopStrings
 from .stats import GenerationResult, GenerationStats, Stopwatch
 from .target import HFTarget, Target
 
-__all__ = ["SpeculativeDecoder", "check_pair"]
+__all__ = ["SpeculativeDecoder", "check_pair", "check_sampling", "check_truncation"]
 
 log = logging.getLogger("dspark")
 
@@ -57,6 +58,14 @@ def check_sampling(temperature: torch.Tensor, seed: torch.Tensor) -> None:
         raise DSparkTrtError("temperature must be finite and >= 0 (0 = greedy)")
     if bool((seed < 0).any()):
         raise DSparkTrtError("seed must be >= 0")
+
+
+def check_truncation(top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Per-request truncated sampling: top_k [B] ≥ 0 (0 = off), top_p [B] in (0, 1] (1 = off); one-line errors."""
+    if bool((top_k < 0).any()):
+        raise DSparkTrtError(f"top_k must be >= 0 (0 = off), got {int(top_k.min())}")
+    if not bool(torch.isfinite(top_p).all()) or bool(((top_p <= 0) | (top_p > 1)).any()):
+        raise DSparkTrtError("top_p must be in (0, 1] (1 = off)")
 
 
 def resolve_draft_options(c, topk: int | None, confidence_threshold: float | None, *, default_topk: int | None):
@@ -254,6 +263,9 @@ class SpeculativeDecoder:
         draft: bool = True,
         markov_topm: int | None = None,
         verify_drafts: int | None = None,
+        top_p: float | Sequence[float] = 1.0,
+        top_k: int | Sequence[int] = 0,
+        stop: Sequence[str] | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` per request.
 
@@ -277,6 +289,11 @@ class SpeculativeDecoder:
                 favours most after its predecessor (needs a top-k; torch backend, or an export made with
                 ``dspark-export --markov-topm M``); 0 = top-k only; ``None`` uses an export's own M, else the
                 config's ``draft_markov_topm`` where it applies (a top-k round on a union-capable backend).
+            top_p, top_k: truncated sampling of the *target's* distribution at temperature T (nucleus / top-k;
+                1 and 0 = off; one value or one per request); lossless: the output follows the truncated target
+                exactly (``reference/sampling.py``). Not ``topk``, which sizes the drafter's candidate sets.
+            stop (*optional*): stop strings (up to 4; needs the tokenizer): a request ends when its text holds
+                one; its tokens end with the first token that completes it and its text is cut before it.
         """
         prompts = self._prompts(inputs)
         B = len(prompts)
@@ -285,13 +302,18 @@ class SpeculativeDecoder:
         temp = self._per_request(temperature, B, "temperature", torch.float32)
         seeds = self._per_request(seed, B, "seed", torch.int64)
         check_sampling(temp, seeds)
+        tks = self._per_request(top_k, B, "top_k", torch.int64)
+        tps = self._per_request(top_p, B, "top_p", torch.float32)
+        check_truncation(tks, tps)
         topk, confidence_threshold = resolve_draft_options(self.config, topk, confidence_threshold,
                                                            default_topk=self.default_topk)
         markov_topm = self._resolve_markov_topm(markov_topm, topk)
         eos = self.target.eos_token_ids if eos_token_id is None else (
             (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id))
-        requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos)
-                    for i, (p, t, s) in enumerate(zip(prompts, temp.tolist(), seeds.tolist()))]
+        stops = self.stop_check(stop) if stop else None
+        requests = [_Request(i, p, int(max_new_tokens), float(t), int(s), eos, stop=stops, top_k=k, top_p=tp)
+                    for i, (p, t, s, k, tp) in enumerate(zip(prompts, temp.tolist(), seeds.tolist(), tks.tolist(),
+                                                             tps.tolist()))]
         run = _Run(self, topk, confidence_threshold, draft, requests=B,
                    verify_cap=resolve_verify_drafts(self.config, verify_drafts))
         run.union = {"markov_topm": markov_topm} if markov_topm else {}  # only union-capable backends see it
@@ -300,26 +322,51 @@ class SpeculativeDecoder:
         texts = None
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode(t, skip_special_tokens=False) for t in out]
+            if stop:
+                texts = [StopStrings(stop).cut(t) for t in texts]
         return GenerationResult(tokens=out, stats=stats, texts=texts)
+
+    def stop_check(self, stop):
+        """The ``_Request`` stop check for stop strings ``stop`` (needs the tokenizer)."""
+        stops = StopStrings(stop)
+        if self.tokenizer is None:
+            raise DSparkTrtError("stop strings need the target's tokenizer, and this model has none; stop on token "
+                                 "ids instead (eos_token_id / end_id)")
+        tokenizer = self.tokenizer
+        return lambda out, start: stops.tokens_through(tokenizer, out, start)
 
 
 class _Request:
-    """One request inside a ``_Run``: its settings and the tokens it has emitted so far."""
+    """One request inside a ``_Run``: its settings and the tokens it has emitted so far.
 
-    def __init__(self, rid: int, prompt: torch.Tensor, max_new: int, temperature: float, seed: int, eos):
+    ``stop``: an optional check ``stop(out, start) -> keep | None`` run after each round's tokens (``start``:
+    tokens before them); ``keep`` ends the request there (stop strings, ``runtime/stop.py``)."""
+
+    def __init__(self, rid: int, prompt: torch.Tensor, max_new: int, temperature: float, seed: int, eos, *,
+                 stop=None, top_k: int = 0, top_p: float = 1.0):
         self.id, self.prompt, self.max_new, self.temperature, self.seed = rid, prompt, max_new, temperature, seed
+        self.top_k, self.top_p = int(top_k), float(top_p)  # truncated sampling (0 / 1 = off)
         self.eos = set(eos)
+        self.stop = stop
         self.out: list[int] = []
+        self.finish: str | None = None  # "stop" (EOS or a stop string) or "length", once finished
         self.rounds = self.drafted = self.accepted = 0  # this request's share of the stats
         self.max_batch = 0  # the most requests decoded together in a round while this one was active
 
     def emit(self, tokens: list[int]) -> bool:
-        """Append new tokens (up to EOS / the budget); True when the request is finished."""
+        """Append new tokens (up to EOS / the budget / a stop string); True when the request is finished."""
+        start = len(self.out)
         for t in tokens:
             self.out.append(t)
             if t in self.eos or len(self.out) >= self.max_new:
-                return True
-        return False
+                self.finish = "stop" if t in self.eos else "length"
+                break
+        if self.stop is not None:
+            keep = self.stop(self.out, start)
+            if keep is not None:
+                del self.out[keep:]
+                self.finish = "stop"
+        return self.finish is not None
 
 
 class _Run:
@@ -338,6 +385,8 @@ class _Run:
         self.rows = torch.zeros(0, dtype=torch.int64)  # request id of each active batch row
         self.temp_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row
         self.seed_rows = torch.zeros(0, dtype=torch.int64, device=dec.target.device)  # [B] per row
+        self.top_k_rows = torch.zeros(0, dtype=torch.int64, device=dec.target.device)  # [B] per row, 0 = off
+        self.top_p_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row, 1 = off
         self.anchor = torch.zeros(0, dtype=torch.int64)  # [B] last emitted token: the next round's anchor
         self.state: DrafterState | None = None
         self.stats = GenerationStats(speculative=draft, num_draft_tokens=dec.config.num_draft_tokens,
@@ -353,6 +402,13 @@ class _Run:
     @property
     def seed(self):
         return self.seed_rows
+
+    @property
+    def truncation(self) -> dict:
+        """``top_k`` / ``top_p`` keyword arguments of the samplers; empty when no row truncates."""
+        if self.top_k_rows.numel() and (bool((self.top_k_rows > 0).any()) or bool((self.top_p_rows < 1).any())):
+            return {"top_k": self.top_k_rows, "top_p": self.top_p_rows}
+        return {}
 
     def _emit(self, row: int, tokens: list[int]) -> bool:
         """Append a request's new tokens (up to EOS / the budget); True when the request is finished."""
@@ -384,11 +440,15 @@ class _Run:
         dev = target.device
         temp = torch.tensor([r.temperature for r in requests], dtype=torch.float32, device=dev)  # [Bn]
         seed = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=dev)  # [Bn]
+        top_k = torch.tensor([r.top_k for r in requests], dtype=torch.int64, device=dev)  # [Bn]
+        top_p = torch.tensor([r.top_p for r in requests], dtype=torch.float32, device=dev)  # [Bn]
+        truncation = {"top_k": top_k, "top_p": top_p} if any(r.top_k or r.top_p < 1 for r in requests) else {}
         joining = bool(self.rows.numel())
         with self.clock("prefill"):
             pre = target.extend(prompts) if joining else target.prefill(prompts)
             lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)  # first new positions
-            first = sample_tokens(pre.logits, None if bool((temp < 1e-5).all()) else temp, seed, lens)  # [Bn]
+            first = sample_tokens(pre.logits, None if bool((temp < 1e-5).all()) else temp, seed, lens,
+                                  **truncation)  # [Bn]
             if self.speculative:
                 Bn = len(requests)
                 cap = int(lens.max()) + max(r.max_new for r in requests) + c.num_draft_tokens + 2
@@ -402,6 +462,8 @@ class _Run:
         self.rows = torch.cat((self.rows, torch.tensor([r.id for r in requests], dtype=torch.int64)))
         self.temp_rows = torch.cat((self.temp_rows, temp))
         self.seed_rows = torch.cat((self.seed_rows, seed))
+        self.top_k_rows = torch.cat((self.top_k_rows, top_k))
+        self.top_p_rows = torch.cat((self.top_p_rows, top_p))
         self.anchor = torch.cat((self.anchor.to(first.device), first))
         B0 = len(self.rows) - len(requests)
         done = [False] * B0 + [r.emit([int(t)]) for r, t in zip(requests, first.tolist())]
@@ -425,7 +487,7 @@ class _Run:
         with self.clock("verify"):
             p = target.lengths.clone()  # anchor position
             logits = target.verify(anchor.view(-1, 1).to(target.device), with_taps=False).logits  # [B, 1, V]
-            nxt = sample_tokens(logits[:, 0], self.temp, self.seed, p + 1)  # [B]
+            nxt = sample_tokens(logits[:, 0], self.temp, self.seed, p + 1, **self.truncation)  # [B]
         with self.clock("other"):
             target.commit(torch.ones_like(p))
             self._record(torch.zeros_like(p), torch.zeros_like(p))
@@ -461,12 +523,12 @@ class _Run:
             p = ctx_len.to(target.device)
             accepted = torch.zeros_like(n)
             emitted = torch.full((fed.shape[0], N + 1), -1, dtype=torch.int64, device=target.device)
-            temp, seed = self.temp, self.seed
+            temp, seed, truncation = self.temp, self.seed, self.truncation
             for m in torch.unique(n).tolist():  # requests verifying the same number of drafts, together
                 rows = (n == m).nonzero().view(-1)
                 r = verify_drafts(ver.logits[rows, : m + 1], drafts[rows, :m], cand[rows, :m], q[rows, :m],
                                   temperature=None if temp is None else temp[rows], seed=seed[rows],
-                                  positions=p[rows] + 1)
+                                  positions=p[rows] + 1, **{k: v[rows] for k, v in truncation.items()})
                 accepted[rows] = r.num_accepted
                 emitted[rows, : m + 1] = r.tokens
         with self.clock("other"):
@@ -493,6 +555,8 @@ class _Run:
         self.rows = self.rows[keep]
         self.temp_rows = self.temp_rows[keep.to(self.temp_rows.device)]
         self.seed_rows = self.seed_rows[keep.to(self.seed_rows.device)]
+        self.top_k_rows = self.top_k_rows[keep.to(self.top_k_rows.device)]
+        self.top_p_rows = self.top_p_rows[keep.to(self.top_p_rows.device)]
         self.anchor = self.anchor[keep.to(self.anchor.device)]
         if keep.numel():
             self.dec.target.select(keep)

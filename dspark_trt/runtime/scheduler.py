@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..errors import DSparkTrtError
-from .decoder import SpeculativeDecoder, _Request, _Run, check_sampling, resolve_draft_options, resolve_verify_drafts
+from ..errors import DSparkTrtError, ServerBusy
+from .decoder import (SpeculativeDecoder, _Request, _Run, check_sampling, check_truncation, resolve_draft_options,
+                      resolve_verify_drafts)
 
 __all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
 
@@ -49,7 +50,7 @@ class RequestHandle:
         self._sent = 0
         self._done = threading.Event()
         self.cancelled = False
-        self.finish_reason: str | None = None  # "stop" (EOS), "length" (max_new_tokens), "cancelled", "error"
+        self.finish_reason: str | None = None  # "stop" (EOS / stop string), "length", "cancelled", "error"
         self.error: BaseException | None = None
 
     @property
@@ -98,7 +99,7 @@ class RequestHandle:
         new, self._sent = out[self._sent:], len(out)
         if finished:
             r = self._request
-            self.finish_reason = self.finish_reason or ("stop" if out and out[-1] in r.eos else "length")
+            self.finish_reason = self.finish_reason or r.finish or ("stop" if out and out[-1] in r.eos else "length")
         if (new or finished) and self._on_update is not None:
             try:
                 self._on_update(self, new, finished)
@@ -117,6 +118,7 @@ class SchedulerStats:
     finished: int = 0
     cancelled: int = 0
     failed: int = 0
+    rejected: int = 0  # refused by max_queue (ServerBusy)
     generated_tokens: int = 0
     batch_sizes: Counter = field(default_factory=Counter)  # batch size → rounds run with it
 
@@ -147,11 +149,13 @@ class RequestScheduler:
         max_batch_size (int, defaults to 64): requests decoded together; later ones wait for a free row.
         max_context (*optional*): refuse requests whose prompt + ``max_new_tokens`` exceeds this
             (default: the target's ``max_context`` when it has one).
+        max_queue (*optional*): how many requests may wait for a batch row; ``submit`` refuses the next one
+            with ``ServerBusy`` (default: no bound).
     """
 
     def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
                  confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
-                 max_context: int | None = None, verify_drafts: int | None = None):
+                 max_context: int | None = None, verify_drafts: int | None = None, max_queue: int | None = None):
         if not callable(getattr(decoder.target, "extend", None)):
             raise DSparkTrtError(f"{type(decoder.target).__name__} has no extend(prompts): in-flight batching needs "
                                  f"a target that can add requests to a running batch (HFTarget can)")
@@ -163,6 +167,9 @@ class RequestScheduler:
         self.verify_cap = resolve_verify_drafts(decoder.config, verify_drafts)
         self.draft = draft
         self.max_batch_size = int(max_batch_size)
+        if max_queue is not None and int(max_queue) < 0:
+            raise DSparkTrtError(f"max_queue must be >= 0 (requests allowed to wait), got {max_queue}")
+        self.max_queue = None if max_queue is None else int(max_queue)
         self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
         self.stats = SchedulerStats()
         self._run: _Run | None = None
@@ -176,12 +183,13 @@ class RequestScheduler:
 
     # -- submitting ---------------------------------------------------------------------------------------
     def submit(self, prompt, max_new_tokens: int = 64, *, temperature: float = 0.0, seed: int = 0,
-               eos_token_id: int | Sequence[int] | None = None,
-               on_update: UpdateCallback | None = None) -> RequestHandle:
+               eos_token_id: int | Sequence[int] | None = None, stop: Sequence[str] | None = None,
+               top_p: float = 1.0, top_k: int = 0, on_update: UpdateCallback | None = None) -> RequestHandle:
         """Queue one request (thread-safe); it joins the batch at the next round boundary.
 
         Args as in ``SpeculativeDecoder.generate`` for one request (``prompt``: token ids, or text with a
-        tokenizer). Invalid requests raise ``DSparkTrtError`` here, before anything runs.
+        tokenizer). Invalid requests raise ``DSparkTrtError`` here, before anything runs; ``ServerBusy`` when
+        ``max_queue`` requests already wait.
         """
         dec = self.decoder
         nested = isinstance(prompt, (list, tuple)) and any(isinstance(t, (list, tuple, str)) for t in prompt)
@@ -192,6 +200,8 @@ class RequestScheduler:
         if int(max_new_tokens) < 1:
             raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_sampling(torch.tensor([float(temperature)]), torch.tensor([int(seed)]))
+        check_truncation(torch.tensor([int(top_k)]), torch.tensor([float(top_p)]))
+        stops = dec.stop_check(stop) if stop else None
         if self.max_context is not None and len(tokens) + int(max_new_tokens) > self.max_context:
             raise DSparkTrtError(f"prompt ({len(tokens)} tokens) + max_new_tokens ({int(max_new_tokens)}) exceeds the "
                                  f"model's context of {self.max_context} tokens; shorten the prompt or ask for fewer "
@@ -199,11 +209,18 @@ class RequestScheduler:
         eos = dec.target.eos_token_ids if eos_token_id is None else (
             (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
         rid = next(self._ids)
-        handle = RequestHandle(rid, _Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos),
-                               on_update)
+        request = _Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos, stop=stops,
+                           top_k=int(top_k), top_p=float(top_p))
+        handle = RequestHandle(rid, request, on_update)
         with self._lock:
             if self._stopping:
                 raise DSparkTrtError("the scheduler is stopped; create a new one")
+            if self.max_queue is not None:
+                free = max(self.max_batch_size - len(self._active), 0)  # rows the next round boundary fills
+                if len(self._pending) - free >= self.max_queue:
+                    self.stats.rejected += 1
+                    raise ServerBusy(f"server busy: {len(self._pending)} requests already wait for one of "
+                                     f"{self.max_batch_size} batch rows (max_queue {self.max_queue}); retry later")
             self._pending.append(handle)
             self.stats.requests += 1
             self._wake.notify()

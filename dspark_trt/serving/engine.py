@@ -38,6 +38,7 @@ class ModelSettings:
     verify_drafts: int | str | None = None  # at most this many drafts verified per round; None: all N; "auto"
     max_batch_size: int = 64  # requests decoded together (in-flight batching)
     max_context: int | None = None  # prompt + max_tokens limit; None: the target's
+    max_queue: int | None = None  # requests allowed to wait for a batch row; the next is refused ("server busy")
     threads: int = 0  # torch / onnxruntime intra-op threads; 0 = library default
 
     def to_parameters(self) -> dict[str, str]:
@@ -82,6 +83,11 @@ class ModelSettings:
                                  "use onnxruntime or tensorrt for an export")
         if not self.export_dir and self.runtime == "tensorrt":
             raise DSparkTrtError("runtime tensorrt runs an export directory's engines; export first (dspark-export)")
+        if self.max_batch_size < 1:
+            raise DSparkTrtError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_queue is not None and self.max_queue < 0:
+            raise DSparkTrtError(f"max_queue must be >= 0 (requests allowed to wait), got {self.max_queue}; leave "
+                                 f"it unset for no bound")
         for path in (self.export_dir, self.drafter_dir, self.target_dir):
             if path and not Path(path).is_dir():
                 raise DSparkTrtError(f"model directory {path} does not exist; pass an existing directory")
@@ -141,8 +147,8 @@ def build_scheduler(settings: ModelSettings, decoder=None):
 
     decoder = decoder if decoder is not None else load_decoder(settings)
     return RequestScheduler(decoder, topk=settings.topk, confidence_threshold=settings.confidence_threshold,
-                            verify_drafts=settings.verify_drafts,
-                            max_batch_size=settings.max_batch_size, max_context=context_limit(settings, decoder))
+                            verify_drafts=settings.verify_drafts, max_batch_size=settings.max_batch_size,
+                            max_context=context_limit(settings, decoder), max_queue=settings.max_queue)
 
 
 def context_limit(settings: ModelSettings, decoder) -> int | None:

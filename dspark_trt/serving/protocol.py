@@ -1,8 +1,11 @@
 """The served model's tensors: names, types, shapes, and the checks that turn them into a scheduler request.
 
 Inputs and outputs follow the conventions of Triton's LLM backends (TensorRT-LLM, vLLM), so their
-clients work: ``text_input`` / ``max_tokens`` / ``temperature`` / ``stream`` in, ``text_output`` out; the
-HTTP ``/v2/models/<name>/generate`` endpoint maps JSON keys onto these inputs.
+clients work: ``text_input`` / ``max_tokens`` / ``temperature`` / ``top_p`` / ``top_k`` / ``stop`` /
+``stream`` in, ``text_output`` (the new text, never the prompt) out; the HTTP ``/v2/models/<name>/generate``
+endpoint maps JSON keys onto these inputs (``"stop": ["###", "\\n\\n"]``). The final response also carries
+the request's statistics: ``finish_reason`` ("stop": EOS or a stop string, "length", "cancelled", "error"),
+``prompt_tokens``, ``rounds``, ``drafted``, ``accepted``, ``mean_acceptance_length``, ``batch_size``.
 
 Nothing here imports Triton: ``parse_request`` takes ``{name: numpy array}`` and raises ``DSparkTrtError``
 with a one-line message (the model sends it back as an invalid-argument error, HTTP 400), so the checks
@@ -17,8 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DSparkTrtError
+from ..runtime.stop import MAX_STOP_STRINGS, StopStrings
+from ..runtime.text import IncrementalText
 
-__all__ = ["INPUTS", "OUTPUTS", "GenerateRequest", "parse_request", "IncrementalText", "MAX_TEXT_BYTES"]
+__all__ = ["INPUTS", "OUTPUTS", "GenerateRequest", "parse_request", "IncrementalText", "MAX_TEXT_BYTES",
+           "MAX_STOP_STRINGS", "INT32_MAX"]
 
 #: name → (Triton data type, dims, optional)
 INPUTS: dict[str, tuple[str, list[int], bool]] = {
@@ -29,6 +35,9 @@ INPUTS: dict[str, tuple[str, list[int], bool]] = {
     "seed": ("TYPE_INT64", [1], True),
     "stream": ("TYPE_BOOL", [1], True),
     "end_id": ("TYPE_INT64", [-1], True),
+    "stop": ("TYPE_STRING", [-1], True),  # up to MAX_STOP_STRINGS non-empty strings
+    "top_p": ("TYPE_FP32", [1], True),  # 0 < p <= 1 (1 = off)
+    "top_k": ("TYPE_INT32", [1], True),  # >= 0 (0 = off)
 }
 #: name → (Triton data type, dims)
 OUTPUTS: dict[str, tuple[str, list[int]]] = {
@@ -39,9 +48,13 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "drafted": ("TYPE_INT64", [1]),
     "accepted": ("TYPE_INT64", [1]),
     "batch_size": ("TYPE_INT32", [1]),
+    "prompt_tokens": ("TYPE_INT64", [1]),
+    "rounds": ("TYPE_INT64", [1]),
 }
 #: a text prompt longer than this is refused before tokenizing (the context limit still applies after)
 MAX_TEXT_BYTES = 256 * 1024
+#: the largest max_tokens / top_k an INT32 input holds; a larger JSON number wraps around to a negative one
+INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -52,10 +65,21 @@ class GenerateRequest:
     seed: int = 0
     stream: bool = False
     end_id: list[int] | None = None  # stop token ids; None = the model's EOS
+    stop: list[str] | None = None  # stop strings
+    top_p: float = 1.0  # nucleus sampling (1 = off)
+    top_k: int = 0  # top-k sampling (0 = off)
 
     def submit_kwargs(self) -> dict:
-        return dict(max_new_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
-                    eos_token_id=self.end_id)
+        """Keyword arguments of ``RequestScheduler.submit`` (after the prompt)."""
+        out = dict(max_new_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+                   eos_token_id=self.end_id)
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.top_p != 1.0:
+            out["top_p"] = self.top_p
+        if self.top_k:
+            out["top_k"] = self.top_k
+        return out
 
 
 def _scalar(tensors: dict, name: str, kind):
@@ -74,9 +98,34 @@ def _scalar(tensors: dict, name: str, kind):
     return kind(value)
 
 
-def parse_request(tensors: dict[str, np.ndarray], *, vocab_size: int, max_text_bytes: int = MAX_TEXT_BYTES
-                  ) -> GenerateRequest:
-    """Check one request's input tensors and return what to submit; ``DSparkTrtError`` names the problem."""
+def _wrapped(tensors: dict, name: str, value: int) -> str:
+    """A hint for a negative INT32: JSON numbers of 2^31 and more wrap around on Triton's HTTP endpoint."""
+    if value < 0 and np.asarray(tensors[name]).dtype == np.int32:
+        return f" (a value above {INT32_MAX} wraps around to a negative INT32 over HTTP)"
+    return ""
+
+
+def _strings(tensors: dict, name: str) -> list[str]:
+    raw = np.asarray(tensors[name], dtype=object).reshape(-1)
+    out = []
+    for value in raw:
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DSparkTrtError(f"input {name!r} is not valid UTF-8; send UTF-8 text") from None
+        if not isinstance(value, str):
+            raise DSparkTrtError(f"input {name!r} must hold strings (BYTES), got {type(value).__name__}")
+        out.append(value)
+    return out
+
+
+def parse_request(tensors: dict[str, np.ndarray], *, vocab_size: int, max_text_bytes: int = MAX_TEXT_BYTES,
+                  max_context: int | None = None) -> GenerateRequest:
+    """Check one request's input tensors and return what to submit; ``DSparkTrtError`` names the problem.
+
+    ``max_context``: the model's context (prompt + max_tokens), named in the message of an out-of-range
+    ``max_tokens``."""
     unknown = sorted(set(tensors) - set(INPUTS))
     if unknown:
         raise DSparkTrtError(f"unknown input(s) {unknown}; this model takes {sorted(INPUTS)}")
@@ -87,7 +136,10 @@ def parse_request(tensors: dict[str, np.ndarray], *, vocab_size: int, max_text_b
         raise DSparkTrtError("missing input 'max_tokens' (INT32 [1]): how many tokens to generate, >= 1")
     max_tokens = _scalar(tensors, "max_tokens", int)
     if max_tokens < 1:
-        raise DSparkTrtError(f"max_tokens must be >= 1, got {max_tokens}")
+        limit = f"this model's context of {max_context} tokens minus the prompt" if max_context else \
+            f"{INT32_MAX} (INT32)"
+        raise DSparkTrtError(f"max_tokens must be between 1 and {limit}, got {max_tokens}"
+                             f"{_wrapped(tensors, 'max_tokens', max_tokens)}")
     if has_text:
         raw = np.asarray(tensors["text_input"], dtype=object).reshape(-1)
         if raw.size != 1:
@@ -132,34 +184,13 @@ def parse_request(tensors: dict[str, np.ndarray], *, vocab_size: int, max_text_b
         if ((ends < 0) | (ends >= vocab_size)).any():
             raise DSparkTrtError(f"end_id must be token ids in [0, {vocab_size})")
         end_id = [int(e) for e in ends]
-    return GenerateRequest(prompt, max_tokens, temperature, seed, stream, end_id)
-
-
-class IncrementalText:
-    """Text of a growing token sequence, handed out in pieces whose concatenation is the full decode.
-
-    ``push(new_ids)`` returns the text that became final; a trailing incomplete UTF-8 character (shown by
-    the tokenizer as U+FFFD) is held back until the next tokens complete it, or until ``finish()``.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.sent = 0  # characters handed out
-
-    def _text(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=False)
-
-    def push(self, new_ids) -> str:
-        self.ids.extend(int(t) for t in new_ids)
-        text = self._text()
-        end = len(text)
-        while end > self.sent and text[end - 1] == "\ufffd":
-            end -= 1
-        piece, self.sent = text[self.sent:end], max(self.sent, end)
-        return piece
-
-    def finish(self) -> str:
-        text = self._text()
-        piece, self.sent = text[self.sent:], len(text)
-        return piece
+    stop = _strings(tensors, "stop") if "stop" in tensors else []
+    stop = list(StopStrings(stop).strings) if stop else None  # up to MAX_STOP_STRINGS non-empty strings
+    top_p = _scalar(tensors, "top_p", float) if "top_p" in tensors else 1.0
+    if not (np.isfinite(top_p) and 0.0 < top_p <= 1.0):
+        raise DSparkTrtError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+    top_k = _scalar(tensors, "top_k", int) if "top_k" in tensors else 0
+    if top_k < 0:
+        raise DSparkTrtError(f"top_k must be between 0 (off) and {INT32_MAX}, got {top_k}"
+                             f"{_wrapped(tensors, 'top_k', top_k)}")
+    return GenerateRequest(prompt, max_tokens, temperature, seed, stream, end_id, stop, float(top_p), int(top_k))

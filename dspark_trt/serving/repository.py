@@ -2,6 +2,7 @@
 
     REPO/
       README.md                how to launch it (CPU host, GPU host with engines)
+      dspark-repository.json   marks the directory as written by us: ``force`` may replace it (and nothing else)
       dspark/config.pbtxt      Python backend, decoupled, instance kind from the runtime, parameters
       dspark/1/model.py        one import: dspark_trt.serving.triton_model.TritonPythonModel
       dspark/1/export/         with ``copy``: the export (or ``drafter/`` + ``target/``), referenced relatively
@@ -11,20 +12,26 @@ the text format, never a string template; ``read_model_config`` parses one back.
 references the export (or checkpoint) by absolute path, or, with ``copy``, holds a copy of it in its version
 directory and references that relatively: a repository that can be moved, mounted into a container or shipped
 as one directory. The server's Python environment must import ``dspark_trt`` (``dspark serve`` arranges that).
+
+Before anything is written, an export directory is checked to be servable (``check_servable_export``: a
+dspark-export manifest of this format version, its drafter graphs and exported target present, engines for
+runtime ``tensorrt``), so a wrong directory fails here in one line and not later inside the server.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..atomic import atomic_output_dir
+from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
 from .engine import ModelSettings, choose_runtime
 from .protocol import INPUTS, OUTPUTS
 
-__all__ = ["build_model_config", "read_model_config", "write_model_repository", "MODEL_NAME"]
+__all__ = ["build_model_config", "read_model_config", "write_model_repository", "check_servable_export",
+           "MODEL_NAME", "REPOSITORY_MARKER"]
 
 MODEL_NAME = "dspark"
+REPOSITORY_MARKER = "dspark-repository.json"  # in REPO/: a repository we wrote (``force`` may replace it)
 MODEL_PY = '''"""dspark-trt's decoupled Python-backend model (written by `dspark triton-repo`): the logic is in the library."""
 
 from dspark_trt.serving.triton_model import TritonPythonModel  # noqa: F401
@@ -40,8 +47,10 @@ def _pb():
     return model_config_pb2
 
 
-def build_model_config(settings: ModelSettings, *, name: str = MODEL_NAME):
-    """The ``ModelConfig`` message for the served model."""
+def build_model_config(settings: ModelSettings, *, name: str = MODEL_NAME, instances: int = 1,
+                       gpus: list[int] | None = None):
+    """The ``ModelConfig`` message for the served model: ``instances`` model instances (each its own decoder
+    and scheduler), on ``gpus`` (device ids) for a GPU runtime."""
     pb = _pb()
     config = pb.ModelConfig(name=name, backend="python", max_batch_size=0)
     config.model_transaction_policy.decoupled = True
@@ -50,8 +59,19 @@ def build_model_config(settings: ModelSettings, *, name: str = MODEL_NAME):
     for key, (dtype, dims) in OUTPUTS.items():
         config.output.append(pb.ModelOutput(name=key, data_type=pb.DataType.Value(dtype), dims=dims))
     gpu = settings.runtime == "tensorrt" or settings.device.startswith("cuda")
+    if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+        raise DSparkTrtError(f"instances must be an integer >= 1, got {instances!r}")
+    if gpus is not None:
+        if not gpu:
+            raise DSparkTrtError(f"gpus {list(gpus)} needs a GPU runtime (runtime tensorrt or device cuda); drop "
+                                 f"--gpus on a CPU host")
+        if not gpus or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+            raise DSparkTrtError(f"gpus must be one or more device ids >= 0, got {gpus!r}")
     kind = pb.ModelInstanceGroup.Kind.Value("KIND_GPU" if gpu else "KIND_CPU")
-    config.instance_group.append(pb.ModelInstanceGroup(count=1, kind=kind))
+    group = pb.ModelInstanceGroup(count=instances, kind=kind)
+    if gpus is not None:
+        group.gpus.extend(gpus)  # Triton starts `count` instances on each listed GPU
+    config.instance_group.append(group)
     for key, value in settings.to_parameters().items():
         config.parameters[key].string_value = value
     return config
@@ -69,12 +89,18 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
                            runtime: str | None = None, device: str | None = None, topk: int | None = None,
                            confidence_threshold: float | None = None, verify_drafts: int | None = None,
                            max_batch_size: int = 64, max_context: int | None = None, threads: int = 0,
-                           model_name: str = MODEL_NAME, copy: bool = False,
-                           force: bool = False) -> Path:
-    """Write the repository (atomically: a failed write leaves nothing; an existing one needs ``force``).
+                           model_name: str = MODEL_NAME, copy: bool = False, force: bool = False,
+                           instances: int = 1, gpus: list[int] | None = None,
+                           max_queue: int | None = None) -> Path:
+    """Write the repository (atomically: a failed write leaves nothing; an existing one is replaced only with
+    ``force``, and only when it is a repository written here or an empty directory).
 
     ``copy``: copy the export (or the drafter and target) into ``REPO/<model>/1/`` and reference it relative to
     that directory, so that the repository stands alone; otherwise it references them by absolute path.
+    ``instances``: model instances (``instance_group`` count; each runs its own decoder and scheduler);
+    ``gpus``: the GPU ids they run on (GPU runtimes only). ``max_queue``: requests allowed to wait for a batch
+    row per instance (default: no bound); the next one is refused with a "server busy" error (Triton
+    ``UNAVAILABLE``).
     """
     import shutil
     from dataclasses import replace
@@ -82,14 +108,16 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
     from google.protobuf import text_format
 
     resolve = lambda p: str(Path(p).resolve()) if p else ""  # noqa: E731
+    if export_dir:
+        check_servable_export(export_dir, runtime)
     runtime = choose_runtime(export_dir=resolve(export_dir), forced=runtime)
     if device is None:
         device = "cuda" if runtime == "tensorrt" else "cpu"
     settings = ModelSettings(export_dir=resolve(export_dir), drafter_dir=resolve(drafter_dir),
                              target_dir=resolve(target_dir), runtime=runtime, device=device, topk=topk,
                              confidence_threshold=confidence_threshold, verify_drafts=verify_drafts,
-                             max_batch_size=max_batch_size,
-                             max_context=max_context, threads=threads).check()
+                             max_batch_size=max_batch_size, max_context=max_context, threads=threads,
+                             max_queue=max_queue).check()
     copies = {}  # name in the version directory → source (ModelSettings.resolved reads the names back)
     if copy:
         copies = {name: src for name in ("export", "drafter", "target") if (src := getattr(settings, f"{name}_dir"))}
@@ -97,8 +125,8 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
         if inside:
             raise DSparkTrtError(f"--copy would copy {inside[0]} into itself: write the repository outside it")
         settings = replace(settings, **{f"{name}_dir": name for name in copies})
-    config = build_model_config(settings, name=model_name)
-    with atomic_output_dir(out, force=force) as tmp:
+    config = build_model_config(settings, name=model_name, instances=instances, gpus=gpus)
+    with atomic_output_dir(out, force=force, marker=REPOSITORY_MARKER) as tmp:
         model = tmp / model_name
         (model / "1").mkdir(parents=True)
         for name, src in copies.items():
@@ -106,7 +134,37 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
         (model / "config.pbtxt").write_text(text_format.MessageToString(config))
         (model / "1" / "model.py").write_text(MODEL_PY)
         (tmp / "README.md").write_text(_readme(settings, model_name))
+        write_marker(tmp, "dspark triton-repo", marker=REPOSITORY_MARKER, model=model_name)
     return Path(out)
+
+
+def check_servable_export(export_dir: str | Path, runtime: str | None = None) -> dict:
+    """The manifest of ``export_dir`` when it is a dspark-export directory the model can serve; else one line
+    naming what is missing (no manifest or another format version, missing drafter graphs, no exported target,
+    no engines for runtime ``tensorrt``)."""
+    from ..export.manifest import read_manifest
+    from ..export.target_onnx import target_section
+
+    export_dir = Path(export_dir)
+    if not export_dir.is_dir():
+        raise DSparkTrtError(f"export directory {export_dir} does not exist; pass a dspark-export output directory")
+    manifest = read_manifest(export_dir)  # format_version checked
+    graphs = manifest.get("graphs")
+    if not isinstance(graphs, dict) or not graphs:
+        raise DSparkTrtError(f"{export_dir}/manifest.json lists no drafter graphs: it is not a complete "
+                             f"dspark-export output; re-run dspark-export -o {export_dir} --force")
+    missing = [g.get("file", name) for name, g in graphs.items()
+               if not isinstance(g, dict) or not (export_dir / str(g.get("file", ""))).is_file()]
+    if missing:
+        raise DSparkTrtError(f"{export_dir} lacks the drafter graph {missing[0]} its manifest lists; re-run "
+                             f"dspark-export -o {export_dir} --force")
+    target_section(export_dir, manifest)  # the exported target graph (and how to add it)
+    if runtime == "tensorrt":
+        engines = manifest.get("engines") or (manifest.get("target") or {}).get("engines")
+        if not engines:
+            raise DSparkTrtError(f"runtime tensorrt serves an export's engines and {export_dir} has none; build "
+                                 f"them on the GPU host (dspark build-engine) or use runtime onnxruntime")
+    return manifest
 
 
 def _readme(s: ModelSettings, name: str) -> str:
@@ -118,8 +176,10 @@ def _readme(s: ModelSettings, name: str) -> str:
     return f"""# dspark Triton model repository
 
 Model `{name}`: a decoupled Python-backend model serving {source} with runtime `{s.runtime}` on
-`{s.device}` (in-flight batching of up to {s.max_batch_size} requests). Written by `dspark triton-repo`;
-`{name}/config.pbtxt` holds the parameters (paths, runtime, top-k, confidence threshold, batch size).
+`{s.device}` (in-flight batching of up to {s.max_batch_size} requests). Written by `dspark triton-repo`
+(`{REPOSITORY_MARKER}` marks it, so `--force` may replace it); `{name}/config.pbtxt` holds the instance group
+and the parameters {", ".join(f"`{k}`" for k in s.to_parameters())}; a setting left out takes the
+library's default (for an export, the draft settings it was exported with).
 
 ## Launch on a CPU host
 
@@ -148,8 +208,10 @@ answers `{{"text_output": ...}}`; `/generate_stream` with `"stream": true` strea
 gRPC: stream inference (`tritonclient.grpc` `start_stream` / `async_stream_infer`).
 
 Inputs: `text_input` (BYTES [1]) or `input_ids` (INT64 [-1]), `max_tokens` (INT32 [1]), optional
-`temperature` (FP32 [1], 0 = greedy), `seed` (INT64 [1]), `stream` (BOOL [1]), `end_id` (INT64 [-1]: stop
-token ids, replacing the model's EOS). Outputs: `text_output`, `output_ids`, `finish_reason`
-(stop / length / cancelled), `mean_acceptance_length`, `drafted`, `accepted`, `batch_size` (the largest
+`temperature` (FP32 [1], 0 = greedy), `top_p` (FP32 [1], 1 = off), `top_k` (INT32 [1], 0 = off), `seed`
+(INT64 [1]), `stream` (BOOL [1]), `stop` (BYTES [-1]: up to 4 stop strings), `end_id` (INT64 [-1]: stop
+token ids, replacing the model's EOS). Outputs: `text_output` (the new text; the prompt is not included),
+`output_ids`, and in the final response `finish_reason` (stop / length / cancelled / error),
+`prompt_tokens`, `rounds`, `mean_acceptance_length`, `drafted`, `accepted`, `batch_size` (the largest
 batch this request was decoded in).
 """

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DSparkTrtError
-from .protocol import INPUTS, IncrementalText, parse_request
+from ..errors import DSparkTrtError, ServerBusy
+from ..runtime.stop import StopText
+from .protocol import INPUTS, parse_request
 
 __all__ = ["TritonPythonModel"]
 
@@ -58,6 +59,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self._submit(request, sender)
+            except ServerBusy as e:
+                self._fail(sender, str(e), code="UNAVAILABLE")
             except DSparkTrtError as e:
                 self._fail(sender, str(e), invalid=True)
             except Exception as e:  # never let one request take the instance down
@@ -71,11 +74,14 @@ class TritonPythonModel:
             t = self.pb.get_input_tensor_by_name(request, name)
             if t is not None:
                 tensors[name] = t.as_numpy()
-        req = parse_request(tensors, vocab_size=self.vocab_size)
+        req = parse_request(tensors, vocab_size=self.vocab_size, max_context=self.scheduler.max_context)
         tokenizer = self.decoder.tokenizer
         if isinstance(req.prompt, str) and tokenizer is None:
             raise DSparkTrtError("this model has no tokenizer: send input_ids instead of text_input")
-        text = IncrementalText(tokenizer) if tokenizer is not None else None
+        if req.stop and tokenizer is None:
+            raise DSparkTrtError("this model has no tokenizer, so it cannot match stop strings: send end_id (stop "
+                                 "token ids) instead of stop")
+        text = StopText(tokenizer, req.stop) if tokenizer is not None else None
         self.scheduler.submit(req.prompt, **req.submit_kwargs(),
                               on_update=lambda handle, new, finished: self._on_update(
                                   sender, req.stream, text, handle, new, finished))
@@ -102,6 +108,8 @@ class TritonPythonModel:
         elif finished:
             tokens = handle.tokens
             full = self.decoder.tokenizer.decode(tokens, skip_special_tokens=False) if text is not None else ""
+            if text is not None and text.stop is not None:
+                full = text.stop.cut(full)  # the text ends before the stop string
             response = self._response(tokens, full, handle)
         else:
             return
@@ -120,12 +128,14 @@ class TritonPythonModel:
                 pb.Tensor("drafted", np.array([handle.drafted], dtype=np.int64)),
                 pb.Tensor("accepted", np.array([handle.accepted], dtype=np.int64)),
                 pb.Tensor("batch_size", np.array([handle.max_batch], dtype=np.int32)),
+                pb.Tensor("prompt_tokens", np.array([handle.prompt_length], dtype=np.int64)),
+                pb.Tensor("rounds", np.array([handle.rounds], dtype=np.int64)),
             ]
         return pb.InferenceResponse(output_tensors=outputs)
 
-    def _fail(self, sender, message: str, *, invalid: bool) -> None:
+    def _fail(self, sender, message: str, *, invalid: bool = False, code: str | None = None) -> None:
         pb = self.pb
-        code = pb.TritonError.INVALID_ARG if invalid else pb.TritonError.INTERNAL
+        code = getattr(pb.TritonError, code or ("INVALID_ARG" if invalid else "INTERNAL"))
         try:
             sender.send(pb.InferenceResponse(error=pb.TritonError(message, code)),
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -155,7 +155,8 @@ def test_streaming_arrives_in_order_and_concatenates_to_the_answer(server, decod
 
 BAD_HTTP = [
     ({"max_tokens": 4}, "exactly one of"),  # missing input
-    ({"text_input": "abc", "max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"text_input": "abc", "max_tokens": 0}, "max_tokens must be between 1 and"),
+    ({"text_input": "abc", "max_tokens": 2**31}, "context of .* tokens minus the prompt, got -2147483648"),
     ({"text_input": "abc", "max_tokens": 4, "temperature": -1.0}, "temperature"),
     ({"input_ids": [1, 2560], "max_tokens": 4}, "outside the vocabulary"),
     ({"text_input": "abc"}, "max_tokens"),
