@@ -20,7 +20,7 @@ import logging
 import os
 from pathlib import Path
 
-__all__ = ["CachedExport", "cached_export", "export_cache_dir", "directory_digest"]
+__all__ = ["CachedExport", "cached_export", "cache_entry", "export_cache_dir", "directory_digest"]
 
 log = logging.getLogger("dspark")
 
@@ -106,20 +106,16 @@ def _sources_digest() -> str:
     return h.hexdigest()
 
 
-def cached_export(drafter_dir: str | Path, *, target_dir: str | Path, options, cache_dir: str | Path | None = None
-                  ) -> CachedExport:
-    """The export of ``drafter_dir`` + ``target_dir`` with ``options`` (``ExportOptions``), exported on a miss.
-
-    Raises ``DSparkTrtError`` for a directory that is not a checkpoint (before anything is written).
-    """
+def cache_entry(drafter_dir: str | Path, *, target_dir: str | Path, options, cache_dir: str | Path | None = None
+                ) -> tuple[Path, str]:
+    """Where the export of ``drafter_dir`` + ``target_dir`` with ``options`` lives in the cache, and its key
+    (nothing is exported; the files' digests are computed or read from ``digests.json``)."""
     from filelock import FileLock
 
     from ..config import DSparkConfig
-    from ..export.manifest import MANIFEST_FILE
-    from ..export.pipeline import export_model
 
     drafter_dir, target_dir = Path(drafter_dir), Path(target_dir)
-    config = DSparkConfig.from_pretrained(drafter_dir)
+    config = DSparkConfig.from_pretrained(drafter_dir)  # not a checkpoint: one line, nothing written
     cache = Path(cache_dir) if cache_dir is not None else export_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / "digests.json.lock")):
@@ -128,7 +124,19 @@ def cached_export(drafter_dir: str | Path, *, target_dir: str | Path, options, c
         index.save()
     record = {"inputs": inputs, "sources": _sources_digest(), "options": dataclasses.asdict(options)}
     key = hashlib.sha256(json.dumps(record, sort_keys=True, default=list).encode()).hexdigest()
-    out = cache / "exports" / f"{config.digest()[:12]}-{key[:16]}"
+    return cache / "exports" / f"{config.digest()[:12]}-{key[:16]}", key
+
+
+def cached_export(drafter_dir: str | Path, *, target_dir: str | Path, options, cache_dir: str | Path | None = None
+                  ) -> CachedExport:
+    """The export of ``drafter_dir`` + ``target_dir`` with ``options`` (``ExportOptions``), exported on a miss
+    (``DSparkTrtError`` for a directory that is not a checkpoint, before anything is written)."""
+    from filelock import FileLock
+
+    from ..export.manifest import MANIFEST_FILE
+    from ..export.pipeline import export_model
+
+    out, key = cache_entry(drafter_dir, target_dir=target_dir, options=options, cache_dir=cache_dir)
     if (out / MANIFEST_FILE).is_file():
         return CachedExport(out, True, key)
     out.parent.mkdir(parents=True, exist_ok=True)
