@@ -257,14 +257,15 @@ class Deployment:
                                        grpc_port=opts.grpc_port or None, metrics_port=opts.metrics_port or None,
                                        host=opts.host, executable=opts.tritonserver, log_file=opts.log_file,
                                        model_control="explicit", exit_timeout=opts.exit_timeout)
-            self.server.start(timeout=opts.startup_timeout)
-            self._stubs = self._live_stubs()
-            self.readiness.set_triton_ready(True)
-            if opts.openai_port is not None:
+            if opts.openai_port is not None:  # the port first: a busy one fails before the server starts
                 config = frontend_config(self.repository, self.model, self.server.endpoints.grpc,
                                          served_model_name=opts.served_model_name, chat_template=opts.chat_template)
                 self.frontend = OpenAIFrontend(config, host=opts.host, port=opts.openai_port,
-                                               readiness=self.readiness, access_log=opts.access_log).start()
+                                               readiness=self.readiness, access_log=opts.access_log).bind()
+            self.server.start(timeout=opts.startup_timeout)
+            self._stubs = self._live_stubs()
+            if self.frontend is not None:
+                self.frontend.start()
         except BaseException:
             self.stop()
             raise

@@ -93,6 +93,11 @@ class Readiness:
                 return self._down
             return "" if self._triton_ready else "the Triton model is not ready"
 
+    @property
+    def marked_down(self) -> bool:
+        with self._lock:
+            return self._down is not None
+
     def set_triton_ready(self, ready: bool) -> None:
         with self._lock:
             self._triton_ready = ready
@@ -131,14 +136,17 @@ class _Job:
     def __init__(self, app: "_App", tensors, request_id: str):
         self.queue: asyncio.Queue = asyncio.Queue()
         self.app = app
+        self.finished = False  # the final response (or an error) arrived: Triton is done with the request
         self.task = asyncio.create_task(self._produce(tensors, request_id))
         app.jobs.add(self)
 
     async def _produce(self, tensors, request_id: str) -> None:
         try:
             async for piece in self.app.triton.generate(tensors, request_id):
+                self.finished = piece.final is not None
                 self.queue.put_nowait(piece)
         except TritonRequestError as e:
+            self.finished = True
             self.queue.put_nowait(e)
         except asyncio.CancelledError:
             raise
@@ -158,8 +166,9 @@ class _Job:
         return item
 
     def close(self) -> None:
-        self.task.cancel()  # closes the gRPC stream: Triton cancels the request unless it already finished
-        self.app.jobs.discard(self)
+        if not self.finished:
+            self.task.cancel()  # closes the gRPC stream: Triton cancels the request
+        self.app.jobs.discard(self)  # a finished one closes its stream cleanly by itself (triton_stream._drain)
 
 
 class _App:
@@ -199,6 +208,12 @@ class _App:
             await asyncio.sleep(self.config.ready_poll_seconds)
             self.readiness.set_triton_ready(await self.triton.model_ready())
 
+    async def _ready(self) -> bool:
+        """Readiness now: Triton is asked again when only its (polled) flag says no."""
+        if not self.readiness.ready and not self.readiness.marked_down:
+            self.readiness.set_triton_ready(await self.triton.model_ready())
+        return self.readiness.ready
+
     def _abort_all(self, reason: str) -> None:
         for job in list(self.jobs):
             job.abort(reason)
@@ -207,7 +222,7 @@ class _App:
     async def health(self, request):
         from starlette.responses import JSONResponse
 
-        if self.readiness.ready:
+        if await self._ready():
             return JSONResponse({"status": "ok", "model": self.config.name})
         return JSONResponse({"status": "unavailable", "model": self.config.name, "reason": self.readiness.reason},
                             status_code=503)
@@ -216,7 +231,7 @@ class _App:
         from starlette.responses import JSONResponse
 
         data = []
-        if self.readiness.ready:
+        if await self._ready():
             data.append({"id": self.config.name, "object": "model", "created": self.created,
                          "owned_by": "dspark-trt", "max_model_len": self.config.max_context})
         return JSONResponse({"object": "list", "data": data})
@@ -249,7 +264,7 @@ class _App:
                 raise oa.OpenAIError(f"the model {req.model!r} does not exist: this server serves "
                                      f"{self.config.name!r} (GET /v1/models)", status=404, param="model",
                                      code="model_not_found")
-            if not self.readiness.ready:
+            if not await self._ready():
                 raise oa.OpenAIError(f"the model is not ready ({self.readiness.reason}); retry shortly", status=503)
             prompt_ids, prompt_text = await self._prompt(req, chat)
             max_tokens = self._max_tokens(req, len(prompt_ids), chat)
@@ -461,15 +476,17 @@ class OpenAIFrontend:
         self.access_log = access_log
         self._server = None
         self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
         self.chat_available = False
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def start(self, timeout: float = 60.0) -> "OpenAIFrontend":
-        import uvicorn
-
+    def bind(self) -> "OpenAIFrontend":
+        """Take the port now (``start`` serves on it): a busy port fails before anything else starts."""
+        if self._socket is not None:
+            return self
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -479,6 +496,14 @@ class OpenAIFrontend:
             raise DSparkTrtError(f"the OpenAI front end cannot listen on {self.host}:{self.port} ({e.strerror}); "
                                  f"pass another --openai-port (0 = any free port)") from None
         self.port = sock.getsockname()[1]
+        self._socket = sock
+        return self
+
+    def start(self, timeout: float = 60.0) -> "OpenAIFrontend":
+        """Serve (on a thread) once Triton is up: the app's gRPC channel connects at its start."""
+        import uvicorn
+
+        sock = self.bind()._socket
         app = create_app(self.config, self.readiness)
         state = app.state.dspark
         self.chat_available = state.tokenizer is not None and state.chat_template is not None
@@ -498,6 +523,9 @@ class OpenAIFrontend:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self._server is None and self._socket is not None:  # bound, never started
+            self._socket.close()
+        self._socket = None
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
