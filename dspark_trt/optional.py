@@ -38,6 +38,7 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "uvicorn": ("uvicorn", "serve"),
     "sse_starlette": ("sse-starlette", "serve"),
     "aiohttp": ("aiohttp", "serve"),
+    "prometheus_client": ("prometheus-client", "serve"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Small shared test utilities: random Markov-walk cases and tie-robust top-k comparisons."""
+"""Small shared test utilities: random Markov-walk cases, tie-robust top-k comparisons, truncated sampling."""
 
 from __future__ import annotations
 
@@ -71,3 +71,33 @@ def sigint_as_in_a_terminal() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def truncated_support_ref(z: list[float], k: int, p: float) -> set[int]:
+    """Brute-force reading of the definition in sampling.py: the kept token ids of one row (float64)."""
+    import math
+
+    order = sorted(range(len(z)), key=lambda v: -z[v])
+    tau_k = z[order[k - 1]] if 0 < k < len(z) else -math.inf
+    head = order[:k] if 0 < k < len(z) else order
+    tau_p = -math.inf
+    if p < 1:
+        top = max(z[v] for v in head)
+        weights = [math.exp(z[v] - top) for v in head]
+        total, mass = sum(weights), 0.0
+        for v, w in zip(head, weights):
+            mass += w / total
+            tau_p = z[v]
+            if mass >= p:
+                break
+    return {v for v in range(len(z)) if z[v] >= max(tau_k, tau_p)}
+
+
+def truncate_probs(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """[..., V] fp64 probabilities at temperature T → the truncated, renormalised ones (``truncated_support_ref``)."""
+    flat = probs.reshape(-1, probs.shape[-1]).double()
+    out = torch.zeros_like(flat)
+    for row in range(flat.shape[0]):
+        kept = sorted(truncated_support_ref(flat[row].log().tolist(), top_k, top_p))
+        out[row, kept] = flat[row, kept] / flat[row, kept].sum()
+    return out.view(probs.shape)

@@ -6,6 +6,7 @@ text and a drafter distilled from it), built once into ~/.cache/dspark-trt, offl
   dspark generate --prompt "Speculative decoding"
   dspark generate --drafter DRAFTER --target TARGET --input-ids "1 2 3" --max-new-tokens 64 --json
   dspark generate --prompt "The verifier" --temperature 1 --seed 7 --batch-size 4 --no-draft
+  dspark generate --prompt "The verifier" --temperature 0.8 --top-p 0.9 --top-k 50 --stop "."
   dspark generate --export OUT --prompt "The verifier"     (the exported target + drafter, no transformers model)
 
 Request i of a batch uses seed S + i. Text needs a tokenizer in the target directory; --input-ids works always.
@@ -54,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its predecessor (needs --topk; torch backend, or an export made with --markov-topm M; "
                         "0 = top-k only; default: the export's M, else the config's draft_markov_topm where it "
                         "applies)")
+    i.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="nucleus sampling of the target's distribution at --temperature, 0 < P <= 1 (default 1 = "
+                        "off); lossless: the output follows the truncated target exactly")
+    i.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample among the target's K most likely tokens (default 0 = off); not --topk, which "
+                        "sizes the drafter's candidate sets")
+    i.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop string (repeatable, up to 4; needs a tokenizer): the text ends before it")
     i.add_argument("--seed", type=int, default=None, help="noise seed of request 0; request i uses seed + i")
     i.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only the leading drafts with confidence >= this")
@@ -144,6 +153,8 @@ def requests(args: argparse.Namespace, decoder) -> list:
 def generation_options(args: argparse.Namespace, n: int, offset: int = 0) -> dict:
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, topk=parse_topk(args.topk),
                    confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts)
+    for name in ("top_p", "top_k", "stop"):  # sampling truncation and stop strings (absent from bench e2e)
+        options[name] = getattr(args, name, None)
     options = {k: v for k, v in options.items() if v is not None}
     if getattr(args, "markov_topm", None) is not None:  # 0 forces plain top-k (over a config or export default)
         if args.markov_topm < 0:

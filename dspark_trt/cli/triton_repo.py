@@ -3,7 +3,10 @@
   dspark triton-repo OUT -o REPO                         an export (runtime: tensorrt where importable, else onnxruntime)
   dspark triton-repo --drafter D --target T -o REPO      a checkpoint pair (runtime torch, or --runtime onnxruntime)
 
-Then `dspark serve REPO`. The repository's README.md says how to launch it on CPU and GPU hosts.
+  dspark triton-repo OUT -o REPO --instances 2 --gpus 0,1 --max-queue 64    instances, GPUs, a bounded queue
+
+OUT must be a dspark-export directory (checked before anything is written); --force replaces only a repository
+written here. Then `dspark serve REPO`. The repository's README.md says how to launch it on CPU and GPU hosts.
 """
 
 from __future__ import annotations

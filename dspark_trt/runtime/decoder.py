@@ -381,6 +381,7 @@ class _Run:
         self.dec, self.topk, self.threshold, self.speculative = dec, topk, threshold, draft
         self.verify_cap = verify_cap  # at most this many drafts verified per round (None: all N)
         self.union: dict = {}  # {"markov_topm": M} with the candidate union
+        self.on_round = None  # optional on_round(drafted, accepted): per-request lists after each round
         self.requests: dict[int, _Request] = {}  # active requests by id
         self.rows = torch.zeros(0, dtype=torch.int64)  # request id of each active batch row
         self.temp_rows = torch.zeros(0, dtype=torch.float32, device=dec.target.device)  # [B] per row
@@ -418,9 +419,12 @@ class _Run:
         """Stats of one round: n, accepted [B] per row."""
         self.stats.record_round(n, accepted)
         B = len(self.rows)
-        for rid, d, a in zip(self.rows.tolist(), n.tolist(), accepted.tolist()):
+        drafted, accepted = n.tolist(), accepted.tolist()
+        for rid, d, a in zip(self.rows.tolist(), drafted, accepted):
             r = self.requests[rid]
             r.rounds, r.drafted, r.accepted, r.max_batch = r.rounds + 1, r.drafted + d, r.accepted + a, max(r.max_batch, B)
+        if self.on_round is not None:
+            self.on_round(drafted, accepted)
 
     def loop(self, requests: list[_Request]) -> GenerationStats:
         import time
@@ -434,9 +438,15 @@ class _Run:
         return self.stats
 
     def admit(self, requests: list[_Request]) -> list[_Request]:
-        """Prefill ``requests`` into the batch (after the active rows); returns those finished at once."""
+        """Prefill ``requests`` into the batch (after the active rows); returns those finished at once.
+
+        A request that has already emitted tokens (it left another batch, e.g. after a failed round) resumes
+        where it was: its prompt and emitted tokens but the last are prefilled, and the last is its anchor,
+        exactly the state a round leaves behind, so it goes on with the tokens it would have had."""
         target, backend, c = self.dec.target, self.dec.backend, self.dec.config
-        prompts = [r.prompt for r in requests]
+        resumed = [bool(r.out) for r in requests]
+        prompts = [torch.cat((r.prompt, torch.tensor(r.out[:-1], dtype=torch.int64))) if r.out else r.prompt
+                   for r in requests]
         dev = target.device
         temp = torch.tensor([r.temperature for r in requests], dtype=torch.float32, device=dev)  # [Bn]
         seed = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=dev)  # [Bn]
@@ -449,6 +459,9 @@ class _Run:
             lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)  # first new positions
             first = sample_tokens(pre.logits, None if bool((temp < 1e-5).all()) else temp, seed, lens,
                                   **truncation)  # [Bn]
+            if any(resumed):  # a resumed request's anchor is its last emitted token
+                last = torch.tensor([r.out[-1] if r.out else -1 for r in requests], dtype=torch.int64, device=dev)
+                first = torch.where(torch.tensor(resumed, device=dev), last, first)
             if self.speculative:
                 Bn = len(requests)
                 cap = int(lens.max()) + max(r.max_new for r in requests) + c.num_draft_tokens + 2
@@ -466,7 +479,8 @@ class _Run:
         self.top_p_rows = torch.cat((self.top_p_rows, top_p))
         self.anchor = torch.cat((self.anchor.to(first.device), first))
         B0 = len(self.rows) - len(requests)
-        done = [False] * B0 + [r.emit([int(t)]) for r, t in zip(requests, first.tolist())]
+        done = [False] * B0 + [False if again else r.emit([int(t)])
+                               for r, t, again in zip(requests, first.tolist(), resumed)]
         self._notify()
         return self._drop(done)
 

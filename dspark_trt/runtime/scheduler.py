@@ -38,6 +38,10 @@ log = logging.getLogger("dspark")
 
 #: on_update(handle, new_tokens, finished): the tokens committed for this request in the last round
 UpdateCallback = Callable[["RequestHandle", list, bool], None]
+#: on_round(drafted, accepted): one round's drafts verified and accepted, one entry per request in the batch
+RoundCallback = Callable[[list, list], None]
+#: a request in this many failed batches fails even when its rounds alone succeed
+MAX_STRIKES = 3
 
 
 class RequestHandle:
@@ -52,6 +56,7 @@ class RequestHandle:
         self.cancelled = False
         self.finish_reason: str | None = None  # "stop" (EOS / stop string), "length", "cancelled", "error"
         self.error: BaseException | None = None
+        self.strikes = 0  # failed batches this request was in
 
     @property
     def tokens(self) -> list[int]:
@@ -120,6 +125,8 @@ class SchedulerStats:
     failed: int = 0
     rejected: int = 0  # refused by max_queue (ServerBusy)
     generated_tokens: int = 0
+    drafted: int = 0  # drafts verified, all requests
+    accepted: int = 0
     batch_sizes: Counter = field(default_factory=Counter)  # batch size → rounds run with it
 
     @property
@@ -151,11 +158,17 @@ class RequestScheduler:
             (default: the target's ``max_context`` when it has one).
         max_queue (*optional*): how many requests may wait for a batch row; ``submit`` refuses the next one
             with ``ServerBusy`` (default: no bound).
+        on_round (*optional*): ``on_round(drafted, accepted)`` after every round, on the loop thread, with one
+            entry per request of the round (metrics; keep it short).
+
+    A round that raises fails only the request(s) that make it fail (``_recover``): the others resume in a
+    new batch and still get exactly their ``generate`` tokens.
     """
 
     def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
                  confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
-                 max_context: int | None = None, verify_drafts: int | None = None, max_queue: int | None = None):
+                 max_context: int | None = None, verify_drafts: int | None = None, max_queue: int | None = None,
+                 on_round: RoundCallback | None = None):
         if not callable(getattr(decoder.target, "extend", None)):
             raise DSparkTrtError(f"{type(decoder.target).__name__} has no extend(prompts): in-flight batching needs "
                                  f"a target that can add requests to a running batch (HFTarget can)")
@@ -170,6 +183,7 @@ class RequestScheduler:
         if max_queue is not None and int(max_queue) < 0:
             raise DSparkTrtError(f"max_queue must be >= 0 (requests allowed to wait), got {max_queue}")
         self.max_queue = None if max_queue is None else int(max_queue)
+        self.on_round = on_round
         self.max_context = max_context if max_context is not None else getattr(decoder.target, "max_context", None)
         self.stats = SchedulerStats()
         self._run: _Run | None = None
@@ -217,10 +231,11 @@ class RequestScheduler:
                 raise DSparkTrtError("the scheduler is stopped; create a new one")
             if self.max_queue is not None:
                 free = max(self.max_batch_size - len(self._active), 0)  # rows the next round boundary fills
-                if len(self._pending) - free >= self.max_queue:
+                waiting = len(self._pending) - free
+                if waiting >= self.max_queue:
                     self.stats.rejected += 1
-                    raise ServerBusy(f"server busy: {len(self._pending)} requests already wait for one of "
-                                     f"{self.max_batch_size} batch rows (max_queue {self.max_queue}); retry later")
+                    raise ServerBusy(f"server busy: {waiting} request(s) already wait for a batch row (max_queue "
+                                     f"{self.max_queue}, max_batch_size {self.max_batch_size}); retry later")
             self._pending.append(handle)
             self.stats.requests += 1
             self._wake.notify()
@@ -230,6 +245,11 @@ class RequestScheduler:
     def busy(self) -> bool:
         with self._lock:
             return bool(self._pending or self._active)
+
+    def load(self) -> tuple[int, int]:
+        """(requests in the batch, requests waiting to join it)."""
+        with self._lock:
+            return len(self._active), len(self._pending)
 
     # -- the loop -----------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -253,26 +273,90 @@ class RequestScheduler:
                 self._finish(h, "cancelled")
             if joining:
                 if run is None or not self._active:
-                    run = self._run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft,
-                                           verify_cap=self.verify_cap)
+                    run = self._run = self._new_run()
                 self._active.update((h.id, h) for h in joining)
                 self._collect(run.admit([h._request for h in joining]))
             if not self._active:
                 return bool(self._pending)
-            self.stats.batch_sizes[len(self._active)] += 1
-            self.stats.steps += 1
+            self._count_round(len(self._active))
             self._collect(run.step())
-        except Exception as e:  # a failed round fails its requests, never the loop
-            log.exception("decoding round failed; failing %d request(s)", len(self._active))
-            for h in list(self._active.values()):
-                h.error = e
-                self._finish(h, "error")
-            self._active.clear()
-            self._run = None
-            return bool(self._pending)
+        except Exception as e:  # a failed round fails the request(s) that make it fail, never the loop
+            self._recover(list(self._active.values()), e)
         for h in self._active.values():
             h._deliver(False)
-        return True
+        return bool(self._active or self._pending)
+
+    def _new_run(self) -> _Run:
+        run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft, verify_cap=self.verify_cap)
+        run.on_round = self._on_round
+        return run
+
+    def _on_round(self, drafted: list, accepted: list) -> None:
+        self.stats.drafted += sum(drafted)
+        self.stats.accepted += sum(accepted)
+        if self.on_round is not None:
+            try:
+                self.on_round(drafted, accepted)
+            except Exception:  # metrics must not stop the batch
+                log.exception("on_round callback failed")
+
+    def _count_round(self, batch: int) -> None:
+        self.stats.batch_sizes[batch] += 1
+        self.stats.steps += 1
+
+    def _recover(self, handles: list[RequestHandle], error: BaseException) -> None:
+        """A round (or a prefill) of ``handles`` raised: the batch is dropped, and each request runs one round
+        alone. Those that raise again fail (alone, with their own error); the others resume together in a
+        new batch from the tokens they have (``_Run.admit``), so they still get exactly their ``generate``
+        tokens. A request in ``MAX_STRIKES`` failed batches fails too (a fault that needs the whole batch)."""
+        self._run = None
+        self._active.clear()
+        for h in handles:
+            h.strikes += 1
+        if len(handles) == 1:
+            log.error("request %d failed in a round: %s: %s", handles[0].id, type(error).__name__, error)
+            self._fail(handles[0], error)
+            return
+        log.warning("a round of %d requests failed (%s: %s); running each alone to find the failing one(s)",
+                    len(handles), type(error).__name__, error)
+        survivors = []
+        for h in handles:
+            if h.cancelled:
+                self._finish(h, "cancelled")
+                continue
+            if h.strikes >= MAX_STRIKES:
+                log.error("request %d failed in %d batches; failing it", h.id, h.strikes)
+                self._fail(h, error)
+                continue
+            alone = self._new_run()
+            self._active[h.id] = h
+            try:
+                finished = alone.admit([h._request])
+                if not finished:
+                    self._count_round(1)
+                    finished = alone.step()
+            except Exception as e:
+                self._active.pop(h.id)
+                log.error("request %d fails its round alone: %s: %s", h.id, type(e).__name__, e)
+                self._fail(h, e)
+                continue
+            if finished:
+                self._collect(finished)
+            else:
+                self._active.pop(h.id)
+                survivors.append(h)
+        if not survivors:
+            return
+        run = self._run = self._new_run()
+        self._active.update((h.id, h) for h in survivors)
+        try:
+            self._collect(run.admit([h._request for h in survivors]))  # resumed where each one was
+        except Exception as e:
+            self._recover(survivors, e)
+
+    def _fail(self, h: RequestHandle, error: BaseException) -> None:
+        h.error = error
+        self._finish(h, "error")
 
     def _collect(self, finished) -> None:
         for r in finished:

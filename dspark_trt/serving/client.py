@@ -1,5 +1,5 @@
 """Small clients of the served model (tests, ``dspark bench serve``, examples): gRPC streams via tritonclient,
-HTTP ``generate`` / ``generate_stream`` via the standard library.
+HTTP ``generate`` / ``generate_stream`` via the standard library, and a scrape of the metrics endpoint.
 
 A decoupled model refuses plain (non-streaming) inference calls, so gRPC always goes through a stream
 (one response per request with ``stream=false``, one per round with ``stream=true``; the one carrying
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Answer", "ServerError", "grpc_generate", "http_generate", "http_generate_stream", "request_inputs"]
+__all__ = ["Answer", "ServerError", "grpc_generate", "http_generate", "http_generate_stream", "request_inputs",
+           "scrape_metrics"]
 
 
 class ServerError(Exception):
@@ -41,6 +42,8 @@ class Answer:
     drafted: int | None = None
     accepted: int | None = None
     batch_size: int | None = None
+    prompt_tokens: int | None = None
+    rounds: int | None = None
     seconds: float = 0.0  # from sending to the final response
 
     @property
@@ -61,13 +64,14 @@ class Answer:
             reason = np.asarray(outputs["finish_reason"], dtype=object).reshape(-1)[0]
             self.finish_reason = reason.decode() if isinstance(reason, bytes) else str(reason)
             for key, kind in (("mean_acceptance_length", float), ("drafted", int), ("accepted", int),
-                              ("batch_size", int)):
+                              ("batch_size", int), ("prompt_tokens", int), ("rounds", int)):
                 if key in outputs:
                     setattr(self, key, kind(np.asarray(outputs[key]).reshape(-1)[0]))
 
 
 def request_inputs(prompt, max_tokens: int, *, temperature: float | None = None, seed: int | None = None,
-                   stream: bool | None = None, end_id=None) -> dict[str, np.ndarray]:
+                   stream: bool | None = None, end_id=None, stop: list[str] | None = None,
+                   top_p: float | None = None, top_k: int | None = None) -> dict[str, np.ndarray]:
     """The input tensors of one request (``prompt``: text or token ids)."""
     tensors = {"max_tokens": np.array([max_tokens], dtype=np.int32)}
     if isinstance(prompt, str):
@@ -82,6 +86,12 @@ def request_inputs(prompt, max_tokens: int, *, temperature: float | None = None,
         tensors["stream"] = np.array([stream], dtype=np.bool_)
     if end_id is not None:
         tensors["end_id"] = np.asarray(end_id, dtype=np.int64).reshape(-1)
+    if stop is not None:
+        tensors["stop"] = np.array([s.encode("utf-8") for s in stop], dtype=np.object_)
+    if top_p is not None:
+        tensors["top_p"] = np.array([top_p], dtype=np.float32)
+    if top_k is not None:
+        tensors["top_k"] = np.array([top_k], dtype=np.int32)
     return tensors
 
 
@@ -191,3 +201,17 @@ def _error_text(body: bytes) -> str:
         return json.loads(body).get("error", body.decode())
     except ValueError:
         return body.decode(errors="replace")
+
+
+def scrape_metrics(url: str, prefix: str = "", *, timeout: float = 10.0) -> dict[tuple[str, frozenset], float]:
+    """Samples of a Prometheus endpoint (``TritonServer.endpoints.metrics``) whose name starts with ``prefix``:
+    ``{(name, frozenset(labels.items())): value}`` (histograms as their ``_bucket`` / ``_sum`` / ``_count``)."""
+    from ..optional import require
+
+    require("prometheus_client", "reading Prometheus metrics")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        text = r.read().decode()
+    return {(s.name, frozenset(s.labels.items())): float(s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples if s.name.startswith(prefix)}

@@ -5,7 +5,10 @@ checks each request (``protocol.parse_request``), submits it to the library's sc
 once; the scheduler's own thread runs the rounds (in-flight batching: requests join between rounds) and
 calls back with each request's newly committed tokens, which become responses — one per round with
 ``stream=true``, else one at the end. A closed stream is polled (``is_cancelled``) on every callback and
-cancels the request. Errors are responses, never exceptions that take the instance down.
+cancels the request. Errors are responses, never exceptions that take the instance down: a bad request is
+INVALID_ARG, a full queue (``max_queue``) UNAVAILABLE ("server busy"), a request whose round raises
+INTERNAL (alone: the scheduler isolates it). Each instance reports its Prometheus metrics
+(``serving/metrics.py``) and, with several GPU instances, runs on the GPU Triton gives it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class TritonPythonModel:
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
+        from dataclasses import replace
+
+        from ..testing.faults import install_from_env
         from .engine import ModelSettings, build_scheduler
 
         self.pb = pb_utils
@@ -40,18 +46,46 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in (config.get("parameters") or {}).items()}
         try:
             version_dir = Path(args["model_repository"]) / str(args["model_version"])  # relative paths: --copy
-            self.settings = ModelSettings.from_parameters(params).resolved(version_dir)
+            settings = ModelSettings.from_parameters(params).resolved(version_dir)
+            if args.get("model_instance_kind") == "GPU" and settings.device == "cuda":  # --gpus: this instance's
+                settings = replace(settings, device=f"cuda:{int(args.get('model_instance_device_id', 0))}")
+            self.settings = settings
             self.scheduler = build_scheduler(self.settings)
         except DSparkTrtError as e:
             raise pb_utils.TritonModelException(f"dspark: {e}") from None
         self.decoder = self.scheduler.decoder
         self.vocab_size = self.decoder.target.vocab_size
+        fault = install_from_env(self.decoder)  # testing only: $DSPARK_TRT_FAULT_POSITION
+        if fault is not None:
+            self.log.log_warn(f"dspark: fault injection on: rounds of requests at position >= {fault} raise")
+        self.metrics = self._metrics(args)
+        self.scheduler.on_round = self._on_round
         self.scheduler.start()
         self._last_summary = 0.0
         self._lock = threading.Lock()
         self.log.log_info(f"dspark: serving {self.settings.export_dir or self.settings.drafter_dir} with runtime "
                           f"{self.settings.runtime} on {self.settings.device}, max batch "
-                          f"{self.settings.max_batch_size}, context limit {self.scheduler.max_context}")
+                          f"{self.settings.max_batch_size}, max queue {self.scheduler.max_queue}, context limit "
+                          f"{self.scheduler.max_context}")
+
+    def _metrics(self, args):
+        """This instance's ``ModelMetrics``; None (and one warning) where the server has no custom metrics."""
+        from .metrics import ModelMetrics
+
+        labels = {"model": str(args.get("model_name", "")), "version": str(args.get("model_version", "")),
+                  "instance": str(args.get("model_instance_name", ""))}
+        try:
+            return ModelMetrics(self.pb, labels, num_draft_tokens=self.decoder.config.num_draft_tokens,
+                                max_batch_size=self.scheduler.max_batch_size)
+        except Exception as e:  # an older Python backend: serve without them
+            self.log.log_warn(f"dspark: no custom metrics ({type(e).__name__}: {e}); serving without them")
+            return None
+
+    def _on_round(self, drafted, accepted) -> None:
+        """Scheduler thread, after each round: speculation metrics and the load gauges."""
+        if self.metrics is not None:
+            self.metrics.round(drafted, accepted)
+            self.metrics.load(*self.scheduler.load())
 
     # -- requests -----------------------------------------------------------------------------------------
     def execute(self, requests):
@@ -60,13 +94,22 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except ServerBusy as e:
+                self._count("reject", "server_busy")
                 self._fail(sender, str(e), code="UNAVAILABLE")
             except DSparkTrtError as e:
+                self._count("reject", "invalid_argument")
                 self._fail(sender, str(e), invalid=True)
             except Exception as e:  # never let one request take the instance down
                 self.log.log_error(f"dspark: request failed before decoding: {type(e).__name__}: {e}")
+                self._count("fail", "internal_error")
                 self._fail(sender, f"internal error: {type(e).__name__}: {e}", invalid=False)
+        if self.metrics is not None:
+            self.metrics.load(*self.scheduler.load())
         return None
+
+    def _count(self, kind: str, reason: str) -> None:
+        if self.metrics is not None:
+            getattr(self.metrics, kind)(reason)
 
     def _submit(self, request, sender) -> None:
         tensors = {}
@@ -91,7 +134,11 @@ class TritonPythonModel:
         if not finished and sender.is_cancelled():
             handle.cancel()
             return
+        if finished and self.metrics is not None:
+            self.metrics.finish(handle.finish_reason, len(handle.tokens))
+            self.metrics.load(*self.scheduler.load())
         if handle.finish_reason == "error":
+            self._count("fail", "decoding_error")
             self._fail(sender, f"decoding failed: {handle.error}", invalid=False)
             return
         if handle.finish_reason == "cancelled" and sender.is_cancelled():

@@ -48,6 +48,35 @@ def test_batch_size_repeats_prompts_with_consecutive_seeds(distilled_pair, capsy
     assert len(batch) == 3 and json.loads(out)["tokens"][0] == batch[2]  # request 2 = seed 10 + 2
 
 
+def test_top_p_top_k_and_stop_reach_the_decoder(distilled_pair, capsys):
+    from tests.runtime.runtime_helpers import make_decoder
+
+    pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target, "--input-ids", "7 8 9",
+            "--max-new-tokens", 16, "--temperature", 1, "--seed", 3, "--json", "--topk", 4]
+    code, out, _ = run_cli(capsys, *pair, "--top-p", 0.6, "--top-k", 9)
+    assert code == 0
+    dec = make_decoder(distilled_pair)
+    expected = dec.generate([[7, 8, 9]], 16, temperature=1.0, seed=[3], topk=4, top_p=0.6, top_k=9).tokens
+    assert json.loads(out)["tokens"] == expected
+    assert expected != dec.generate([[7, 8, 9]], 16, temperature=1.0, seed=[3], topk=4).tokens
+    code, out, err = run_cli(capsys, *pair, "--top-p", 0)
+    assert code == 1 and "top_p must be in (0, 1]" in err
+    code, out, err = run_cli(capsys, *pair, "--stop", "x")
+    assert code == 1 and "stop strings need the target's tokenizer" in err
+
+
+@pytest.mark.slow
+def test_stop_cuts_the_text_of_the_default_pair(capsys):
+    code, out, err = run_cli(capsys, "--prompt", "The verifier", "--max-new-tokens", 48, "--json")
+    assert code == 0, err
+    free = json.loads(out)["texts"][0]
+    stop = free[10:13]
+    code, out, err = run_cli(capsys, "--prompt", "The verifier", "--max-new-tokens", 48, "--json", "--stop", stop,
+                             "--stop", "never-seen")
+    assert code == 0, err
+    assert json.loads(out)["texts"][0] == free[: free.find(stop)]
+
+
 def test_markov_topm_drafts_with_the_candidate_union_and_stays_lossless(distilled_pair, capsys):
     pair = ["--drafter", distilled_pair.drafter, "--target", distilled_pair.target, "--input-ids", "1 2 3",
             "--max-new-tokens", 12, "--json"]

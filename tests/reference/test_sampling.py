@@ -7,6 +7,7 @@ import torch
 from scipy import stats
 
 from dspark_trt.reference import sampling
+from tests.helpers import truncated_support_ref
 from dspark_trt.reference.sampling import (
     ACCEPT_SALT,
     DRAFT_SALT,
@@ -96,3 +97,31 @@ def test_gumbel_max_samples_the_softmax(vary):
     expected = torch.softmax(logits.double(), 0) * n
     observed = torch.bincount(draws, minlength=V).double()
     assert stats.chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("V", [7, 37, 257])
+def test_truncation_mask_is_the_documented_support(V):
+    gen = torch.Generator().manual_seed(V)
+    z = torch.randn(64, V, generator=gen) * 2.0
+    z[::5, 1:4] = z[::5, :1]  # ties with the first entry (sometimes at the boundary)
+    top_k = torch.randint(0, V + 3, (64,), generator=gen)  # 0 = off, > V = everything
+    top_p = torch.rand(64, generator=gen).clamp_min(0.05)
+    top_p[::4] = 1.0
+    keep = sampling.truncation_mask(z, top_k, top_p)
+    for row in range(64):
+        expected = truncated_support_ref(z[row].double().tolist(), int(top_k[row]), float(top_p[row]))
+        assert set(keep[row].nonzero().view(-1).tolist()) == expected, row
+    assert bool(keep.gather(1, z.argmax(1, keepdim=True)).all())  # the argmax is always kept
+
+
+def test_truncation_edges():
+    z = torch.tensor([[3.0, 1.0, 3.0, -2.0, 0.5]])
+    one = lambda k, p: sampling.truncation_mask(z, torch.tensor([k]), torch.tensor([p]))[0].tolist()  # noqa: E731
+    assert one(0, 1.0) == [True] * 5 and one(5, 1.0) == [True] * 5 and one(9, 1.0) == [True] * 5
+    assert one(1, 1.0) == [True, False, True, False, False]  # a tie at the top: both kept
+    assert one(0, 1e-6) == [True, False, True, False, False]
+    assert one(3, 1.0) == [True, True, True, False, False]
+    untouched = sampling.apply_truncation(z, torch.tensor([0]), torch.tensor([1.0]))
+    assert untouched is z  # rows that do not truncate are not copied
+    cut = sampling.apply_truncation(z, torch.tensor([3]), None)
+    assert cut[0, 3] == float("-inf") and torch.equal(cut[0, :3], z[0, :3])

@@ -123,3 +123,59 @@ def test_sample_tokens_greedy_rows_take_the_argmax():
     T = torch.tensor([0.0, 1.0, 0.0])
     out = sample_tokens(logits, T, torch.tensor([1, 2, 3]), torch.tensor([5, 5, 5]))
     assert out[0] == logits[0].argmax() and out[2] == logits[2].argmax()
+
+
+def truncated_first_token_pvalue(target, emitted_first, T, top_k, top_p):
+    """As first_token_pvalue, against p_1 truncated by top-k / top-p (the reference definition)."""
+    from dspark_trt.reference.sampling import truncation_mask
+
+    z = target[:1, 0] / T[0]
+    keep = truncation_mask(z, torch.tensor([top_k]), torch.tensor([top_p]))[0]
+    cut = torch.where(keep, z, float("-inf"))
+    if int(keep.sum()) == 1:  # one token left: a chi-square has no degrees of freedom
+        return float(bool((emitted_first == int(keep.nonzero())).all()))
+    return first_token_pvalue(cut.view(1, 1, V).expand(1, N + 1, V), emitted_first, torch.ones(1))
+
+
+TRUNCATIONS = [(3, 1.0), (0, 0.7), (4, 0.8), (1, 1.0)]
+
+
+@pytest.mark.parametrize("k, top_k, top_p", [(V, 3, 1.0), (3, 0, 0.7), (V, 4, 0.8), (3, 1, 1.0)],
+                         ids=["dense-q-top3", "topk-q-p0.7", "dense-q-top4-p0.8", "topk-q-top1"])
+def test_first_emitted_token_follows_the_truncated_target(k, top_k, top_p):
+    target, tokens, ids, _, q, T, seeds, pos = synthetic_round(k, seed=20 + k)
+    tk, tp = torch.full((TRIALS,), top_k), torch.full((TRIALS,), top_p)
+    res = verify_drafts(target, tokens, ids, q, temperature=T, seed=seeds, positions=pos, top_k=tk, top_p=tp)
+    assert truncated_first_token_pvalue(target, res.tokens[:, 0], T, top_k, top_p) > 1e-4
+    if top_k != 1:
+        assert 0 < float(res.num_accepted.float().mean())  # drafts inside the truncated support are accepted
+    # the untruncated verifier on the same round: its tokens leave the truncated support, and the test sees it
+    plain = verify_drafts(target, tokens, ids, q, temperature=T, seed=seeds, positions=pos)
+    assert truncated_first_token_pvalue(target, plain.tokens[:, 0], T, top_k, top_p) < 1e-6
+
+
+def test_truncated_bonus_token_is_what_the_truncated_target_alone_would_sample():
+    target, tokens, ids, logits, q, T, seeds, pos = synthetic_round(V, seed=9)
+    same = torch.full_like(target, -1e9)
+    same[:, :N].scatter_(-1, ids, logits)
+    same[:, N] = target[:, N]
+    tk, tp = torch.full((TRIALS,), V), torch.full((TRIALS,), 0.6)  # k = V: only top-p truncates
+    res = verify_drafts(same, tokens, ids, q, temperature=T, seed=seeds, positions=pos, top_k=tk, top_p=tp)
+    accepted_all = res.num_accepted == N
+    assert int(accepted_all.sum()) > 1000
+    alone = sample_tokens(target[:, N], T, seeds, pos + N, top_k=tk, top_p=tp)
+    assert torch.equal(res.tokens[accepted_all, N], alone[accepted_all])
+    assert not torch.equal(alone, sample_tokens(target[:, N], T, seeds, pos + N))  # truncation did something
+
+
+@pytest.mark.parametrize("top_k, top_p", TRUNCATIONS, ids=["top3", "p0.7", "top4-p0.8", "top1"])
+def test_sample_tokens_follows_the_truncated_softmax(top_k, top_p):
+    target = synthetic_round(V, seed=30)[0]
+    T, seeds, pos = torch.full((TRIALS,), 1.0), torch.arange(TRIALS), torch.full((TRIALS,), 3)
+    out = sample_tokens(target[:, 0], T, seeds, pos, top_k=torch.full((TRIALS,), top_k),
+                        top_p=torch.full((TRIALS,), top_p))
+    assert truncated_first_token_pvalue(target, out, T, top_k, top_p) > 1e-4
+    mixed = torch.tensor([0.0, 1.0])  # a greedy row ignores truncation: its argmax is always kept
+    two = sample_tokens(target[:2, 0], mixed, seeds[:2], pos[:2], top_k=torch.tensor([2, 2]),
+                        top_p=torch.tensor([0.5, 0.5]))
+    assert int(two[0]) == int(target[0, 0].argmax())

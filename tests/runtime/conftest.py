@@ -15,3 +15,13 @@ def distilled_decoder(distilled_pair):
     from tests.runtime.runtime_helpers import make_decoder
 
     return make_decoder(distilled_pair)
+
+
+@pytest.fixture(scope="session")
+def embedded_decoder():
+    """The demo pair (byte tokenizer, English-like text) on torch fp32: for tests that need real text."""
+    from dspark_trt.runtime import SpeculativeDecoder
+    from dspark_trt.testing.embedded import embedded_pair
+
+    pair = embedded_pair()
+    return SpeculativeDecoder.from_pretrained(pair.drafter, pair.target, dtype="fp32", device="cpu")

@@ -5,6 +5,10 @@ empirical joint distributions of (x_P, x_P+1) and (x_P+1, x_P+2) are compared by
 ones computed from the target (p(y) p(x|y) p(z|y,x), batched forwards). x_P comes from the prefill; x_P+1
 and x_P+2 from verification rounds (accepted drafts, residual draws and bonus tokens). The same test with a deliberately wrong draft
 distribution handed to the verifier (q at twice the temperature) must fail — so the test can fail.
+
+With top-k / top-p the same test runs against the exact marginals of the *truncated* target (each step's
+distribution truncated and renormalised by ``tests.helpers.truncate_probs``, an independent brute-force
+reading of the definition), and a verifier that ignores the truncation must fail it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import truncate_probs
 from tests.runtime.runtime_helpers import make_decoder
 
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -30,15 +35,17 @@ def exact_joint(decoder):
     return target_joint(decoder)
 
 
-def target_joint(decoder):
-    """[V, V, V] fp64: exact target probability of the first three new tokens at T = 1."""
+def target_joint(decoder, top_k: int = 0, top_p: float = 1.0):
+    """[V, V, V] fp64: exact target probability of the first three new tokens at T = 1 (truncated by top-k /
+    top-p at every step when given)."""
     model, V = decoder.target.model, decoder.target.vocab_size
+    cut = (lambda p: truncate_probs(p, top_k, top_p)) if top_k or top_p < 1 else (lambda p: p)  # noqa: E731
     with torch.no_grad():
-        p0 = torch.softmax(model(torch.tensor([PROMPT])).logits[0, -1].double(), -1)  # [V]
+        p0 = cut(torch.softmax(model(torch.tensor([PROMPT])).logits[0, -1].double(), -1))  # [V]
         one = torch.tensor([PROMPT + [y] for y in range(V)])
-        p1 = torch.softmax(model(one).logits[:, -1].double(), -1)  # [V(y), V(x)]
+        p1 = cut(torch.softmax(model(one).logits[:, -1].double(), -1))  # [V(y), V(x)]
         two = torch.tensor([PROMPT + [y, x] for y in range(V) for x in range(V)])
-        p2 = torch.softmax(model(two).logits[:, -1].double(), -1).view(V, V, V)  # [y, x, z]
+        p2 = cut(torch.softmax(model(two).logits[:, -1].double(), -1)).view(V, V, V)  # [y, x, z]
     return p0.view(V, 1, 1) * p1.view(V, V, 1) * p2
 
 
@@ -50,10 +57,16 @@ def chi_square_pvalues(tokens: list[list[int]], joint: torch.Tensor) -> list[flo
     for (a, b), expected in (((0, 1), joint.sum(2)), ((1, 2), joint.sum(0))):
         counts = torch.bincount(t[:, a] * V + t[:, b], minlength=V * V).double()
         e = expected.flatten() * len(tokens)
+        if counts[e == 0].sum() > 0:  # a pair the (truncated) target cannot produce
+            out.append(0.0)
+            continue
         big = e >= 5
         assert big.sum() > 20, "too few cells for a meaningful test"
-        obs = torch.cat((counts[big], counts[~big].sum().view(1)))
-        exp = torch.cat((e[big], e[~big].sum().view(1)))
+        small = ~big & (e > 0)  # pooled; impossible pairs were checked above
+        obs = torch.cat((counts[big], counts[small].sum().view(1)))
+        exp = torch.cat((e[big], e[small].sum().view(1)))
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
         out.append(float(scipy_stats.chisquare(obs.numpy(), exp.numpy()).pvalue))
     return out
 
@@ -103,3 +116,33 @@ def test_target_only_sampling_matches_the_target_distribution(decoder, exact_joi
     out = decoder.generate([PROMPT] * REQUESTS, 3, temperature=1.0, seed=list(range(REQUESTS)), draft=False,
                            eos_token_id=[])
     assert min(chi_square_pvalues(out.tokens, exact_joint)) > 1e-4
+
+
+TRUNCATIONS = [(8, 1.0), (0, 0.6), (12, 0.7)]
+
+
+@pytest.mark.parametrize("top_k, top_p", TRUNCATIONS, ids=["top_k8", "top_p0.6", "top_k12-top_p0.7"])
+@pytest.mark.parametrize("topk", [0, 4], ids=["dense", "top4"])
+def test_truncated_sampling_matches_the_truncated_target(decoder, topk, top_k, top_p):
+    joint = target_joint(decoder, top_k, top_p)
+    out = run(decoder, topk, top_k=top_k, top_p=top_p)
+    assert out.stats.accepted > 0.2 * out.stats.rounds
+    assert min(chi_square_pvalues(out.tokens, joint)) > 1e-4
+
+
+def test_a_verifier_that_ignores_the_truncation_fails_the_same_test(decoder, monkeypatch):
+    import dspark_trt.runtime.decoder as decoder_module
+    from dspark_trt.reference.verify import verify_drafts
+
+    def untruncated(*args, top_k=None, top_p=None, **kwargs):  # accepts against the full target distribution
+        return verify_drafts(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "verify_drafts", untruncated)
+    out = run(decoder, 4, top_k=8, top_p=0.9)
+    assert min(chi_square_pvalues(out.tokens, target_joint(decoder, 8, 0.9))) < 1e-6
+
+
+def test_target_only_truncated_sampling_matches_the_truncated_target(decoder):
+    out = decoder.generate([PROMPT] * REQUESTS, 3, temperature=1.0, seed=list(range(REQUESTS)), draft=False,
+                           eos_token_id=[], top_k=10, top_p=0.8)
+    assert min(chi_square_pvalues(out.tokens, target_joint(decoder, 10, 0.8))) > 1e-4

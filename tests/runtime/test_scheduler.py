@@ -249,3 +249,88 @@ def test_exported_target_joins_requests_mid_way_too(qwen3_topk_export):
     assert sched.stats.max_batch == 4
     for p, (t, s), n, h in zip(prompts, settings, budgets, handles):
         assert h.tokens == alone(dec, p, n, t, s)
+
+
+def test_truncated_sampling_per_request_equals_generate_alone(distilled_decoder):
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 4, seed=41)
+    settings = [dict(top_k=5), dict(top_p=0.5), dict(top_k=20, top_p=0.8), {}]  # mixed in one batch
+    sched = RequestScheduler(dec)
+    handles = [sched.submit(p, 14, temperature=1.0, seed=i, **o) for i, (p, o) in enumerate(zip(prompts, settings))]
+    sched.run_until_idle()
+    for i, (p, o, h) in enumerate(zip(prompts, settings, handles)):
+        assert h.tokens == dec.generate([p], 14, temperature=1.0, seed=i, **o).tokens[0], i
+    assert handles[0].tokens != dec.generate([prompts[0]], 14, temperature=1.0, seed=0).tokens[0]  # it truncated
+    with pytest.raises(DSparkTrtError, match="top_p must be in"):
+        sched.submit(prompts[0], 4, top_p=0.0)
+    with pytest.raises(DSparkTrtError, match="top_k must be >= 0"):
+        sched.submit(prompts[0], 4, top_k=-1)
+
+
+def test_max_queue_refuses_the_request_beyond_it_and_recovers(distilled_decoder):
+    from dspark_trt.errors import ServerBusy
+
+    dec = distilled_decoder
+    prompts = prompts_for(dec, 6, seed=43)
+    sched = RequestScheduler(dec, max_batch_size=2, max_queue=1)
+    first = [sched.submit(p, 6) for p in prompts[:3]]  # two take the rows, one waits
+    with pytest.raises(ServerBusy, match=r"server busy: 1 request\(s\) already wait for a batch row \(max_queue 1"):
+        sched.submit(prompts[3], 6)
+    assert sched.stats.rejected == 1
+    sched.step()  # two join the batch, the third still waits: still busy
+    with pytest.raises(ServerBusy):
+        sched.submit(prompts[3], 6)
+    while not first[0].done:  # a row frees up: the waiting request takes it, the queue has room again
+        sched.step()
+    sched.step()
+    late = sched.submit(prompts[3], 6)
+    sched.run_until_idle()
+    assert [h.tokens for h in first + [late]] == [alone(dec, p, 6) for p in prompts[:4]]
+    assert sched.stats.rejected == 2
+    with pytest.raises(DSparkTrtError, match="max_queue must be >= 0"):
+        RequestScheduler(dec, max_queue=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_request_whose_rounds_raise_fails_alone(distilled_pair, temperature):
+    """Fault injection in a real decoder: the long request's rounds raise, whoever shares them; it fails alone,
+    and every other request (in the failed batches too, mid-way) still gets exactly its generate tokens."""
+    from tests.runtime.runtime_helpers import make_decoder
+    from dspark_trt.testing.faults import InjectedFault, fail_rounds_at
+
+    dec = make_decoder(distilled_pair)  # its own decoder: the fault stays in this test
+    fail_rounds_at(dec, position=60)
+    prompts = prompts_for(dec, 5, seed=47, min_len=3, max_len=12)
+    poisoned = prompts_for(dec, 1, seed=48, min_len=50, max_len=50)[0]  # reaches position 60 mid-way
+    rec = Recorder()
+    sched = RequestScheduler(dec)
+    handles = [sched.submit(p, 24, temperature=temperature, seed=i, on_update=rec) for i, p in enumerate(prompts[:3])]
+    sched.step()
+    sched.step()
+    bad = sched.submit(poisoned, 30, temperature=temperature, seed=9, on_update=rec)
+    handles += [sched.submit(p, 24, temperature=temperature, seed=3 + i, on_update=rec) for i, p in
+                enumerate(prompts[3:])]
+    sched.run_until_idle()
+    assert bad.finish_reason == "error" and isinstance(bad.error, InjectedFault)
+    assert 0 < len(bad.tokens) < 30 and rec.calls[bad.id][-1][1]  # it ran, then failed, and was told so
+    assert sched.stats.failed == 1 and sched.stats.finished == 5
+    fail_rounds_at(dec, position=10**9)  # (the wrapper stays; this bound is never reached)
+    for i, (p, h) in enumerate(zip(prompts, handles)):
+        expected = dec.generate([p], 24, temperature=temperature, seed=i).tokens[0]
+        assert h.finish_reason in ("length", "stop") and h.tokens == expected, i
+        assert rec.streamed(h) == expected  # streamed chunks across the recovery: nothing lost or repeated
+
+
+def test_a_lone_failing_request_fails_and_the_scheduler_goes_on(distilled_pair):
+    from tests.runtime.runtime_helpers import make_decoder
+    from dspark_trt.testing.faults import fail_rounds_at
+
+    dec = make_decoder(distilled_pair)
+    fail_rounds_at(dec, position=40)
+    sched = RequestScheduler(dec)
+    bad = sched.submit(prompts_for(dec, 1, seed=5, min_len=45, max_len=45)[0], 8)
+    sched.run_until_idle()
+    assert bad.finish_reason == "error" and "injected fault" in str(bad.error) and bad.tokens  # the prefill token
+    good = sched.submit([1, 2, 3], 8)
+    sched.run_until_idle()
+    assert good.tokens == alone(dec, [1, 2, 3], 8)

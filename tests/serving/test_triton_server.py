@@ -1,8 +1,11 @@
 """A real tritonserver (127.0.0.1, free ports) serving generated repositories for two exports.
 
 One server per module: model ``dspark`` = the embedded pair's export (byte tokenizer: text in, text out),
-model ``tiny`` = the random tiny pair's export (top-k 16, token ids only), written with ``copy`` (the repository
-holds the export; its source is deleted and the model directory moved before the server starts). The server runs PyTriton's
+model ``tiny`` = the random tiny pair's export (top-k 16, token ids only), two instances, written with ``copy``
+(the repository holds the export; its source is deleted and the model directory moved before the server
+starts), model ``busy`` = the same export with one batch row and ``max_queue`` 1. The server runs with the
+testing fault ``DSPARK_TRT_FAULT_POSITION=FAULT_AT`` (rounds of a request at that position or beyond raise;
+every other test stays far below it). The server runs PyTriton's
 bundled tritonserver from the managed server venv (built once, cached under ``$DSPARK_TRT_CACHE``; a few
 minutes the first time). Every answer is compared with in-process ``SpeculativeDecoder.generate`` of the
 same request alone (same export, onnxruntime, one thread on both sides).
@@ -25,6 +28,7 @@ from dspark_trt.serving.client import (Answer, ServerError, grpc_generate, http_
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.onnx, pytest.mark.slow, pytest.mark.xdist_group("tritonserver")]
 
+FAULT_AT = 300  # DSPARK_TRT_FAULT_POSITION of the module's server
 TEXTS = ["Speculative decoding", "A small drafter", "The target model checks", "tokens", "x",
          "Speculative decoding lets a small drafter guess several tokens ahead while", "the"]
 
@@ -52,19 +56,30 @@ def decoders(embedded_export, qwen3_topk_export):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, embedded_export, qwen3_topk_export):
+    import os
+
     from dspark_trt.serving.repository import write_model_repository
     from dspark_trt.serving.server import TritonServer
+    from dspark_trt.testing.faults import FAULT_POSITION_ENV
 
     root = tmp_path_factory.mktemp("triton")
     repo = write_model_repository(root / "repo", export_dir=embedded_export, threads=1)
     src = shutil.copytree(qwen3_topk_export, root / "tiny-export")
-    other = write_model_repository(root / "other", export_dir=src, threads=1, model_name="tiny", copy=True)
+    other = write_model_repository(root / "other", export_dir=src, threads=1, model_name="tiny", copy=True,
+                                   instances=2)
     shutil.rmtree(src)  # model "tiny" serves its own copy (--copy) ...
     shutil.move(str(other / "tiny"), str(repo / "tiny"))  # ... from where it was moved to
+    busy = write_model_repository(root / "busy", export_dir=qwen3_topk_export, threads=1, model_name="busy",
+                                  max_batch_size=1, max_queue=1)
+    shutil.move(str(busy / "busy"), str(repo / "busy"))
     log = root / "tritonserver.log"
     srv = TritonServer(repo, log_file=log)
     start = time.perf_counter()
-    srv.start(timeout=900)
+    os.environ[FAULT_POSITION_ENV] = str(FAULT_AT)  # read by the server process it starts
+    try:
+        srv.start(timeout=900)
+    finally:
+        del os.environ[FAULT_POSITION_ENV]
     srv.startup_seconds = time.perf_counter() - start
     srv.log_path = log
     yield srv
@@ -83,11 +98,12 @@ def test_both_repositories_load_and_are_ready(server):
 
     client = httpclient.InferenceServerClient(server.endpoints.http)
     assert client.is_server_ready()
-    for model in ("dspark", "tiny"):
+    for model, instances in (("dspark", 1), ("tiny", 2), ("busy", 1)):
         assert client.is_model_ready(model)
         config = client.get_model_config(model)
         assert config["model_transaction_policy"]["decoupled"] is True
         assert config["instance_group"][0]["kind"] == "KIND_CPU"
+        assert config["instance_group"][0]["count"] == instances
     print(f"tritonserver ready in {server.startup_seconds:.1f} s")
 
 
@@ -248,3 +264,163 @@ def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_t
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _metric(samples, name, model, **labels) -> float:
+    """Sum of ``name`` over the model's instances (and the given labels)."""
+    return sum(v for (n, ls), v in samples.items() if n == name and dict(ls).get("model") == model
+               and all(dict(ls).get(k) == w for k, w in labels.items()))
+
+
+def _scrape(server):
+    from dspark_trt.serving.client import scrape_metrics
+
+    return scrape_metrics(server.endpoints.metrics, "dspark_")
+
+
+def test_stop_strings_and_truncated_sampling_equal_generate(server, decoders):
+    dec, prompt = decoders["dspark"], "Speculative decoding lets"
+    free = dec.generate(prompt, 48).texts[0]
+    stop = [free[14:17], "never in this text"]
+    expected = dec.generate(prompt, 48, stop=stop)
+    ids, text = expected.tokens[0], expected.texts[0]
+    assert text == free[: free.find(stop[0])] and len(ids) < 48
+    full = http_generate(server.endpoints.http, "dspark", {"text_input": prompt, "max_tokens": 48, "stop": stop})
+    assert (full.ids, full.text, full.finish_reason) == (ids, text, "stop")
+    assert full.prompt_tokens == len(dec.tokenizer.encode(prompt)) and full.rounds >= 1  # text: the new text only
+    sse = http_generate_stream(server.endpoints.http, "dspark", {"text_input": prompt, "max_tokens": 48,
+                                                                 "stop": stop, "stream": True})
+    assert (sse.ids, sse.text, sse.finish_reason) == (ids, text, "stop") and len(sse.chunks) > 2
+    assert all(stop[0] not in "".join(sse.texts[: i + 1]) for i in range(len(sse.texts)))
+    (grpc,) = grpc_generate(server.endpoints.grpc, "dspark", [request_inputs(prompt, 48, stop=stop, stream=True)])
+    assert (grpc.ids, grpc.text, grpc.finish_reason) == (ids, text, "stop")
+    # top-p / top-k: the same tokens as in-process generate with the same seed
+    options = dict(temperature=1.0, seed=4, top_p=0.7, top_k=20)
+    truncated = dec.generate(prompt, 32, **options)
+    answer = http_generate(server.endpoints.http, "dspark", {"text_input": prompt, "max_tokens": 32, **options})
+    assert answer.ids == truncated.tokens[0] and answer.text == truncated.texts[0]
+    assert answer.ids != dec.generate(prompt, 32, temperature=1.0, seed=4).tokens[0]
+    (tiny,) = grpc_generate(server.endpoints.grpc, "tiny", [request_inputs([5, 6, 7], 16, temperature=1.0, seed=2,
+                                                                           top_p=0.5, top_k=7)])
+    assert tiny.ids == decoders["tiny"].generate([[5, 6, 7]], 16, temperature=1.0, seed=2, top_p=0.5,
+                                                 top_k=7).tokens[0]
+    with pytest.raises(ServerError, match="top_p must be in") as e:
+        http_generate(server.endpoints.http, "dspark", {"text_input": prompt, "max_tokens": 4, "top_p": 1.5})
+    assert e.value.status == 400
+    (err,) = grpc_generate(server.endpoints.grpc, "tiny", [request_inputs([5, 6], 4, stop=["x"])])
+    assert isinstance(err, ServerError) and "cannot match stop strings" in err.message
+
+
+def test_metrics_count_one_request_exactly(server, decoders):
+    """Alone on the model: the metrics' deltas are the request's own figures (acceptance from the counters)."""
+    before = _scrape(server)
+    answer = http_generate(server.endpoints.http, "dspark", {"text_input": "A small drafter", "max_tokens": 40,
+                                                             "temperature": 1.0, "seed": 6})
+    time.sleep(0.5)  # the final response can arrive before the last metric update is applied
+    after = _scrape(server)
+    delta = lambda name, **labels: _metric(after, name, "dspark", **labels) - _metric(before, name, "dspark",  # noqa
+                                                                                     **labels)
+    assert delta("dspark_drafted_tokens_total") == answer.drafted > 0
+    assert delta("dspark_accepted_tokens_total") == answer.accepted
+    assert delta("dspark_request_rounds_total") == answer.rounds == delta("dspark_acceptance_length_count")
+    assert delta("dspark_generated_tokens_total") == len(answer.ids) == 40
+    assert delta("dspark_requests_finished_total", finish_reason="length") == 1
+    assert 1 + answer.accepted / answer.rounds == pytest.approx(answer.mean_acceptance_length, rel=1e-6)
+    assert delta("dspark_acceptance_length_sum") == pytest.approx(answer.rounds + answer.accepted)  # batch of 1
+    assert delta("dspark_batch_size_count") == answer.rounds and delta("dspark_batch_size_sum") == answer.rounds
+    assert _metric(after, "dspark_requests_in_flight", "dspark") == 0
+    assert _metric(after, "dspark_requests_queued", "dspark") == 0
+    labels = {k for (n, ls) in after for k, _ in ls if n == "dspark_drafted_tokens_total"}
+    assert labels == {"model", "version", "instance"}
+    instances = {dict(ls)["instance"] for (n, ls) in after if n == "dspark_drafted_tokens_total"
+                 and dict(ls)["model"] == "tiny"}
+    assert len(instances) == 2  # one series per instance
+
+
+def test_rejected_requests_are_counted_by_reason(server):
+    before = _scrape(server)
+    for payload, _ in BAD_HTTP[:3]:
+        with pytest.raises(ServerError):
+            http_generate(server.endpoints.http, "dspark", payload)
+    time.sleep(0.2)
+    after = _scrape(server)
+    reason = dict(reason="invalid_argument")
+    assert _metric(after, "dspark_requests_rejected_total", "dspark", **reason) - \
+        _metric(before, "dspark_requests_rejected_total", "dspark", **reason) == 3
+
+
+def test_a_request_whose_rounds_raise_fails_alone_on_the_server(server, decoders):
+    dec = decoders["dspark"]
+    rng = random.Random(5)
+    short = [(rng.choice(TEXTS), 40, float(i % 2), i) for i in range(5)]
+    poisoned = [rng.randrange(32, 127) for _ in range(FAULT_AT - 6)]  # reaches the fault after a few rounds
+    results: dict[int, Answer | ServerError] = {}
+    before = _scrape(server)
+
+    def send(i):
+        if i == len(short):
+            time.sleep(0.3)  # join the running batch
+            (results[i],) = grpc_generate(server.endpoints.grpc, "dspark", [request_inputs(poisoned, 30)])
+        else:
+            text, n, t, s = short[i]
+            (results[i],) = grpc_generate(server.endpoints.grpc, "dspark", [request_inputs(text, n, temperature=t,
+                                                                                           seed=s, stream=True)])
+
+    with ThreadPoolExecutor(max_workers=len(short) + 1) as pool:
+        list(pool.map(send, range(len(short) + 1)))
+    bad = results[len(short)]
+    assert isinstance(bad, ServerError) and "decoding failed: injected fault" in bad.message
+    for i, (text, n, t, s) in enumerate(short):
+        assert isinstance(results[i], Answer), results[i]
+        assert results[i].ids == alone(decoders, "dspark", text, n, t, s)[0], i
+    time.sleep(0.3)
+    after = _scrape(server)
+    for name, labels in (("dspark_requests_failed_total", {"reason": "decoding_error"}),
+                         ("dspark_requests_finished_total", {"finish_reason": "error"})):
+        assert _metric(after, name, "dspark", **labels) - _metric(before, name, "dspark", **labels) == 1
+    again = http_generate(server.endpoints.http, "dspark", {"text_input": "tokens", "max_tokens": 8})
+    assert again.ids == alone(decoders, "dspark", "tokens", 8)[0]
+    assert dec.tokenizer is not None
+
+
+def test_a_full_queue_answers_server_busy_and_recovers(server, decoders):
+    """Model ``busy``: one batch row and max_queue 1; six requests at once: two are taken, the rest refused."""
+    prompts = [[11 + i, 12, 13] for i in range(6)]
+    before = _scrape(server)
+    results = _at_once(lambda i: http_generate(server.endpoints.http, "busy", {"input_ids": prompts[i],
+                                                                               "max_tokens": 200}), len(prompts))
+    busy = [r for r in results if isinstance(r, ServerError)]
+    served = {i: r for i, r in enumerate(results) if isinstance(r, Answer)}
+    assert busy and len(served) >= 2, results
+    # the model answers UNAVAILABLE; Triton's HTTP generate endpoint turns every model error into 400, so
+    # clients (the OpenAI front end: 503) go by the message
+    assert all(e.message.startswith("server busy: ") for e in busy), [e.message for e in busy]
+    grpc = _at_once(lambda i: grpc_generate(server.endpoints.grpc, "busy", [request_inputs(prompts[i], 200)])[0], 4)
+    refused = [r for r in grpc if isinstance(r, ServerError)]
+    assert refused and all("server busy: " in r.message for r in refused), grpc
+    print("gRPC stream error while busy:", refused[0].message)
+    served.update({10 + i: r for i, r in enumerate(grpc) if isinstance(r, Answer)})
+    for i, answer in served.items():
+        assert answer.ids == alone(decoders, "tiny", prompts[i % 10], 200)[0]
+    time.sleep(0.2)
+    after = _scrape(server)
+    reason = dict(reason="server_busy")
+    assert _metric(after, "dspark_requests_rejected_total", "busy", **reason) - \
+        _metric(before, "dspark_requests_rejected_total", "busy", **reason) == len(busy) + len(refused)
+    again = http_generate(server.endpoints.http, "busy", {"input_ids": [1, 2, 3], "max_tokens": 8})
+    assert again.ids == alone(decoders, "tiny", [1, 2, 3], 8)[0]
+
+
+def _at_once(send, n: int) -> list:
+    """``send(i)`` for i < n from n threads released together; each result or its ServerError."""
+    start = threading.Barrier(n)
+
+    def one(i):
+        start.wait()
+        try:
+            return send(i)
+        except ServerError as e:
+            return e
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(one, range(n)))
