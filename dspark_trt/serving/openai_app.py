@@ -487,7 +487,10 @@ class OpenAIFrontend:
         """Take the port now (``start`` serves on it): a busy port fails before anything else starts."""
         if self._socket is not None:
             return self
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        # proto IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets that say
+        # they are TCP, and with it on, every response waits ~40 ms for the client's delayed ACK
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
+                             socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))

@@ -5,8 +5,10 @@ PyTriton's wheel bundles, run from the managed server venv (``environment.py``).
 what PyTriton itself arranges: a scratch copy of ``pytriton/tritonserver`` with the Python backend stub for
 this Python version beside ``libtriton_python.so``; ``LD_LIBRARY_PATH`` with the interpreter's LIBDIR (else
 the stub loads the system libpython) and the wheel's ``nvidia_pytriton.libs``; the venv's ``bin`` first on
-PATH (the stub's embedded interpreter finds its packages from there); this package's source directory on
-PYTHONPATH (model.py imports ``dspark_trt``).
+PATH (the stub's embedded interpreter finds its packages from there). model.py imports ``dspark_trt``, but
+the stub's interpreter runs isolated (it ignores PYTHONPATH) with the working directory first on
+``sys.path``: the server runs in a scratch directory that holds only a link to this ``dspark_trt``, so the
+caller's package is the one served, from wherever ``dspark serve`` was started.
 
 ``model_control="explicit"`` starts the server with Triton's explicit model control (every model loaded at
 start), so that ``load_model`` / ``unload_model`` (the repository API) can restart a model whose Python stub
@@ -132,6 +134,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self._pump: threading.Thread | None = None
         self._scratch: Path | None = None
+        self._workdir: Path | None = None
         self._log_handle = None
 
     # -- the command line ------------------------------------------------------------------------------
@@ -184,13 +187,15 @@ class TritonServer:
     def start(self, timeout: float = 300.0) -> "TritonServer":
         """Start the server and wait until it and every model are ready; a one-line error otherwise."""
         cmd, env = self.command()
+        self._workdir = Path(tempfile.mkdtemp(prefix="dspark-tritonserver-cwd-"))
+        (self._workdir / "dspark_trt").symlink_to(PACKAGE_ROOT / "dspark_trt", target_is_directory=True)
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log_handle = out = open(self.log_file, "ab")
         else:
             out = subprocess.PIPE
         self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=_die_with_parent, cwd=self._workdir)
         if self.log_file is None:
             self._pump = threading.Thread(target=self._forward_output, args=(self.process.stdout,),
                                           name="tritonserver-output", daemon=True)
@@ -302,9 +307,10 @@ class TritonServer:
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
+        for attr in ("_scratch", "_workdir"):
+            if getattr(self, attr) is not None:
+                shutil.rmtree(getattr(self, attr), ignore_errors=True)  # the link, not what it points to
+                setattr(self, attr, None)
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import queue
 import re
 import signal
@@ -45,9 +46,10 @@ class Serve:
         from dspark_trt.serving.server import PACKAGE_ROOT
 
         env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
+        # started outside the checkout: the model's stub must find dspark_trt without the working directory
         self.proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "serve", *args], env=env,
                                      stdout=subprocess.PIPE, stderr=open(log, "ab"), text=True,
-                                     preexec_fn=_ignore_sigint)
+                                     preexec_fn=_ignore_sigint, cwd=Path(log).parent)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
