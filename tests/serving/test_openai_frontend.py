@@ -322,3 +322,41 @@ def test_curl(served, decoder):
     events = [line[len("data: "):] for line in out.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]) == text
+
+
+def test_metrics_endpoint_counts_what_the_front_end_reports(served, client):
+    from dspark_trt.serving.client import scrape_metrics
+
+    def total(samples, name):
+        return sum(v for (n, _), v in samples.items() if n == name)
+
+    url = served.server.endpoints.metrics
+    before = scrape_metrics(url, "dspark_")
+    r = client.completions.create(model="dspark", prompt=PROMPTS[1], max_tokens=20, temperature=0)
+    after = scrape_metrics(url, "dspark_")
+    stats = r.model_extra["dspark"]
+    assert total(after, "dspark_generated_tokens_total") - total(before, "dspark_generated_tokens_total") == \
+        r.usage.completion_tokens
+    assert total(after, "dspark_accepted_tokens_total") - total(before, "dspark_accepted_tokens_total") == \
+        stats["accepted"]
+    assert total(after, "dspark_request_rounds_total") - total(before, "dspark_request_rounds_total") == \
+        stats["rounds"]
+
+
+def test_deployment_writes_the_serving_flags_and_refuses_them_for_a_ready_repository(tmp_path, embedded_export):
+    from dspark_trt.cli.main import main
+    from dspark_trt.serving.deployment import Deployment, ServeOptions, resolve_source
+    from dspark_trt.serving.repository import read_model_config
+
+    d = Deployment(resolve_source(embedded_export), ServeOptions(instances=2, max_queue=3, max_batch_size=8))
+    try:
+        repo = d.prepare()
+        config = read_model_config(repo / "dspark" / "config.pbtxt")
+        assert config.instance_group[0].count == 2
+        assert config.parameters["max_queue"].string_value == "3"
+        assert config.parameters["max_batch_size"].string_value == "8"
+        assert resolve_source(repo).kind == "repository"
+        assert main(["serve", str(repo), "--instances", "2", "--max-queue", "1"]) == 1  # one line, nothing started
+    finally:
+        d.stop()
+    assert not repo.exists()  # the scratch repository goes with the deployment

@@ -176,3 +176,12 @@ def test_generate_inputs_leave_out_what_is_off():
     t = generate_inputs([1], 4, stop=["a", "é"], top_p=0.5, top_k=3)
     assert list(t["stop"]) == [b"a", "é".encode()] and t["top_p"][0] == 0.5 and t["top_k"][0] == 3
     assert "top_p" not in generate_inputs([1], 4, top_p=1.0)
+
+
+def test_cpu_host_noise_is_recognised():
+    from dspark_trt.serving.server import is_cpu_host_noise
+
+    assert is_cpu_host_noise('E1202 03:47:47.463410 8126 server.cc:241] "CudaDriverHelper has not been initialized."')
+    assert is_cpu_host_noise("Error: Failed to initialize NVML")
+    assert is_cpu_host_noise('W1202 metrics.cc:798] "DCGM unable to start: DCGM initialization error"')
+    assert not is_cpu_host_noise('E1202 model_lifecycle.cc:642] "failed to load \'dspark\' version 1"')
