@@ -62,8 +62,8 @@ def resolve_source(path: str | Path, *, target: str | Path | None = None) -> Sou
     elif (p / "config.json").is_file():
         kind = "checkpoint"
     else:
-        raise DSparkTrtError(f"{path} holds no config.json (checkpoint), manifest.json (export) or */config.pbtxt "
-                             f"(model repository); pass one of those")
+        raise DSparkTrtError(f"{path} is not a Triton model repository (no */config.pbtxt), an export (no "
+                             f"manifest.json) or a drafter checkpoint (no config.json); pass one of those")
     if target is not None and kind != "checkpoint":
         raise DSparkTrtError(f"--target goes with a drafter checkpoint; {path} is an {kind} directory, which "
                              f"already names its target")
@@ -120,6 +120,7 @@ class ServeOptions:
     log_file: str | Path | None = None
     exit_timeout: int = 30
     startup_timeout: float = 900.0
+    reload_timeout: float = 120.0  # a model reload after its stub died; then the whole server is restarted
     # front end
     model: str | None = None  # the model to serve from a repository (default: dspark, or its only model)
     served_model_name: str | None = None
@@ -280,14 +281,40 @@ class Deployment:
         alive = self._live_stubs()
         return sorted(self._stubs - alive)
 
-    def restart_model(self) -> float:
-        """Unload and load the served model (a fresh stub per instance); returns the seconds it took."""
-        start = time.perf_counter()
+    def reload_model(self) -> None:
+        """Unload and load the served model through Triton's repository API (a fresh stub per instance)."""
         self.server.unload_model(self.model)
-        self.server.load_model(self.model, timeout=self.options.startup_timeout)
+        self.server.load_model(self.model, timeout=self.options.reload_timeout)
+
+    def restart_server(self) -> None:
+        """Stop tritonserver at once (a dead stub's model would hold its exit for the whole exit timeout) and
+        start it again on the same ports."""
+        self.server.stop(timeout=5)
+        self.server.start(timeout=self.options.startup_timeout)
+
+    def _restart(self, stop: threading.Event) -> float | None:
+        """Reload the model, else restart the server; the seconds it took, None when ``stop`` came first.
+        ``DSparkTrtError`` when neither worked."""
+        begin = time.perf_counter()
+        failure: list[Exception] = []
+
+        def reload():
+            try:
+                self.reload_model()
+            except DSparkTrtError as e:
+                failure.append(e)
+
+        worker = threading.Thread(target=reload, name="dspark-reload", daemon=True)
+        worker.start()
+        while worker.is_alive():  # an HTTP call to Triton: left behind if the deployment is stopped meanwhile
+            if stop.wait(0.2):
+                return None
+        if failure:
+            self.say(f"reloading the model failed ({failure[0]}); restarting tritonserver")
+            self.restart_server()
         self._stubs = self._live_stubs()
         self.restarts += 1
-        return time.perf_counter() - start
+        return time.perf_counter() - begin
 
     def watch(self, stop: threading.Event, *, restart: bool = True, interval: float = 0.5) -> int | None:
         """Supervise until ``stop`` is set (returns None) or the deployment fails (returns an exit status)."""
@@ -299,19 +326,25 @@ class Deployment:
             dead = self.dead_stubs()
             if not dead:
                 continue
-            what = (f"the model {self.model!r} stopped: its Triton Python stub (pid {', '.join(map(str, dead))}) died; "
-                    f"not ready")
-            self.readiness.mark_down(f"the model's process died (pid {', '.join(map(str, dead))})")
+            pids = ", ".join(map(str, dead))
+            what = f"the model {self.model!r} stopped: its Triton Python stub (pid {pids}) died; not ready"
+            self.readiness.mark_down(f"the model's process died (pid {pids})")
             if not restart:
                 self.say(f"{what}; --no-restart: stopping")
                 return 1
             self.say(f"{what}; restarting it")
             try:
-                seconds = self.restart_model()
+                seconds = self._restart(stop)
             except DSparkTrtError as e:
                 self.say(f"restarting the model failed ({e}); stopping")
                 return 1
+            if seconds is None:
+                return None
             self.readiness.mark_up()
+            deadline = time.monotonic() + 10.0  # the front end sees Triton ready (its poll, a reconnect)
+            while self.frontend is not None and not self.readiness.ready and time.monotonic() < deadline:
+                if stop.wait(0.1):
+                    return None
             self.say(f"the model {self.model!r} is serving again (restarted in {seconds:.1f} s)")
         return None
 

@@ -360,3 +360,18 @@ def test_deployment_writes_the_serving_flags_and_refuses_them_for_a_ready_reposi
     finally:
         d.stop()
     assert not repo.exists()  # the scratch repository goes with the deployment
+
+
+def test_a_restarted_server_serves_again_behind_the_same_front_end(served, client, decoder):
+    """The supervisor's last resort (a model that does not reload): tritonserver stopped and started again on
+    the same ports; the front end reconnects. Last in the module: it replaces the server process."""
+    old = served.server.process.pid
+    served.restart_server()
+    assert served.server.process.pid != old
+    base = served.frontend.url.removesuffix("/v1")
+    deadline = time.monotonic() + 60
+    while get(f"{base}/health")[0] != 200:
+        assert time.monotonic() < deadline, "the front end never saw the restarted server ready"
+        time.sleep(0.2)
+    r = client.completions.create(model="dspark", prompt="A small drafter", max_tokens=8, temperature=0)
+    assert r.choices[0].text == alone(decoder, "A small drafter", 8)[0]
