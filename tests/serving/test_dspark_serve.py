@@ -91,9 +91,16 @@ class Serve:
         return stubs[0]
 
     def kill(self) -> None:
+        """After a failure: everything it started too (a stub orphaned mid-reload never exits by itself)."""
         if self.proc.poll() is None:
+            left = self.processes()
             self.proc.kill()
             self.proc.wait()
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def _children(pid: int) -> list[int]:
