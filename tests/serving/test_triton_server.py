@@ -388,20 +388,20 @@ def test_a_full_queue_answers_server_busy_and_recovers(server, decoders):
     prompts = [[11 + i, 12, 13] for i in range(6)]
     before = _scrape(server)
     results = _at_once(lambda i: http_generate(server.endpoints.http, "busy", {"input_ids": prompts[i],
-                                                                               "max_tokens": 200}), len(prompts))
+                                                                               "max_tokens": 120}), len(prompts))
     busy = [r for r in results if isinstance(r, ServerError)]
     served = {i: r for i, r in enumerate(results) if isinstance(r, Answer)}
     assert busy and len(served) >= 2, results
     # the model answers UNAVAILABLE; Triton's HTTP generate endpoint turns every model error into 400, so
     # clients (the OpenAI front end: 503) go by the message
     assert all(e.message.startswith("server busy: ") for e in busy), [e.message for e in busy]
-    grpc = _at_once(lambda i: grpc_generate(server.endpoints.grpc, "busy", [request_inputs(prompts[i], 200)])[0], 4)
+    grpc = _at_once(lambda i: grpc_generate(server.endpoints.grpc, "busy", [request_inputs(prompts[i], 120)])[0], 4)
     refused = [r for r in grpc if isinstance(r, ServerError)]
     assert refused and all("server busy: " in r.message for r in refused), grpc
     print("gRPC stream error while busy:", refused[0].message)
     served.update({10 + i: r for i, r in enumerate(grpc) if isinstance(r, Answer)})
     for i, answer in served.items():
-        assert answer.ids == alone(decoders, "tiny", prompts[i % 10], 200)[0]
+        assert answer.ids == alone(decoders, "tiny", prompts[i % 10], 120)[0]
     time.sleep(0.2)
     after = _scrape(server)
     reason = dict(reason="server_busy")
