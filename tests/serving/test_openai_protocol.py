@@ -185,3 +185,4 @@ def test_cpu_host_noise_is_recognised():
     assert is_cpu_host_noise("Error: Failed to initialize NVML")
     assert is_cpu_host_noise('W1202 metrics.cc:798] "DCGM unable to start: DCGM initialization error"')
     assert not is_cpu_host_noise('E1202 model_lifecycle.cc:642] "failed to load \'dspark\' version 1"')
+
