@@ -238,7 +238,7 @@ def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_t
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "serve", str(repo), "--http-port", "0",
                              "--grpc-port", "0", "--metrics-port", "0", "--openai-port", "0"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "stderr.txt", "wb"), text=True,
                             preexec_fn=sigint_as_in_a_terminal)
     try:
         lines = []
@@ -261,6 +261,9 @@ def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_t
         proc.send_signal(signal.SIGINT)  # Ctrl-C: exit 130
         rest = proc.communicate(timeout=120)[0]
         assert proc.returncode == 130 and "stopped (exit code 0)" in rest, rest
+        log = (tmp_path / "stderr.txt").read_text(errors="replace")  # tritonserver's output, filtered
+        assert "Started GRPCInferenceService" in log and "CudaDriverHelper has not been initialized" not in log
+        assert log.count("harmless on a host without a GPU") <= 1
     finally:
         if proc.poll() is None:
             proc.kill()
