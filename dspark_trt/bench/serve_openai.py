@@ -109,15 +109,25 @@ async def _openai_request(session, url: str, payload: dict) -> dict:
     return {"ttft": (first or end) - start, "latency": end - start, "tokens": tokens, "text": "".join(pieces)}
 
 
+_CLOSING: set = set()  # streams closing in the background (the front end closes its own the same way)
+
+
 async def _grpc_request(client, tensors: dict) -> dict:
     start = time.perf_counter()
-    first = None
+    first = end = None
     ids = []
-    async for piece in client.generate(tensors):
+    stream = client.generate(tensors)
+    async for piece in stream:
         if piece.ids and first is None:
             first = time.perf_counter()
         ids.extend(piece.ids)
-    end = time.perf_counter()
+        if piece.final is not None:
+            end = time.perf_counter()
+            break
+    closing = asyncio.ensure_future(stream.aclose())  # waits for Triton to end the stream: not the client's wait
+    _CLOSING.add(closing)
+    closing.add_done_callback(_CLOSING.discard)
+    end = end or time.perf_counter()
     return {"ttft": (first or end) - start, "latency": end - start, "tokens": len(ids), "ids": ids}
 
 
@@ -171,6 +181,8 @@ async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]]
                 for kind, work, send in (order if k % 2 == 0 else order[::-1]):
                     rows.append(await _level(kind, clients, work, send))
         finally:
+            if _CLOSING:
+                await asyncio.gather(*_CLOSING, return_exceptions=True)
             await grpc.close()
     metrics[1] = scrape_metrics(info["metrics"], "dspark_")
     return rows
