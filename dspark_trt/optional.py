@@ -32,6 +32,12 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "llvmlite": ("numba", "cpu"),
     "tensorrt_rtx": ("tensorrt-rtx", "rtx"),
     "matplotlib": ("matplotlib", "bench"),
+    "tritonclient": ("tritonclient", "serve"),
+    "grpc": ("grpcio", "serve"),
+    "starlette": ("starlette", "serve"),
+    "uvicorn": ("uvicorn", "serve"),
+    "sse_starlette": ("sse-starlette", "serve"),
+    "aiohttp": ("aiohttp", "serve"),
     "prometheus_client": ("prometheus-client", "serve"),
 }
 

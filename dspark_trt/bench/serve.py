@@ -1,14 +1,27 @@
-"""Triton serving: tokens/s and latency at 1, 4, 16 concurrent clients, against in-process generate.
+"""Triton serving: tokens/s and latency at 1, 4, 16 concurrent clients, against in-process generate; with
+``--openai``, the OpenAI front end against Triton's own gRPC endpoint at 1, 4, 16, 64 clients.
 
-Starts tritonserver on a repository written by ``dspark triton-repo`` (or uses a running one with --http),
-sends the same R requests (R = --requests, default 16) at each concurrency level (C clients, each sending
-its share one after another over HTTP generate), and runs the same requests in-process with the model's
-own settings: one at a time (``generate`` per request) and as one batch. Reported, never asserted:
+Default (``dspark bench serve REPO``): starts tritonserver on a repository written by ``dspark triton-repo``
+(or uses a running one with --http), sends the same R requests (R = --requests, default 16) at each
+concurrency level (C clients, each sending its share one after another over HTTP generate), and runs the
+same requests in-process with the model's own settings: one at a time (``generate`` per request) and as one
+batch. Reported, never asserted:
 
     batching gain = served tokens/s at 16 clients / served tokens/s at 1 client
 
+``--openai`` (``dspark bench serve [SOURCE] --openai``; SOURCE as for ``dspark serve``, default the embedded
+demo pair): starts the deployment of ``dspark serve`` in a child process (tritonserver + the front end, as a
+user runs it), then at each level C sends the same R requests (default 64) from C concurrent streaming
+clients, twice, interleaved: through the OpenAI front end (``/v1/completions``, server-sent events) and
+straight to Triton's gRPC endpoint (the front end's own client, token ids in). Reported per level: tokens/s,
+time to first token (p50), latency (p50), and the ratio front end / gRPC (the goal: >= 0.9 at 16 clients);
+the acceptance length from the metrics endpoint (``1 + Δaccepted / Δrequest_rounds`` over the run) against
+the in-process figure for the same requests; whether the served text equals in-process ``generate``.
+
   dspark bench serve REPO
   dspark bench serve REPO --max-tokens 64 --concurrency 1 4 16 --json
+  dspark bench serve --openai --threads 1
+  dspark bench serve OUT --openai --concurrency 1 4 16 64 --requests 64 --max-tokens 32 --json
 """
 
 from __future__ import annotations
@@ -21,11 +34,18 @@ import time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("repository", metavar="REPO", help="model repository (dspark triton-repo)")
+    p.add_argument("repository", metavar="REPO", nargs="?", default=None,
+                   help="model repository (dspark triton-repo); with --openai: SOURCE as for dspark serve (a "
+                        "checkpoint, an export or a repository; default: the embedded demo pair)")
     p.add_argument("--model", default="dspark", help="model name in the repository (default dspark)")
     p.add_argument("--http", default=None, metavar="HOST:PORT", help="a running server (default: start one)")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16], help="clients (default 1 4 16)")
-    p.add_argument("--requests", type=int, default=16, help="requests per level (default 16)")
+    p.add_argument("--openai", action="store_true",
+                   help="the OpenAI front end against Triton's gRPC endpoint, TTFT, acceptance from the metrics")
+    p.add_argument("--threads", type=int, default=0, help="--openai: CPU threads of the model (default: library "
+                   "default)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None,
+                   help="clients (default 1 4 16; with --openai 1 4 16 64)")
+    p.add_argument("--requests", type=int, default=None, help="requests per level (default 16; with --openai 64)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -99,9 +119,19 @@ def _in_process(settings, payloads: list[dict]) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.openai:
+        from .serve_openai import run_openai
+
+        return run_openai(args)
     from pathlib import Path
 
     from ..errors import DSparkTrtError
+
+    if args.repository is None:
+        raise DSparkTrtError("dspark bench serve needs REPO (a model repository), or --openai")
+    args.concurrency = args.concurrency or [1, 4, 16]
+    args.requests = args.requests or 16
+
     from ..serving.engine import ModelSettings
     from ..serving.repository import read_model_config
     from ..serving.server import TritonServer

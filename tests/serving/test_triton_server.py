@@ -223,11 +223,13 @@ def test_the_log_shows_batched_rounds(server):
 
 
 def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_topk_export, decoders):
+    import json
     import os
     import re
     import signal
     import subprocess
     import sys
+    import urllib.request
 
     from dspark_trt.serving.repository import write_model_repository
     from dspark_trt.serving.server import PACKAGE_ROOT
@@ -235,20 +237,33 @@ def test_dspark_serve_prints_the_endpoints_and_stops_on_ctrl_c(tmp_path, qwen3_t
     repo = write_model_repository(tmp_path / "repo", export_dir=qwen3_topk_export, threads=1)
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli.main", "serve", str(repo), "--http-port", "0",
-                             "--grpc-port", "0", "--metrics-port", "0"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, preexec_fn=sigint_as_in_a_terminal)
+                             "--grpc-port", "0", "--metrics-port", "0", "--openai-port", "0"], env=env,
+                            stdout=subprocess.PIPE, stderr=open(tmp_path / "stderr.txt", "wb"), text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     try:
-        line = ""
+        lines = []
         deadline = time.monotonic() + 600
-        while "ready" not in line and time.monotonic() < deadline and proc.poll() is None:
-            line = proc.stdout.readline()
-        grpc = re.search(r"gRPC (\S+?),", line)
-        assert grpc, f"no endpoints line: {line!r}"
+        while not (lines and lines[-1].startswith("serving;")) and time.monotonic() < deadline and proc.poll() is None:
+            lines.append(proc.stdout.readline())
+        text = "".join(lines)
+        grpc = re.search(r"gRPC (\S+?),", text)
+        assert grpc, f"no endpoints line: {text!r}"
         (answer,) = grpc_generate(grpc.group(1), "dspark", [request_inputs([3, 1, 4], 6)])
         assert answer.ids == alone(decoders, "tiny", [3, 1, 4], 6)[0]
-        proc.send_signal(signal.SIGINT)
+        # the OpenAI front end serves this tokenizer-less model with token-id prompts
+        openai_url = re.search(r"OpenAI API ready: (\S+)", text).group(1)
+        request = urllib.request.Request(f"{openai_url}/completions", headers={"Content-Type": "application/json"},
+                                         data=json.dumps({"model": "dspark", "prompt": [3, 1, 4], "max_tokens": 6,
+                                                          "temperature": 0}).encode())
+        with urllib.request.urlopen(request, timeout=120) as r:
+            usage = json.loads(r.read())["usage"]
+        assert usage["completion_tokens"] == len(answer.ids) and usage["prompt_tokens"] == 3
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: exit 130
         rest = proc.communicate(timeout=120)[0]
-        assert proc.returncode == 0 and "stopped (exit code 0)" in rest
+        assert proc.returncode == 130 and "stopped (exit code 0)" in rest, rest
+        log = (tmp_path / "stderr.txt").read_text(errors="replace")  # tritonserver's output, filtered
+        assert "Started GRPCInferenceService" in log and "CudaDriverHelper has not been initialized" not in log
+        assert log.count("harmless on a host without a GPU") <= 1
     finally:
         if proc.poll() is None:
             proc.kill()
