@@ -4,7 +4,7 @@
     path = export_target_onnx(model, drafter_config.target_layer_ids, "out/onnx/target.onnx")
 
 The graph is ``export/target_graph.py``'s ``TargetGraph`` exported with ``torch.onnx.export(dynamo=True)``:
-standard ONNX ops only (checked), batch ``B``, new tokens ``Q``, past slots ``P`` and mask length ``S``
+standard ONNX ops only (checked), batch ``B``, new tokens ``Q``, cache capacity ``P`` and mask length ``S``
 (= P + Q; ``torch.export`` cannot add two dims, so the mask has its own) dynamic. Weights go to
 ``target.onnx.data`` when they exceed 1.5 GiB (protobuf caps a file at 2 GiB).
 """
@@ -64,14 +64,15 @@ def load_target_model(target_dir: str | Path, dtype: torch.dtype):
     return model.eval().requires_grad_(False)
 
 
-def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int) -> tuple[torch.Tensor, ...]:
-    """Graph inputs (input_ids, position_ids, attention_mask, past_key, past_value) of the given sizes."""
+def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int) -> tuple:
+    """Graph inputs (input_ids, position_ids, attention_mask, [past_key_l], [past_value_l]) of the given sizes."""
     g = torch.Generator().manual_seed(0)
-    kv = (shape.num_layers, B, shape.num_key_value_heads, P, shape.head_dim)
+    kv = (B, shape.num_key_value_heads, P, shape.head_dim)
     return (torch.randint(0, shape.vocab_size, (B, Q), generator=g),  # [B, Q]
             (P + torch.arange(Q)).expand(B, Q).contiguous(),  # [B, Q]
             torch.ones(B, P + Q, dtype=torch.int64),  # [B, P + Q]
-            torch.randn(kv, generator=g).to(dtype), torch.randn(kv, generator=g).to(dtype))  # [L, B, H, P, D]
+            [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)],  # L × [B, H, P, D]
+            [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)])
 
 
 def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | Path) -> Path:
@@ -81,7 +82,7 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
 
     from ..torch_to_onnx import torch_onnx_export
     from .onnx import EXTERNAL_DATA_BYTES
-    from .target_graph import INPUT_NAMES, OUTPUT_NAMES, TargetGraph, check_architecture
+    from .target_graph import OUTPUT_NAMES, TargetGraph, check_architecture, input_names
 
     check_architecture(model.config)
     graph = TargetGraph(model, target_layer_ids)
@@ -89,11 +90,12 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
     args = example_inputs(graph.shape, dtype, **EXAMPLE_SHAPE)
     b, q = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20)
     p, s = Dim("P", min=0, max=1 << 20), Dim("S", min=1, max=1 << 21)
+    layers = graph.shape.num_layers
     dynamic = {"input_ids": {0: b, 1: q}, "position_ids": {0: b, 1: q}, "attention_mask": {0: b, 1: s},
-               "past_key": {1: b, 3: p}, "past_value": {1: b, 3: p}}
-    log.info("exporting the target graph (%s, %d layers, taps %s)", type(model).__name__, graph.shape.num_layers,
+               "past_keys": [{0: b, 2: p}] * layers, "past_values": [{0: b, 2: p}] * layers}
+    log.info("exporting the target graph (%s, %d layers, taps %s)", type(model).__name__, layers,
              list(target_layer_ids))
-    program = torch_onnx_export(graph, args, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
+    program = torch_onnx_export(graph, args, input_names=input_names(layers), output_names=OUTPUT_NAMES,
                                 dynamic_shapes=dynamic)
     model_ir = program.model
     foreign = sorted({n.domain for n in model_ir.graph.all_nodes() if n.domain not in ("", "ai.onnx")})
@@ -143,7 +145,7 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
     """The manifest's ``target`` section (CONTRACT: docs/export.md, "Target graph")."""
     from types import SimpleNamespace
 
-    from .target_graph import target_shape
+    from .target_graph import KV_INTERFACE, target_shape
 
     shape = target_shape(SimpleNamespace(**target_config))
     return {
@@ -164,6 +166,7 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
         "tokenizer_files": tokenizer,
         "eos_token_ids": target_eos_ids(target_dir, target_config),
         "max_context": max_context,
+        "kv_interface": KV_INTERFACE,
         "engines": [],
         "validation": validation,
     }
@@ -179,6 +182,7 @@ def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new:
 def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict:
     """The ``target`` section of an export's manifest; a one-line error saying how to add it when absent."""
     from .manifest import read_manifest
+    from .target_graph import check_kv_interface
 
     export_dir = Path(export_dir)
     manifest = manifest if manifest is not None else read_manifest(export_dir)
@@ -186,6 +190,7 @@ def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict
     if not section:
         raise DSparkTrtError(f"{export_dir} has no exported target (exported with --skip-target or without "
                              f"--target); re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
+    check_kv_interface(section, str(export_dir))
     path = export_dir / section["onnx"]
     if not path.is_file():
         raise DSparkTrtError(f"{path} is missing; re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
