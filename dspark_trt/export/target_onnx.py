@@ -24,7 +24,8 @@ from ..config import DSparkConfig, check_layer_ids
 from ..errors import DSparkTrtError
 
 __all__ = ["TARGET_ONNX", "TOKENIZER_DIR", "check_target_pairing", "load_target_model", "export_target_onnx",
-           "target_section", "new_target_section", "copy_tokenizer", "target_eos_ids", "target_dynamic_ranges"]
+           "target_section", "new_target_section", "copy_tokenizer", "target_eos_ids", "target_dynamic_ranges",
+           "MAX_NEW_TOKENS"]
 
 log = logging.getLogger("dspark.export")
 
@@ -172,11 +173,21 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
     }
 
 
-def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8) -> dict:
-    """Engine profile of the target graph: Q (new tokens) 1..max, P (past) 0..max, S = P + Q 1..max."""
-    opt = min(opt_context, max_context)
-    return {"Q": (1, min(opt_new, max_context), max_context), "P": (0, opt, max_context),
-            "S": (1, min(opt + opt_new, max_context), max_context)}
+#: the most new tokens one target graph call scores: prompts run in chunks of this many (the runtime's
+#: ``prefill_chunk``), so the engine's activation memory is sized for a chunk, not a whole context
+MAX_NEW_TOKENS = 512
+
+
+def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8,
+                          max_new: int = MAX_NEW_TOKENS) -> dict:
+    """Engine profile of the target graph: Q (new tokens) 1 … a prefill chunk, P (the cache capacity the graph
+    reads) 1 … the capacity bucket of ``max_context`` (``kv_capacity.capacity_bucket``), S = P + Q."""
+    from .kv_capacity import capacity_bucket
+
+    q_max = min(max_new, max_context)
+    p_opt, p_max = capacity_bucket(min(opt_context, max_context)), capacity_bucket(max_context)
+    q_opt = min(opt_new, q_max)
+    return {"Q": (1, q_opt, q_max), "P": (1, p_opt, p_max), "S": (2, p_opt + q_opt, p_max + q_max)}
 
 
 def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict:

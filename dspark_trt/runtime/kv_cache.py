@@ -11,7 +11,7 @@ the slot mask hides the unused ones (``export/capacity_attention.py``). A step t
 slots) of bookkeeping — writing them — whatever the context; reading a used *prefix* instead would need a
 copy, as ``[:, :, :, :S]`` is not contiguous.
 
-Capacities are buckets (``capacity_bucket``): 128, 160, 192, 224, 256, 320, … — four per octave, so the
+Capacities are buckets (``export/kv_capacity.py``): 128, 160, 192, 224, 256, 320, … — four per octave, so the
 graph attends over at most 25 % more slots than it needs (plus a round's headroom), and growing (a copy of the used slots into
 bigger buffers) happens once per bucket, O(1) slots per generated token amortised. TensorRT captures one
 CUDA graph per (batch bucket, capacity bucket, Q) with these very buffers bound (``runtime/tensorrt_target.py``).
@@ -22,38 +22,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import DSparkTrtError
+from ..export.kv_capacity import capacity_bucket, capacity_buckets
 
 __all__ = ["capacity_bucket", "capacity_buckets", "KVCache"]
-
-
-def capacity_bucket(slots: int, *, smallest: int = 128, steps_per_octave: int = 4, limit: int | None = None) -> int:
-    """The smallest capacity ≥ ``slots`` among ``smallest · 2^k · (1 + i / steps_per_octave)`` (i < steps);
-    ``slots`` past ``limit`` (the export's ``max_context``) is an error naming the fix. With the defaults every
-    bucket is a multiple of 32 slots (so each layer's block stays 256-byte aligned for TensorRT)."""
-    if slots < 0 or smallest < 1 or steps_per_octave < 1:
-        raise DSparkTrtError(f"capacity bucket of {slots} slots (smallest {smallest}, {steps_per_octave} per octave) "
-                             f"is undefined")
-    if limit is not None and slots > limit:
-        raise DSparkTrtError(f"the batch needs {slots} KV slots but the export's bound is {limit}; export again "
-                             f"with a larger --max-context")
-    base = smallest
-    while True:
-        for i in range(steps_per_octave):
-            cap = base + base * i // steps_per_octave
-            if cap >= slots:
-                return cap
-        base *= 2
-
-
-def capacity_buckets(limit: int, *, smallest: int = 128, steps_per_octave: int = 4) -> tuple[int, ...]:
-    """Every capacity ``capacity_bucket`` returns for 0 … ``limit`` slots (TensorRT: the CUDA-graph keys; the
-    last one is the engine profile's largest past)."""
-    out, slots = [], 0
-    while slots <= limit:
-        cap = capacity_bucket(slots, smallest=smallest, steps_per_octave=steps_per_octave)
-        out.append(cap)
-        slots = cap + 1
-    return tuple(out)
 
 
 class KVCache:
@@ -88,15 +59,16 @@ class KVCache:
         return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def reserve(self, batch: int, slots: int, used: int) -> bool:
-        """Room for ``slots`` slots of ``batch`` requests, keeping the first ``used`` slots (when the batch is
-        the same); True when the buffers were (re)allocated."""
+        """Room for ``slots`` slots of ``batch`` rows, keeping the first ``used`` slots of the rows both sizes
+        share; True when the buffers were (re)allocated (their addresses changed)."""
         if self.k is not None and self.batch == batch and self.capacity >= slots:
             return False
-        capacity = self.bucket(slots)
+        capacity = self.bucket(max(slots, self.capacity if self.batch == batch else 0))
         k, v = self._empty(batch, capacity), self._empty(batch, capacity)
-        if self.k is not None and self.batch == batch and used:
-            k[:, :, :, :used] = self.k[:, :, :, :used]
-            v[:, :, :, :used] = self.v[:, :, :, :used]
+        rows = min(batch, self.batch)
+        if rows and used:
+            k[:, :rows, :, :used] = self.k[:, :rows, :, :used]
+            v[:, :rows, :, :used] = self.v[:, :rows, :, :used]
         self.k, self.v = k, v
         return True
 
@@ -118,10 +90,18 @@ class KVCache:
         self.k[:, :B, :, at: at + Q] = new_key  # a padded batch's spare rows (TensorRT buckets) are left alone
         self.v[:, :B, :, at: at + Q] = new_value
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep the requests at ``rows``."""
+    def select(self, rows: torch.Tensor, total: int | None = None) -> None:
+        """Keep the requests at ``rows``, in buffers of ``total`` rows (default ``len(rows)``; more: spare rows
+        for a padded batch). With ``total`` = the current row count the rows move in place (same addresses)."""
         rows = rows.to(self.k.device)
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        total = len(rows) if total is None else total
+        if total == self.batch:
+            self.k[:, : len(rows)] = self.k[:, rows]  # advanced indexing reads a copy first: no overlap hazard
+            self.v[:, : len(rows)] = self.v[:, rows]
+            return
+        k, v = self._empty(total, self.capacity), self._empty(total, self.capacity)
+        k[:, : len(rows)], v[:, : len(rows)] = self.k[:, rows], self.v[:, rows]
+        self.k, self.v = k, v
 
     def join(self, old_k: torch.Tensor, old_v: torch.Tensor, old_slots: int, new_slots: int) -> None:
         """Rows of ``old`` (``old_slots`` used) then the current rows (``new_slots`` used), in buffers of a

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from ..errors import DSparkTrtError
+from ..export.target_onnx import MAX_NEW_TOKENS
 from .kv_cache import KVCache
 from .target import SlotTarget, TargetOutput
 
@@ -32,7 +33,7 @@ log = logging.getLogger("dspark.runtime")
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: tokens per prefill chunk (a prompt of T tokens runs as ⌈T / chunk⌉ graph calls over the growing cache)
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = MAX_NEW_TOKENS
 #: slots reserved past the prompt at prefill, so the first rounds do not grow the cache at once
 ROUND_HEADROOM = 16
 

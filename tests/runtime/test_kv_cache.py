@@ -1,4 +1,4 @@
-"""The target's K/V cache: capacity buckets, in-place per-layer views (the graph's inputs, never a copy),
+"""The target's K/V cache: in-place per-layer views (the graph's inputs, never a copy),
 O(new slots) writes, growth keeping the used slots, row selection / joining / slot gathering against plain
 tensor indexing."""
 
@@ -8,24 +8,7 @@ import pytest
 import torch
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.runtime.kv_cache import KVCache, capacity_bucket, capacity_buckets
-
-
-def test_capacity_buckets_are_four_per_octave_multiples_of_32():
-    assert capacity_buckets(1000) == (128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
-    for slots in list(range(0, 600)) + [4095, 4096, 4097, 8191, 8192, 8193, 100_000]:
-        cap = capacity_bucket(slots)
-        assert cap >= slots and cap % 32 == 0
-        assert slots <= 128 or cap <= 1.25 * slots  # the graph attends over at most 25 % spare slots
-        assert capacity_bucket(cap) == cap  # a bucket is its own bucket
-    assert capacity_buckets(8192)[-1] == 8192 and capacity_buckets(8000)[-1] == 8192
-    assert capacity_bucket(5, smallest=4, steps_per_octave=2) == 6  # 4, 6, 8, 12, …
-
-
-def test_past_the_export_bound_is_a_one_line_error():
-    assert capacity_bucket(8192, limit=8192) == 8192
-    with pytest.raises(DSparkTrtError, match="needs 8193 KV slots but the export's bound is 8192.*--max-context"):
-        capacity_bucket(8193, limit=8192)
+from dspark_trt.runtime.kv_cache import KVCache
 
 
 def _cache(**kw):
@@ -104,3 +87,20 @@ def test_select_join_and_gather_match_plain_indexing():
     torch.testing.assert_close(cache.k[:, :2, :, :4], ref)
     torch.testing.assert_close(cache.k[:, 2:, :, :200], newcomer)
     assert cache.nbytes() == 2 * 3 * 3 * 2 * 224 * 4 * 4
+
+
+def test_padded_batches_keep_their_rows_in_place():
+    """TensorRT keeps a batch bucket of rows: dropping a request within the bucket moves rows in place (the
+    captured graphs' addresses stay valid), a smaller bucket or growth reallocates keeping the used slots."""
+    cache = _cache()
+    cache.reserve(batch=4, slots=30, used=0)
+    k, _ = _fill(cache, 30)
+    ptr = cache.k.data_ptr()
+    cache.select(torch.tensor([0, 2, 3]), total=4)
+    assert cache.k.data_ptr() == ptr and cache.batch == 4
+    torch.testing.assert_close(cache.k[:, :3, :, :30], k[:, [0, 2, 3]])
+    cache.select(torch.tensor([2, 0]), total=2)
+    assert cache.batch == 2 and cache.k.data_ptr() != ptr
+    torch.testing.assert_close(cache.k[:, :, :, :30], k[:, [3, 0]])
+    assert cache.reserve(batch=4, slots=30, used=30)  # a bigger bucket: rows 0, 1 kept, 2, 3 spare
+    torch.testing.assert_close(cache.k[:, :2, :, :30], k[:, [3, 0]])
