@@ -5,10 +5,12 @@ One graph serves prefill (Q = prompt or a chunk of it) and verify (Q = n + 1 new
     input_ids        [B, Q]         int64   new tokens
     position_ids     [B, Q]         int64   their positions (per request; holes don't count)
     attention_mask   [B, P + Q]     int64   1 = the slot holds a valid token of this request (past + new)
-    past_key_<l>     [B, H, P, D]   dt      layer l's K/V cache as the runtime holds it: P = its capacity,
-    past_value_<l>   [B, H, P, D]   dt      slots past the used ones masked (0 in attention_mask); P may be 0
+    logits_index     [B, K]         int64   which new tokens (0 … Q-1) get logits: all of them in a verify,
+                                            a prompt's last token in a prefill chunk (no lm_head for the rest)
+    past_key_<l>     [B, H, P, D]   dt      layer l's K/V cache as the runtime holds it: P ≥ 1 its capacity,
+    past_value_<l>   [B, H, P, D]   dt      slots past the used ones masked (0 in attention_mask)
     →
-    logits           [B, Q, V]      fp32
+    logits           [B, K, V]      fp32
     taps             [B, Q, m·d]    dt      the drafter's target_layer_ids order (runtime/taps.py)
     new_key/value    [L, B, H, Q, D] dt     the new slots' K/V only (the runtime writes them into its cache)
 
@@ -33,13 +35,13 @@ import torch
 from ..errors import DSparkTrtError
 from ..taps import LayerTaps, decoder_layers
 from .capacity_attention import NAME as ATTENTION_NAME
-from .capacity_attention import LayerKV, capacity_attention, slot_masks
+from .capacity_attention import LayerKV, capacity_attention, slot_bias
 
 __all__ = ["TargetShape", "TargetGraph", "KV_INTERFACE", "input_names", "OUTPUT_NAMES", "target_shape",
            "past_names", "check_kv_interface"]
 
 #: the target graph's K/V interface (recorded in the manifest's target section as ``kv_interface``)
-KV_INTERFACE = "per-layer-capacity-v1"
+KV_INTERFACE = "per-layer-capacity-v1"  # also: logits_index
 OUTPUT_NAMES = ["logits", "taps", "new_key", "new_value"]
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -51,7 +53,7 @@ def past_names(num_layers: int) -> tuple[list[str], list[str]]:
 
 def input_names(num_layers: int) -> list[str]:
     keys, values = past_names(num_layers)
-    return ["input_ids", "position_ids", "attention_mask", *keys, *values]
+    return ["input_ids", "position_ids", "attention_mask", "logits_index", *keys, *values]
 
 
 def check_kv_interface(section: dict, where: str = "the export") -> None:
@@ -98,30 +100,33 @@ def _capacity_attention(config):
 
 
 class TargetGraph(torch.nn.Module):
-    """``forward(input_ids, position_ids, attention_mask, past_keys, past_values)`` → logits, taps, new K/V
-    (``past_keys`` / ``past_values``: lists of L tensors [B, H, P, D])."""
+    """``forward(input_ids, position_ids, attention_mask, logits_index, past_keys, past_values)`` → logits, taps,
+    new K/V (``past_keys`` / ``past_values``: lists of L tensors [B, H, P, D])."""
 
     def __init__(self, model, target_layer_ids: Sequence[int]):
         super().__init__()
         self.model = model
         self.shape = target_shape(model.config)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.groups = int(cfg.num_attention_heads) // self.shape.num_key_value_heads  # query heads per K/V head
         self.taps = LayerTaps(target_layer_ids, self.shape.num_layers)
 
-    def forward(self, input_ids, position_ids, attention_mask, past_keys, past_values):
+    def forward(self, input_ids, position_ids, attention_mask, logits_index, past_keys, past_values):
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        masks = slot_masks(attention_mask, past_keys[0].shape[2])  # [B, 1, 1, P], [B, 1, Q, Q] bool
+        bias = slot_bias(attention_mask, past_keys[0].shape[2], self.groups)  # [B, 1, 1, P], [B, 1, gQ, Q] fp32
         hidden = decoder.embed_tokens(input_ids)  # [B, Q, d]
         rope = decoder.rotary_emb(hidden, position_ids)  # cos, sin [B, Q, D]
         states, kvs = [hidden], []
         with _capacity_attention(self.model.config):
             for layer, past_k, past_v in zip(decoder_layers(self.model), past_keys, past_values):
                 kv = LayerKV(past_k, past_v)
-                out = layer(hidden, attention_mask=masks, position_ids=position_ids, position_embeddings=rope,
+                out = layer(hidden, attention_mask=bias, position_ids=position_ids, position_embeddings=rope,
                             dspark_kv=kv)
                 hidden = out[0] if isinstance(out, tuple) else out  # transformers 4.x returns a tuple
                 states.append(hidden)
                 kvs.append(kv)
-        logits = self.model.lm_head(decoder.norm(hidden)).float()  # [B, Q, V]
+        rows = logits_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, K, d]
+        logits = self.model.lm_head(decoder.norm(hidden.gather(1, rows))).float()  # [B, K, V]
         taps = self.taps.select_states(states)  # [B, Q, m·d]
         new_key = torch.stack([kv.new_key for kv in kvs])  # [L, B, H, Q, D]
         new_value = torch.stack([kv.new_value for kv in kvs])

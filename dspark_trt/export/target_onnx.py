@@ -34,7 +34,7 @@ TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
-EXAMPLE_SHAPE = dict(B=2, Q=3, P=4)  # the traced example: ≥ 2 everywhere, so no dimension specialises
+EXAMPLE_SHAPE = dict(B=2, Q=3, P=4, K=5)  # the traced example: distinct, ≥ 2, so no dimension specialises
 
 
 def check_target_pairing(config: DSparkConfig, target_config: dict, *, where: str = "target") -> None:
@@ -65,13 +65,14 @@ def load_target_model(target_dir: str | Path, dtype: torch.dtype):
     return model.eval().requires_grad_(False)
 
 
-def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int) -> tuple:
-    """Graph inputs (input_ids, position_ids, attention_mask, [past_key_l], [past_value_l]) of the given sizes."""
+def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int, K: int) -> tuple:
+    """Graph inputs (input_ids, position_ids, attention_mask, logits_index, [past_key_l], [past_value_l])."""
     g = torch.Generator().manual_seed(0)
     kv = (B, shape.num_key_value_heads, P, shape.head_dim)
     return (torch.randint(0, shape.vocab_size, (B, Q), generator=g),  # [B, Q]
             (P + torch.arange(Q)).expand(B, Q).contiguous(),  # [B, Q]
             torch.ones(B, P + Q, dtype=torch.int64),  # [B, P + Q]
+            torch.arange(K).expand(B, K).contiguous() % Q,  # [B, K]
             [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)],  # L × [B, H, P, D]
             [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)])
 
@@ -89,11 +90,12 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
     graph = TargetGraph(model, target_layer_ids)
     dtype = next(model.parameters()).dtype
     args = example_inputs(graph.shape, dtype, **EXAMPLE_SHAPE)
-    b, q = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20)
-    p, s = Dim("P", min=0, max=1 << 20), Dim("S", min=1, max=1 << 21)
+    b, q, k = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20), Dim("K", min=1, max=1 << 20)
+    p, s = Dim("P", min=1, max=1 << 20), Dim("S", min=2, max=1 << 21)
     layers = graph.shape.num_layers
     dynamic = {"input_ids": {0: b, 1: q}, "position_ids": {0: b, 1: q}, "attention_mask": {0: b, 1: s},
-               "past_keys": [{0: b, 2: p}] * layers, "past_values": [{0: b, 2: p}] * layers}
+               "logits_index": {0: b, 1: k}, "past_keys": [{0: b, 2: p}] * layers,
+               "past_values": [{0: b, 2: p}] * layers}
     log.info("exporting the target graph (%s, %d layers, taps %s)", type(model).__name__, layers,
              list(target_layer_ids))
     program = torch_onnx_export(graph, args, input_names=input_names(layers), output_names=OUTPUT_NAMES,
@@ -180,14 +182,16 @@ MAX_NEW_TOKENS = 512
 
 def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8,
                           max_new: int = MAX_NEW_TOKENS) -> dict:
-    """Engine profile of the target graph: Q (new tokens) 1 … a prefill chunk, P (the cache capacity the graph
-    reads) 1 … the capacity bucket of ``max_context`` (``kv_capacity.capacity_bucket``), S = P + Q."""
+    """Engine profile of the target graph: Q (new tokens) and K (rows with logits) 1 … a prefill chunk, P (the
+    cache capacity the graph reads) 1 … the capacity bucket of ``max_context`` (``kv_capacity.capacity_bucket``),
+    S = P + Q."""
     from .kv_capacity import capacity_bucket
 
     q_max = min(max_new, max_context)
     p_opt, p_max = capacity_bucket(min(opt_context, max_context)), capacity_bucket(max_context)
     q_opt = min(opt_new, q_max)
-    return {"Q": (1, q_opt, q_max), "P": (1, p_opt, p_max), "S": (2, p_opt + q_opt, p_max + q_max)}
+    return {"Q": (1, q_opt, q_max), "K": (1, q_opt, q_max), "P": (1, p_opt, p_max),
+            "S": (2, p_opt + q_opt, p_max + q_max)}
 
 
 def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict:

@@ -135,24 +135,29 @@ class OnnxRuntimeTarget(SlotTarget):
         """The graph that scores Q new tokens (one session here; the TensorRT target buckets by Q)."""
         return self.graph
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, headroom: int = 0):
-        """One graph call: ``ids`` [B, Q] at slots S … S+Q-1 of the cache (``mask`` [B, S + Q]); the graph reads the
-        cache in place (all its capacity, the unused slots masked) and its new K/V are written into those slots.
-        ``headroom``: slots to reserve past them. → logits [B, Q, V] fp32, taps [B, Q, m·d]."""
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
+             headroom: int = 0):
+        """One graph call: ``ids`` [B, Q] at slots S … S+Q-1 (``mask`` [B, S + Q]). The graph reads the cache in
+        place — its whole capacity, the unused slots masked — and returns the new K/V, written into those slots
+        after the cache has room for them (and ``headroom`` more). ``rows`` [B, K]: the new tokens that get logits
+        (default all). → logits [B, K, V] fp32, taps [B, Q, m·d]."""
         B, Q = ids.shape
         S = mask.shape[1] - Q
         if self.max_context is not None and S + Q > self.max_context:
             raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
                                  f"export again with a larger --max-context")
-        self.cache.reserve(B, self._room(S + Q, headroom), used=S)
+        self.cache.reserve(B, max(S, 1), used=S)  # the graph reads what is cached (at least one slot)
         keys, values = self.cache.layers()  # L × [B, H, capacity, D] views, contiguous: no copy
-        feeds = {"input_ids": ids, "position_ids": positions,
+        if rows is None:
+            rows = torch.arange(Q, device=ids.device).expand(B, Q)
+        feeds = {"input_ids": ids, "position_ids": positions, "logits_index": rows,
                  "attention_mask": capacity_mask(mask, S, self.cache.capacity)}
         feeds.update(zip(self._past_names[0], keys))
         feeds.update(zip(self._past_names[1], values))
         out = self._graph_for(Q).run(feeds)
+        self.cache.reserve(B, self._room(S + Q, headroom), used=S)  # grows by buckets: copies the S used slots
         self.cache.write(S, out["new_key"], out["new_value"])  # [L, B, H, Q, D]
-        return out["logits"], out["taps"]  # [B, Q, V] fp32, [B, Q, m·d]
+        return out["logits"], out["taps"]  # [B, K, V] fp32, [B, Q, m·d]
 
     def _room(self, slots: int, headroom: int) -> int:
         """Slots to reserve: ``slots`` plus ``headroom`` within the export's bound."""
@@ -161,7 +166,7 @@ class OnnxRuntimeTarget(SlotTarget):
 
     def _prefill(self, ids: torch.Tensor, lens: torch.Tensor) -> TargetOutput:
         """Right-padded prompts ``ids`` [B, T] (lengths ``lens``) into a fresh cache, chunk by chunk: the cache grows
-        with the chunks, so each one attends over about the slots it needs."""
+        with the chunks, so each one attends over about the slots before it; logits only at each prompt's end."""
         B, T = ids.shape
         valid, positions = self._start(lens)  # [B, T] each
         self.cache.clear()
@@ -170,9 +175,10 @@ class OnnxRuntimeTarget(SlotTarget):
         taps = []
         for a, b in prefill_chunks(T, self.prefill_chunk):
             room = ROUND_HEADROOM if b == T else 0  # the last chunk leaves room for the first rounds
-            chunk_logits, chunk_taps = self._run(ids[:, a:b], positions[:, a:b], valid[:, :b], headroom=room)
-            rows = ((last >= a) & (last < b)).nonzero().view(-1)
-            logits[rows] = chunk_logits[rows, last[rows] - a].to(logits.device)
+            index = (last - a).clamp(0, b - a - 1).view(B, 1)  # [B, 1]: the prompt's last token, if in this chunk
+            chunk_logits, chunk_taps = self._run(ids[:, a:b], positions[:, a:b], valid[:, :b], index, room)
+            ends = ((last >= a) & (last < b)).nonzero().view(-1)
+            logits[ends] = chunk_logits[ends, 0].to(logits.device)
             taps.append(chunk_taps)
         return TargetOutput(logits=logits, taps=torch.cat(taps, dim=1) if len(taps) > 1 else taps[0])
 
@@ -219,6 +225,18 @@ class OnnxRuntimeTarget(SlotTarget):
 
     def _gather_slots(self, order: torch.Tensor) -> None:
         self.cache.gather_slots(order)
+
+    def fork(self) -> "OnnxRuntimeTarget":
+        """Another target on the same graph session with a cache and slots of its own (e.g. one per context length
+        in a benchmark, without loading the graph again)."""
+        import copy
+
+        other = copy.copy(self)
+        other.cache = KVCache(num_layers=self.num_layers, kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
+                              dtype=self.cache.dtype, device=self.device)
+        other.valid = other._lengths = None
+        other._pending = 0
+        return other
 
     def cache_bytes(self) -> int:
         """Bytes held by the K/V cache now (memory per request = this / batch)."""

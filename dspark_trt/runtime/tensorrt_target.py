@@ -58,16 +58,18 @@ def cache_rows(batch: int, max_batch: int) -> int:
 
 
 def step_plan(batch: int, used: int, new: int, capacity: int, rows: int, *, max_batch: int,
-              max_graph_tokens: int) -> tuple[PadPlan, bool]:
+              max_graph_tokens: int, logits: int | None = None) -> tuple[PadPlan, bool]:
     """How one target call binds the cache: the bucket (``rows`` cache rows, ``capacity`` slots — the cache's own
-    shape, so its buffers are the graph's inputs) and whether it replays a CUDA graph (a verify round of at most
-    ``max_graph_tokens`` tokens within the batch buckets) or runs eagerly with exact shapes (a prefill chunk, or
-    a batch past the buckets: then only the ``batch`` real rows are read, and the mask is given for the whole
-    capacity)."""
-    if used + new > capacity or batch > rows:
-        raise DSparkTrtError(f"a step of {new} new tokens after {used} slots for {batch} requests does not fit the "
-                             f"cache ({rows} rows, {capacity} slots); reserve first")
-    replay = new <= max_graph_tokens and batch <= max_batch and rows == cache_rows(batch, max_batch)
+    shape, so its buffers are the graph's inputs) and whether it replays a CUDA graph (a verify round: at most
+    ``max_graph_tokens`` tokens, all with logits — ``logits`` None or ``new`` — within the batch buckets) or runs
+    eagerly with exact shapes (a prefill chunk, or a batch past the buckets: then only the ``batch`` real rows are
+    read, and the mask is given for the whole capacity). The graph reads the ``used`` slots cached so far; the
+    new ones are written after it, once the cache has room."""
+    if used > capacity or capacity < 1 or batch > rows:
+        raise DSparkTrtError(f"a step after {used} slots for {batch} requests does not fit the cache ({rows} rows, "
+                             f"{capacity} slots); reserve first")
+    replay = (new <= max_graph_tokens and logits in (None, new) and batch <= max_batch
+              and rows == cache_rows(batch, max_batch))
     if replay:
         return PadPlan(batch, rows, used, capacity), True
     return PadPlan(batch, batch, capacity, capacity), False
@@ -130,41 +132,47 @@ class TensorRTTarget(OnnxRuntimeTarget):
     def from_export(cls, export_dir: str | Path, **opts) -> "TensorRTTarget":
         return cls(export_dir, **opts)
 
-    def _graph_for(self, Q: int):
-        """The bucketed graph for Q new tokens (≤ max_graph_tokens), or an exact-shape one for longer Q; the cache
-        inputs are bound, never copied."""
+    def _graph_for(self, Q: int, K: int | None = None):
+        """The bucketed graph for Q new tokens (≤ max_graph_tokens, logits for all of them), or an exact-shape one
+        for longer Q (a prefill chunk); the cache inputs are bound, never copied."""
         from ..export.kv_capacity import capacity_bucket
         from .tensorrt_engine import TensorRTGraph
 
-        key = Q if Q <= self._max_graph_tokens else 0
+        key = Q if Q <= self._max_graph_tokens and K in (None, Q) else 0
         if key not in self._graphs:
             self._graphs[key] = TensorRTGraph(
                 self._engine, self._tensors, context_dim="P", max_batch=self._max_batch,
                 max_context=capacity_bucket(int(self.max_context or 8192)), fills=TARGET_FILLS, role="target",
                 graphs=self._graph_mode, device=self.device, bucketed=key != 0,
-                context_plus={"attention_mask": (self._mask_symbol, Q)}, fixed={"Q": Q},
+                context_plus={"attention_mask": (self._mask_symbol, Q)}, fixed={"Q": Q, "K": Q},
                 bound=self._past_names[0] + self._past_names[1])
         return self._graphs[key]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, headroom: int = 0):
-        """One engine call on the cache in place (module docstring); the new K/V are written into slots S … S+Q-1."""
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
+             headroom: int = 0):
+        """One engine call on the cache in place (module docstring); the new K/V are then written into slots
+        S … S+Q-1 (the cache grown first when they do not fit)."""
         B, Q = ids.shape
         S = mask.shape[1] - Q
         if self.max_context is not None and S + Q > self.max_context:
             raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
                                  f"export again with a larger --max-context")
-        rows = cache_rows(B, self._max_batch)
-        self.cache.reserve(rows, self._room(S + Q, headroom), used=S)
+        n_rows = cache_rows(B, self._max_batch)
+        self.cache.reserve(n_rows, max(S, 1), used=S)  # the engine reads what is cached (at least one slot)
         plan, replay = step_plan(B, S, Q, self.cache.capacity, self.cache.batch, max_batch=self._max_batch,
-                                 max_graph_tokens=self._max_graph_tokens)
+                                 max_graph_tokens=self._max_graph_tokens, logits=None if rows is None else rows.shape[1])
         keys, values = self.cache.layers()  # L × [rows, H, capacity, D]: the bound buffers
         if not replay:  # exact shapes: the real rows (a contiguous block) and the mask over the whole capacity
             keys, values = [k[:B] for k in keys], [v[:B] for v in values]
             mask = capacity_mask(mask, S, self.cache.capacity)
-        feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64)}
+        if rows is None:
+            rows = torch.arange(Q, device=self.device).expand(B, Q)
+        feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64),
+                 "logits_index": rows.to(self.device)}
         feeds.update(zip(self._past_names[0], keys))
         feeds.update(zip(self._past_names[1], values))
-        out = self._graph_for(Q).run(feeds, plan=plan, replay=replay)
+        out = self._graph_for(Q, rows.shape[1]).run(feeds, plan=plan, replay=replay)
+        self.cache.reserve(n_rows, self._room(S + Q, headroom), used=S)
         self.cache.write(S, out["new_key"], out["new_value"])  # [L, B, H, Q, D] into rows 0 … B-1
         return out["logits"], out["taps"]
 

@@ -9,7 +9,7 @@ import inspect
 import pytest
 import torch
 
-from dspark_trt.export.capacity_attention import LayerKV, capacity_attention, slot_masks
+from dspark_trt.export.capacity_attention import LayerKV, capacity_attention, slot_bias
 
 
 class _Module:  # what the attention interface reads from the attention module: nothing but its layer
@@ -42,7 +42,7 @@ def test_matches_softmax_over_the_concatenated_cache(P, Q, Hq, Hkv):
     mask[1, 1:P:2] = 0  # holes
     mask[2, P + Q - 1] = 0 if Q > 1 else 1  # a padded new token (prefill of a shorter prompt)
     kv = LayerKV(past_k, past_v)
-    out, weights = capacity_attention(_Module(), query, new_k, new_v, slot_masks(mask, P), scaling=D ** -0.5,
+    out, weights = capacity_attention(_Module(), query, new_k, new_v, slot_bias(mask, P, Hq // Hkv), scaling=D ** -0.5,
                                       dspark_kv=kv)
     assert weights is None and kv.new_key is new_k and kv.new_value is new_v
     torch.testing.assert_close(out, _reference(query, past_k, past_v, new_k, new_v, mask, D ** -0.5),
@@ -52,17 +52,17 @@ def test_matches_softmax_over_the_concatenated_cache(P, Q, Hq, Hkv):
 def test_masked_slots_do_not_leak_and_a_fully_masked_row_stays_finite():
     g = torch.Generator().manual_seed(0)
     B, H, P, Q, D = 1, 2, 6, 2, 8
-    query, new_k, new_v = (torch.randn(B, H, Q, D, generator=g) for _ in range(3))
+    query, new_k, new_v = (torch.randn(B, H, Q, D, generator=g) for _ in range(3))  # Hq = Hkv: groups of 1
     past_k, past_v = torch.randn(B, H, P, D, generator=g), torch.randn(B, H, P, D, generator=g)
     mask = torch.tensor([[1, 1, 0, 0, 0, 0, 1, 1]])
-    out = capacity_attention(_Module(), query, new_k, new_v, slot_masks(mask, P), dspark_kv=LayerKV(past_k, past_v))[0]
+    out = capacity_attention(_Module(), query, new_k, new_v, slot_bias(mask, P, 1), dspark_kv=LayerKV(past_k, past_v))[0]
     poisoned_k, poisoned_v = past_k.clone(), past_v.clone()
     poisoned_k[:, :, 2:], poisoned_v[:, :, 2:] = 1e4, -1e4  # stale slots past the used ones: any finite values
-    again = capacity_attention(_Module(), query, new_k, new_v, slot_masks(mask, P),
+    again = capacity_attention(_Module(), query, new_k, new_v, slot_bias(mask, P, 1),
                                dspark_kv=LayerKV(poisoned_k, poisoned_v))[0]
     torch.testing.assert_close(again, out)
     nothing = torch.zeros(1, P + Q, dtype=torch.int64)  # a padded request with no valid slot at all
-    out = capacity_attention(_Module(), query, new_k, new_v, slot_masks(nothing, P), dspark_kv=LayerKV(past_k, past_v))[0]
+    out = capacity_attention(_Module(), query, new_k, new_v, slot_bias(nothing, P, 1), dspark_kv=LayerKV(past_k, past_v))[0]
     assert bool(torch.isfinite(out).all())
 
 
@@ -85,13 +85,15 @@ def test_target_graph_module_matches_transformers_with_its_cache(family, tmp_pat
     with torch.no_grad():
         empty = [torch.randn(1, H, 1, D, generator=g) for _ in range(L)]  # capacity 1, nothing used
         first = torch.cat((torch.zeros(1, 1), torch.ones(1, 9)), dim=1).to(torch.int64)
-        logits0, taps0, k0, v0 = graph(prompt, torch.arange(9).view(1, 9), first, empty, empty)
+        logits0, taps0, k0, v0 = graph(prompt, torch.arange(9).view(1, 9), first, torch.arange(9).view(1, 9), empty,
+                                       empty)
         cap = 16  # capacity 16, 9 used: slots 9 … 15 hold garbage the mask hides
         keys = [torch.cat((k0[i], torch.randn(1, H, cap - 9, D, generator=g)), dim=2) for i in range(L)]
         values = [torch.cat((v0[i], torch.randn(1, H, cap - 9, D, generator=g)), dim=2) for i in range(L)]
         new = torch.randint(0, 257, (1, 3), generator=g)
         mask = torch.cat((torch.ones(1, 9), torch.zeros(1, cap - 9), torch.ones(1, 3)), dim=1).to(torch.int64)
-        logits, taps, new_k, new_v = graph(new, torch.arange(9, 12).view(1, 3), mask, keys, values)
+        logits, taps, new_k, new_v = graph(new, torch.arange(9, 12).view(1, 3), mask, torch.tensor([[2, 0]]), keys,
+                                           values)
 
         cache = DynamicCache()
         kw = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
@@ -101,7 +103,7 @@ def test_target_graph_module_matches_transformers_with_its_cache(family, tmp_pat
     torch.testing.assert_close(logits0, ref_logits0 := model(prompt).logits, atol=1e-5, rtol=1e-5)
     assert ref_logits0.dtype == logits0.dtype
     torch.testing.assert_close(taps0[..., :64], hs0[0], atol=1e-6, rtol=1e-6)  # tap -1: the embeddings
-    torch.testing.assert_close(logits, ref.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, ref.logits[:, [2, 0]], atol=1e-5, rtol=1e-5)  # logits_index picks rows
     torch.testing.assert_close(model.model.norm(taps[..., 64:]), ref.hidden_states[-1], atol=1e-5, rtol=1e-5)
     layer = cache.layers[1] if hasattr(cache, "layers") else None
     if layer is not None:

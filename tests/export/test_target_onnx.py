@@ -16,9 +16,10 @@ pytestmark = [pytest.mark.onnx, pytest.mark.slow]
 
 CONTRACT_IO = {
     "inputs": [("input_ids", "int64", ["B", "Q"]), ("position_ids", "int64", ["B", "Q"]),
-               ("attention_mask", "int64", ["B", "S"]), ("past_key_{l}", "DT", ["B", "H", "P", "D"]),
+               ("attention_mask", "int64", ["B", "S"]), ("logits_index", "int64", ["B", "K"]),
+               ("past_key_{l}", "DT", ["B", "H", "P", "D"]),
                ("past_value_{l}", "DT", ["B", "H", "P", "D"])],
-    "outputs": [("logits", "float32", ["B", "Q", "V"]), ("taps", "DT", ["B", "Q", "MD"]),
+    "outputs": [("logits", "float32", ["B", "K", "V"]), ("taps", "DT", ["B", "Q", "MD"]),
                 ("new_key", "DT", ["L", "B", "H", "Q", "D"]), ("new_value", "DT", ["L", "B", "H", "Q", "D"])],
 }
 
@@ -92,7 +93,8 @@ def test_the_last_layer_tap_is_pre_norm_in_the_graph(llama_dense_export, specula
     graph = OrtGraph(llama_dense_export / "onnx" / "target.onnx")
     empty = {f"past_{kv}_{layer}": torch.randn(1, 2, 1, 16) for kv in ("key", "value") for layer in range(6)}
     mask = torch.tensor([[0, 1, 1, 1, 1, 1]])  # one cache slot, unused: the prompt sees itself only
-    out = graph.run({"input_ids": ids, "position_ids": torch.arange(5).view(1, 5), "attention_mask": mask, **empty})
+    out = graph.run({"input_ids": ids, "position_ids": torch.arange(5).view(1, 5), "attention_mask": mask,
+                     "logits_index": torch.arange(5).view(1, 5), **empty})
     with torch.no_grad():
         hs = model(ids, output_hidden_states=True).hidden_states
     last = out["taps"][..., 128:]  # [1, 5, d]

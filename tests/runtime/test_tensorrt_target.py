@@ -24,15 +24,15 @@ def test_a_verify_round_replays_the_bucket_that_is_the_cache():
     assert replay and plan == PadPlan(batch=3, bucket=4, context=700, context_bucket=768)
 
 
-@pytest.mark.parametrize("batch,new,rows", [(3, 512, 4), (11, 8, 11), (3, 8, 8)])
-def test_prefill_chunks_and_unbucketed_batches_run_with_exact_shapes(batch, new, rows):
-    plan, replay = step_plan(batch, 100, new, 640, rows, max_batch=8, max_graph_tokens=16)
+@pytest.mark.parametrize("batch,new,rows,logits", [(3, 512, 4, 1), (11, 8, 11, None), (3, 8, 8, None), (3, 5, 4, 1)])
+def test_prefill_chunks_and_unbucketed_batches_run_with_exact_shapes(batch, new, rows, logits):
+    plan, replay = step_plan(batch, 100, new, 640, rows, max_batch=8, max_graph_tokens=16, logits=logits)
     assert not replay and plan == PadPlan(batch, batch, 640, 640)  # the real rows, the whole capacity
 
 
 def test_a_step_that_does_not_fit_the_cache_is_refused():
-    with pytest.raises(DSparkTrtError, match="does not fit the cache .4 rows, 768 slots.; reserve first"):
-        step_plan(3, 765, 8, 768, 4, max_batch=8, max_graph_tokens=16)
+    with pytest.raises(DSparkTrtError, match="after 769 slots .* does not fit the cache .4 rows, 768 slots.; reserve"):
+        step_plan(3, 769, 8, 768, 4, max_batch=8, max_graph_tokens=16)
     with pytest.raises(DSparkTrtError, match="for 5 requests does not fit"):
         step_plan(5, 10, 1, 128, 4, max_batch=8, max_graph_tokens=16)
 
@@ -70,13 +70,13 @@ def test_the_bucketed_binding_gives_the_unpadded_results(qwen3_topk_export):
 
     plan, replay = step_plan(3, S, Q, cache.capacity, cache.batch, max_batch=8, max_graph_tokens=16)
     assert replay and (plan.bucket, plan.context_bucket) == (4, cache.capacity)
-    specs = input_specs(tensors, "B", "P", target_fills(), {"attention_mask": (mask_symbol(tensors), Q)}, {"Q": Q},
-                        bound=keys + values)
+    specs = input_specs(tensors, "B", "P", target_fills(), {"attention_mask": (mask_symbol(tensors), Q)},
+                        {"Q": Q, "K": Q}, bound=keys + values)
     runner = GraphRunner(lambda x, key: ort.graph.run(x), specs, role="target", device="cpu", mode="eager",
                          output_batch_dims=output_batch_dims(tensors))
     layer_k, layer_v = cache.layers()
     feeds = {"input_ids": tokens, "position_ids": positions, "attention_mask": mask,
-             **dict(zip(keys, layer_k)), **dict(zip(values, layer_v))}
+             "logits_index": torch.arange(Q).expand(3, Q), **dict(zip(keys, layer_k)), **dict(zip(values, layer_v))}
     padded = runner(plan, feeds)
 
     exact_plan, replay = step_plan(3, S, Q, cache.capacity, cache.batch, max_batch=8, max_graph_tokens=2)
