@@ -248,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
         del targets
     c = dec.config
     drafter_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim  # K and V elements per token
-    report["drafter_cache_bytes"] = {S: drafter_row * (S + args.max_new_tokens + N + 2) * 4 for S in contexts}
+    size = torch.empty((), dtype=target.dtype).element_size()  # the export's dtype (drafter and target alike)
+    report["drafter_cache_bytes"] = {S: drafter_row * (S + args.max_new_tokens + N + 2) * size for S in contexts}
     if "e2e" not in skip:
         options = {"max_new_tokens": args.max_new_tokens}
         report["e2e"] = end_to_end(decoders, prompts, options, args.e2e_repeats)
