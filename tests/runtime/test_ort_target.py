@@ -191,3 +191,21 @@ def test_an_export_with_the_stacked_cache_interface_is_refused_in_one_line(qwen3
     with pytest.raises(DSparkTrtError, match=r"K/V interface stacked past_key \[L, B, H, P, D\], this dspark-trt "
                                              r"runs per-layer-capacity-v1; re-export the target"):
         OnnxRuntimeTarget.from_export(out)
+
+
+def test_greedy_tokens_equal_transformers_across_buckets_and_chunks(qwen3_topk_export):
+    """Long-ish prompts that cross capacity buckets (128, 160, 320) and prefill chunks (64 tokens), then rounds
+    that grow the cache: the exported pair's greedy tokens are transformers', speculative and target-only."""
+    from dspark_trt.bench.e2e import _transformers_twin
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.from_export(qwen3_topk_export, backend="onnxruntime", device="cpu", threads=1)
+    dec.target.prefill_chunk = 64
+    twin = _transformers_twin(dec, qwen3_topk_export)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 2400, (n,), generator=g).tolist() for n in (1, 127, 150, 300)]
+    for draft in (True, False):
+        got = dec.generate(prompts, max_new_tokens=24, draft=draft)
+        want = twin.generate(prompts, max_new_tokens=24, draft=draft)
+        assert got.tokens == want.tokens and all(len(t) == 24 for t in got.tokens)
+    assert dec.target.cache.capacity == 384  # 300 + 24 slots, plus holes: buckets 128 → … → 384
