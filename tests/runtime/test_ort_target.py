@@ -128,7 +128,7 @@ def test_a_step_reads_the_cache_in_place(pair_of_targets):
 def test_chunked_prefill_matches_hf(pair_of_targets, chunk):
     """Prompts of 6, 1 and 3 tokens prefilled in chunks of ``chunk`` tokens, then a round: as transformers."""
     ort, hf = pair_of_targets
-    ort.prefill_chunk = chunk
+    default, ort.prefill_chunk = ort.prefill_chunk, chunk
     try:
         prompts = [torch.tensor(p) for p in ([5, 6, 7, 8, 9, 10], [100], [42, 43, 44])]
         a, b = ort.prefill(prompts), hf.prefill(prompts)
@@ -139,7 +139,7 @@ def test_chunked_prefill_matches_hf(pair_of_targets, chunk):
         torch.testing.assert_close(ort.verify(fed).logits, hf.verify(fed).logits, **TOL)
         ort.commit(torch.tensor([2, 1, 0])), hf.commit(torch.tensor([2, 1, 0]))
     finally:
-        ort.prefill_chunk = 512
+        ort.prefill_chunk = default
 
 
 def test_a_prompt_past_the_bound_is_refused_before_any_work(pair_of_targets):
