@@ -383,6 +383,17 @@ class GraphRunner:
         if rebind(entry, {s.name: inputs[s.name] for s in self.specs if s.bound}):
             entry.graph = entry.outputs = None  # captured with other buffers: capture again with these
 
+    def drop(self, which: Callable[[GraphKey], bool]) -> int:
+        """Forget the entries whose key ``which`` selects — their graphs, static buffers and bound tensors —
+        after the work already queued on the runner's stream; returns how many (e.g. when the buffers bound to
+        them were replaced: the graphs read stale addresses, and holding them would keep the old buffers)."""
+        keys = [k for k in self.entries if which(k)]
+        if keys and self._stream is not None:
+            self._stream.synchronize()
+        for k in keys:
+            del self.entries[k]
+        return len(keys)
+
     def fall_back(self, entry: GraphEntry, error: BaseException) -> None:
         """After a failed capture: clear CUDA's sticky last error, run this key eagerly from now on, warn once
         per runner (the reason is kept on the entry and logged at debug level)."""

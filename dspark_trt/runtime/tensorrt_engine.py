@@ -319,6 +319,15 @@ class TensorRTGraph:
             raise DSparkTrtError("TensorRT execute_async_v3 failed (see the TensorRT log above)")
         return outputs
 
+    def forget(self, which) -> int:
+        """Drop the captured graphs (and their execution contexts) whose ``GraphKey`` ``which`` selects: after the
+        buffers bound to them moved (the target's K/V cache grew or changed its rows)."""
+        dropped = self.runner.drop(which)
+        for key in [k for k in self._contexts if which(k)]:
+            self._contexts.pop(key, None)
+            self._outputs.pop(key, None)
+        return dropped
+
     # lifetime
     def activate(self) -> "TensorRTGraph":
         self.runner.activate()

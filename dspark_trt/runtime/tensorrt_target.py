@@ -159,6 +159,7 @@ class TensorRTTarget(OnnxRuntimeTarget):
                                  f"export again with a larger --max-context")
         n_rows = cache_rows(B, self._max_batch)
         self.cache.reserve(n_rows, max(S, 1), used=S)  # the engine reads what is cached (at least one slot)
+        self._forget_moved_buffers()
         plan, replay = step_plan(B, S, Q, self.cache.capacity, self.cache.batch, max_batch=self._max_batch,
                                  max_graph_tokens=self._max_graph_tokens, logits=None if rows is None else rows.shape[1])
         keys, values = self.cache.layers()  # L × [rows, H, capacity, D]: the bound buffers
@@ -175,6 +176,16 @@ class TensorRTTarget(OnnxRuntimeTarget):
         self.cache.reserve(n_rows, self._room(S + Q, headroom), used=S)
         self.cache.write(S, out["new_key"], out["new_value"])  # [L, B, H, Q, D] into rows 0 … B-1
         return out["logits"], out["taps"]
+
+    def _forget_moved_buffers(self) -> None:
+        """When the cache's buffers were replaced (growth, another batch bucket, requests joining), the captured
+        graphs bound to the old ones read stale addresses and keep the old buffers alive: drop them all (the
+        current shape's graph is captured again on its next use)."""
+        where = (self.cache.k.data_ptr(), self.cache.v.data_ptr())
+        if where != getattr(self, "_bound_at", None):
+            self._bound_at = where
+            for graph in self._graphs.values():
+                graph.forget(lambda key: True)
 
     def _select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select(rows, total=cache_rows(len(rows), self._max_batch))  # in place within the bucket

@@ -288,3 +288,18 @@ def test_a_failing_capture_falls_back_to_eager_with_one_warning():
         runner(PadPlan(1, 1), {"v": torch.ones(1, device="cuda")})
     assert sum("running it eagerly" in str(w.message) for w in caught) == 1
     torch.cuda.synchronize()  # no sticky error left behind
+
+
+def test_dropping_entries_releases_their_bound_buffers():
+    import weakref
+
+    spec = InputSpec("cache", (0, 3), torch.float32, 0, None, bound=True)
+    runner = GraphRunner(lambda x, key: x["cache"].sum(1), (spec,), role="target", device="cpu")
+    old = torch.zeros(2, 3)
+    runner(PadPlan(2, 2), {"cache": old})
+    runner(PadPlan(1, 1), {"cache": torch.zeros(1, 3)})
+    gone = weakref.ref(old)
+    del old
+    assert gone() is not None  # an entry still binds it
+    assert runner.drop(lambda key: key.batch == 2) == 1 and list(runner.entries) == [GraphKey("target", 1)]
+    assert gone() is None
