@@ -167,6 +167,10 @@ class EnginesForExport:
         engines_dir.mkdir(exist_ok=True)
         entries = {}
         target = self.manifest.get("target")
+        if target:
+            from .target_graph import check_kv_interface
+
+            check_kv_interface(target, str(self.export_dir))  # an older target graph: re-export, not rebuild
         for graph in GRAPHS + (("target",) if target else ()):
             config = self.config
             if graph == "target":

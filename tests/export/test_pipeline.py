@@ -9,6 +9,7 @@ import json
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
+from dspark_trt.export.kv_capacity import capacity_bucket
 from dspark_trt.export.manifest import check_manifest, graph_io, read_manifest
 from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
 
@@ -93,10 +94,12 @@ def test_tensorrt_rtx_engines_were_built(exported):
         m = exported.manifest
         inputs = m["target"]["io"]["inputs"] if entry["graph"] == "target" else m["graphs"][entry["graph"]]["inputs"]
         assert list(entry["profile"]) == [i["name"] for i in inputs]
-        for i in inputs:  # batch 1..8 (the default max batch), context/new/past 1..max_context (past from 0)
+        chunk, cap = min(512, T), capacity_bucket(T)  # the target: a prefill chunk of new tokens, a capacity of past
+        ranges = {"B": (1, 8), "T": (1, T), "Q": (1, chunk), "K": (1, chunk), "P": (1, cap), "S": (2, cap + chunk)}
+        for i in inputs:  # batch 1..8 (the default max batch), context 1..max_context
             profile = entry["profile"][i["name"]]
             for dim, (lo, hi) in enumerate(zip(profile["min"], profile["max"])):
-                want = {"B": (1, 8), "T": (1, T), "Q": (1, T), "P": (0, T), "S": (1, T)}.get(i["shape"][dim])
+                want = ranges.get(i["shape"][dim])
                 assert (lo, hi) == (want or (i["shape"][dim], i["shape"][dim]))
 
 
