@@ -65,6 +65,13 @@ class LayerTaps:
         finally:
             handle.remove()
 
+    def select_states(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Taps from the embeddings and every decoder layer's own output (L+1 tensors [B, Q, d], the last one
+        before the final norm: what a caller looping over the layers holds) → [B, Q, m·d]."""
+        if len(states) != self.num_layers + 1:
+            raise DSparkTrtError(f"expected the embeddings and {self.num_layers} layer outputs, got {len(states)}")
+        return torch.cat([states[i] for i in self.indices], dim=-1)
+
     def select(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """``output_hidden_states`` (L+1 tensors [B, Q, d]) → taps [B, Q, m·d]; the captured pre-norm for id L-1."""
         parts = []

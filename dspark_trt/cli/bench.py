@@ -3,6 +3,7 @@
   dspark bench markov   one draft round of the Markov walk: dense vs top-k (and the fused kernel on CUDA)
   dspark bench e2e      tokens/s with and without speculation on the embedded tiny pair
   dspark bench serve    a Triton repository: tokens/s, p50/p99 latency at 1/4/16 clients vs in-process
+  dspark bench context  per-step target cost and tokens/s at S = 128 … 8k, exported target vs transformers
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ BENCHMARKS = {
     "e2e": ("e2e", "end-to-end tokens/s with and without speculation"),
     "serve": ("serve", "Triton serving: tokens/s and latency at 1/4/16 clients vs in-process generate"),
     "report": ("report", "the SmolLM2 benchmark matrix, top-k sweep, plots and tables (docs/benchmarks.md)"),
+    "context": ("context", "long contexts: per-step target cost and tokens/s at S = 128 … 8k, exported vs transformers"),
 }
 
 

@@ -97,6 +97,11 @@ class OrtGraph:
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
+    def input_dtype(self, name: str) -> torch.dtype:
+        """The torch dtype the session takes for input ``name`` (fp32 for a bf16 input of the emulation twin):
+        feed tensors of this dtype, contiguous, and ``run`` hands their memory to onnxruntime without a copy."""
+        return _ONNX_TO_TORCH[self.inputs[name].type]
+
     def run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         missing = sorted(set(self.inputs) - set(feeds))
         if missing:

@@ -167,6 +167,10 @@ class EnginesForExport:
         engines_dir.mkdir(exist_ok=True)
         entries = {}
         target = self.manifest.get("target")
+        if target:
+            from .target_graph import check_kv_interface
+
+            check_kv_interface(target, str(self.export_dir))  # an older target graph: re-export, not rebuild
         for graph in GRAPHS + (("target",) if target else ()):
             config = self.config
             if graph == "target":
@@ -216,15 +220,15 @@ VERIFY_TOKENS = 16
 
 def target_build_config(config: EngineBuildConfig, max_context: int,
                         verify_tokens: int = VERIFY_TOKENS) -> EngineBuildConfig:
-    """The target engine's build: profile 0 for prefill (Q up to ``max_context``) and profile 1 for verify rounds
-    (Q ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole context
+    """The target engine's build: profile 0 for prefill (Q up to a prefill chunk) and profile 1 for verify rounds
+    (Q and K ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole chunk
     (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin."""
     from .target_onnx import target_dynamic_ranges
 
     ranges = target_dynamic_ranges(int(max_context))
     lo, opt, hi = ranges["Q"]
     small = min(hi, verify_tokens)
-    extra = ({"Q": (lo, min(opt, small), small)},) if small < hi else ()
+    extra = ({"Q": (lo, min(opt, small), small), "K": (lo, min(opt, small), small)},) if small < hi else ()
     return dataclasses.replace(config, register_plugins=None, dynamic_ranges=ranges, extra_profiles=extra)
 
 

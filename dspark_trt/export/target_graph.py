@@ -1,35 +1,68 @@
 """The exported target's forward: a ``torch.nn.Module`` around a ``transformers`` causal LM with flat tensor I/O.
 
-One graph serves prefill (Q = prompt, P = 0) and verify (Q = n + 1 on P past slots)::
+One graph serves prefill (Q = prompt or a chunk of it) and verify (Q = n + 1 new tokens)::
 
-    input_ids       [B, Q]          int64   new tokens
-    position_ids    [B, Q]          int64   their positions (per request; holes don't count)
-    attention_mask  [B, P + Q]      int64   1 = the slot holds a valid token of this request (past + new)
-    past_key/value  [L, B, H, P, D] dt      P may be 0
+    input_ids        [B, Q]         int64   new tokens
+    position_ids     [B, Q]         int64   their positions (per request; holes don't count)
+    attention_mask   [B, P + Q]     int64   1 = the slot holds a valid token of this request (past + new)
+    logits_index     [B, K]         int64   which new tokens (0 … Q-1) get logits: all of them in a verify,
+                                            a prompt's last token in a prefill chunk (no lm_head for the rest)
+    past_key_<l>     [B, H, P, D]   dt      layer l's K/V cache as the runtime holds it: P ≥ 1 its capacity,
+    past_value_<l>   [B, H, P, D]   dt      slots past the used ones masked (0 in attention_mask)
     →
-    logits          [B, Q, V]       fp32
-    taps            [B, Q, m·d]     dt      the drafter's target_layer_ids order (runtime/taps.py)
-    new_key/value   [L, B, H, Q, D] dt      the new slots' K/V only (the caller appends them)
+    logits           [B, K, V]      fp32
+    taps             [B, Q, m·d]    dt      the drafter's target_layer_ids order (runtime/taps.py)
+    new_key/value    [L, B, H, Q, D] dt     the new slots' K/V only (the runtime writes them into its cache)
 
-The module rebuilds a ``DynamicCache`` from the stacked past, calls the model with explicit positions and the
-slot mask — exactly what ``HFTarget`` does with its live cache — and returns the slots the model appended.
+The past is read in place, one input per layer so that each is a contiguous view of the runtime's
+``[L, B, H, capacity, D]`` buffers (no per-step copy or conversion of the cache, and nothing in the graph
+copies it either: ``export/capacity_attention.py``). The module runs the model's own embedding, rotary
+embedding, decoder layers (norms, projections, MLP) and final norm, with transformers' attention swapped for
+``capacity_attention`` while it runs — the only change to the math is where the softmax is summed.
+
+``KV_INTERFACE`` names this I/O; the manifest's target section records it, and the runtimes refuse a target
+graph exported with another (older exports took one stacked ``past_key [L, B, H, P, D]``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ..errors import DSparkTrtError
-from ..taps import LayerTaps
+from ..taps import LayerTaps, decoder_layers
+from .capacity_attention import NAME as ATTENTION_NAME
+from .capacity_attention import LayerKV, capacity_attention, slot_bias
 
-__all__ = ["TargetShape", "TargetGraph", "INPUT_NAMES", "OUTPUT_NAMES", "target_shape"]
+__all__ = ["TargetShape", "TargetGraph", "KV_INTERFACE", "input_names", "OUTPUT_NAMES", "target_shape",
+           "past_names", "check_kv_interface"]
 
-INPUT_NAMES = ["input_ids", "position_ids", "attention_mask", "past_key", "past_value"]
+#: the target graph's K/V interface (recorded in the manifest's target section as ``kv_interface``)
+KV_INTERFACE = "per-layer-capacity-v1"  # also: logits_index
 OUTPUT_NAMES = ["logits", "taps", "new_key", "new_value"]
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def past_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """The per-layer cache inputs: ``past_key_0 … past_key_{L-1}``, ``past_value_0 …``."""
+    return [f"past_key_{i}" for i in range(num_layers)], [f"past_value_{i}" for i in range(num_layers)]
+
+
+def input_names(num_layers: int) -> list[str]:
+    keys, values = past_names(num_layers)
+    return ["input_ids", "position_ids", "attention_mask", "logits_index", *keys, *values]
+
+
+def check_kv_interface(section: dict, where: str = "the export") -> None:
+    """One line refusing a target graph whose K/V interface this runtime does not speak."""
+    found = section.get("kv_interface")
+    if found != KV_INTERFACE:
+        raise DSparkTrtError(f"the target graph of {where} has K/V interface {found or 'stacked past_key [L, B, H, P, D]'}, "
+                             f"this dspark-trt runs {KV_INTERFACE}; re-export the target (dspark-export DRAFTER "
+                             f"--target TARGET -o OUT --force)")
 
 
 @dataclass(frozen=True)
@@ -52,50 +85,52 @@ def target_shape(config) -> TargetShape:
                        head_dim=int(head_dim), hidden_size=int(cfg.hidden_size), vocab_size=int(cfg.vocab_size))
 
 
-def _cache_kw(model) -> str:
-    import inspect
+@contextlib.contextmanager
+def _capacity_attention(config):
+    """transformers' attention modules call ``capacity_attention`` while the block runs (then as before)."""
+    from transformers import AttentionInterface
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    AttentionInterface.register(ATTENTION_NAME, capacity_attention)
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 class TargetGraph(torch.nn.Module):
-    """``forward(input_ids, position_ids, attention_mask, past_key, past_value)`` → logits, taps, new K/V."""
+    """``forward(input_ids, position_ids, attention_mask, logits_index, past_keys, past_values)`` → logits, taps,
+    new K/V (``past_keys`` / ``past_values``: lists of L tensors [B, H, P, D])."""
 
     def __init__(self, model, target_layer_ids: Sequence[int]):
         super().__init__()
         self.model = model
         self.shape = target_shape(model.config)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.groups = int(cfg.num_attention_heads) // self.shape.num_key_value_heads  # query heads per K/V head
         self.taps = LayerTaps(target_layer_ids, self.shape.num_layers)
-        self._cache_kw = _cache_kw(model)
 
-    def _cache(self, past_key: torch.Tensor, past_value: torch.Tensor):
-        from transformers import DynamicCache
-
-        try:
-            cache = DynamicCache(config=self.model.config)
-        except TypeError:  # older transformers
-            cache = DynamicCache()
-        for layer in range(self.shape.num_layers):
-            cache.update(past_key[layer], past_value[layer], layer)
-        return cache
-
-    def forward(self, input_ids, position_ids, attention_mask, past_key, past_value):
-        P = past_key.shape[3]
-        cache = self._cache(past_key, past_value)
-        with self.taps.capture(self.model):
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                             use_cache=True, output_hidden_states=True, **{self._cache_kw: cache})
-        cache = getattr(out, self._cache_kw, None) or getattr(out, "past_key_values", None) or cache
-        layers = getattr(cache, "layers", None)
-        if layers is not None:
-            keys = [layer.keys for layer in layers]
-            values = [layer.values for layer in layers]
-        else:  # older transformers
-            keys, values = cache.key_cache, cache.value_cache
-        new_key = torch.stack([k[:, :, P:] for k in keys])  # [L, B, H, Q, D]
-        new_value = torch.stack([v[:, :, P:] for v in values])  # [L, B, H, Q, D]
-        taps = self.taps.select(out.hidden_states)  # [B, Q, m·d]
-        return out.logits.float(), taps, new_key, new_value
+    def forward(self, input_ids, position_ids, attention_mask, logits_index, past_keys, past_values):
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        bias = slot_bias(attention_mask, past_keys[0].shape[2], self.groups)  # [B, 1, 1, P], [B, 1, gQ, Q] fp32
+        hidden = decoder.embed_tokens(input_ids)  # [B, Q, d]
+        rope = decoder.rotary_emb(hidden, position_ids)  # cos, sin [B, Q, D]
+        states, kvs = [hidden], []
+        with _capacity_attention(self.model.config):
+            for layer, past_k, past_v in zip(decoder_layers(self.model), past_keys, past_values):
+                kv = LayerKV(past_k, past_v)
+                out = layer(hidden, attention_mask=bias, position_ids=position_ids, position_embeddings=rope,
+                            dspark_kv=kv)
+                hidden = out[0] if isinstance(out, tuple) else out  # transformers 4.x returns a tuple
+                states.append(hidden)
+                kvs.append(kv)
+        rows = logits_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, K, d]
+        logits = self.model.lm_head(decoder.norm(hidden.gather(1, rows))).float()  # [B, K, V]
+        taps = self.taps.select_states(states)  # [B, Q, m·d]
+        new_key = torch.stack([kv.new_key for kv in kvs])  # [L, B, H, Q, D]
+        new_value = torch.stack([kv.new_value for kv in kvs])
+        return logits, taps, new_key, new_value
 
 
 def check_architecture(config) -> str:
@@ -105,4 +140,9 @@ def check_architecture(config) -> str:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise DSparkTrtError(f"target architecture {arch} is not supported by the target export (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)}); pass --skip-target to export the drafter only")
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    windowed = sorted({t for t in get("layer_types") or () if t != "full_attention"})
+    if windowed or get("use_sliding_window"):
+        raise DSparkTrtError(f"this {arch} has {', '.join(windowed) or 'sliding-window'} layers; the target export "
+                             f"attends over the full context only: pass --skip-target to export the drafter only")
     return arch

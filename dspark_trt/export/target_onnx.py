@@ -4,7 +4,7 @@
     path = export_target_onnx(model, drafter_config.target_layer_ids, "out/onnx/target.onnx")
 
 The graph is ``export/target_graph.py``'s ``TargetGraph`` exported with ``torch.onnx.export(dynamo=True)``:
-standard ONNX ops only (checked), batch ``B``, new tokens ``Q``, past slots ``P`` and mask length ``S``
+standard ONNX ops only (checked), batch ``B``, new tokens ``Q``, cache capacity ``P`` and mask length ``S``
 (= P + Q; ``torch.export`` cannot add two dims, so the mask has its own) dynamic. Weights go to
 ``target.onnx.data`` when they exceed 1.5 GiB (protobuf caps a file at 2 GiB).
 """
@@ -24,7 +24,8 @@ from ..config import DSparkConfig, check_layer_ids
 from ..errors import DSparkTrtError
 
 __all__ = ["TARGET_ONNX", "TOKENIZER_DIR", "check_target_pairing", "load_target_model", "export_target_onnx",
-           "target_section", "new_target_section", "copy_tokenizer", "target_eos_ids", "target_dynamic_ranges"]
+           "target_section", "new_target_section", "copy_tokenizer", "target_eos_ids", "target_dynamic_ranges",
+           "MAX_NEW_TOKENS"]
 
 log = logging.getLogger("dspark.export")
 
@@ -33,7 +34,7 @@ TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
-EXAMPLE_SHAPE = dict(B=2, Q=3, P=4)  # the traced example: ≥ 2 everywhere, so no dimension specialises
+EXAMPLE_SHAPE = dict(B=2, Q=3, P=4, K=5)  # the traced example: distinct, ≥ 2, so no dimension specialises
 
 
 def check_target_pairing(config: DSparkConfig, target_config: dict, *, where: str = "target") -> None:
@@ -64,14 +65,16 @@ def load_target_model(target_dir: str | Path, dtype: torch.dtype):
     return model.eval().requires_grad_(False)
 
 
-def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int) -> tuple[torch.Tensor, ...]:
-    """Graph inputs (input_ids, position_ids, attention_mask, past_key, past_value) of the given sizes."""
+def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int, K: int) -> tuple:
+    """Graph inputs (input_ids, position_ids, attention_mask, logits_index, [past_key_l], [past_value_l])."""
     g = torch.Generator().manual_seed(0)
-    kv = (shape.num_layers, B, shape.num_key_value_heads, P, shape.head_dim)
+    kv = (B, shape.num_key_value_heads, P, shape.head_dim)
     return (torch.randint(0, shape.vocab_size, (B, Q), generator=g),  # [B, Q]
             (P + torch.arange(Q)).expand(B, Q).contiguous(),  # [B, Q]
             torch.ones(B, P + Q, dtype=torch.int64),  # [B, P + Q]
-            torch.randn(kv, generator=g).to(dtype), torch.randn(kv, generator=g).to(dtype))  # [L, B, H, P, D]
+            torch.arange(K).expand(B, K).contiguous() % Q,  # [B, K]
+            [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)],  # L × [B, H, P, D]
+            [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)])
 
 
 def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | Path) -> Path:
@@ -81,19 +84,21 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
 
     from ..torch_to_onnx import torch_onnx_export
     from .onnx import EXTERNAL_DATA_BYTES
-    from .target_graph import INPUT_NAMES, OUTPUT_NAMES, TargetGraph, check_architecture
+    from .target_graph import OUTPUT_NAMES, TargetGraph, check_architecture, input_names
 
     check_architecture(model.config)
     graph = TargetGraph(model, target_layer_ids)
     dtype = next(model.parameters()).dtype
     args = example_inputs(graph.shape, dtype, **EXAMPLE_SHAPE)
-    b, q = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20)
-    p, s = Dim("P", min=0, max=1 << 20), Dim("S", min=1, max=1 << 21)
+    b, q, k = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20), Dim("K", min=1, max=1 << 20)
+    p, s = Dim("P", min=1, max=1 << 20), Dim("S", min=2, max=1 << 21)
+    layers = graph.shape.num_layers
     dynamic = {"input_ids": {0: b, 1: q}, "position_ids": {0: b, 1: q}, "attention_mask": {0: b, 1: s},
-               "past_key": {1: b, 3: p}, "past_value": {1: b, 3: p}}
-    log.info("exporting the target graph (%s, %d layers, taps %s)", type(model).__name__, graph.shape.num_layers,
+               "logits_index": {0: b, 1: k}, "past_keys": [{0: b, 2: p}] * layers,
+               "past_values": [{0: b, 2: p}] * layers}
+    log.info("exporting the target graph (%s, %d layers, taps %s)", type(model).__name__, layers,
              list(target_layer_ids))
-    program = torch_onnx_export(graph, args, input_names=INPUT_NAMES, output_names=OUTPUT_NAMES,
+    program = torch_onnx_export(graph, args, input_names=input_names(layers), output_names=OUTPUT_NAMES,
                                 dynamic_shapes=dynamic)
     model_ir = program.model
     foreign = sorted({n.domain for n in model_ir.graph.all_nodes() if n.domain not in ("", "ai.onnx")})
@@ -143,7 +148,7 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
     """The manifest's ``target`` section (CONTRACT: docs/export.md, "Target graph")."""
     from types import SimpleNamespace
 
-    from .target_graph import target_shape
+    from .target_graph import KV_INTERFACE, target_shape
 
     shape = target_shape(SimpleNamespace(**target_config))
     return {
@@ -164,21 +169,35 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
         "tokenizer_files": tokenizer,
         "eos_token_ids": target_eos_ids(target_dir, target_config),
         "max_context": max_context,
+        "kv_interface": KV_INTERFACE,
         "engines": [],
         "validation": validation,
     }
 
 
-def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8) -> dict:
-    """Engine profile of the target graph: Q (new tokens) 1..max, P (past) 0..max, S = P + Q 1..max."""
-    opt = min(opt_context, max_context)
-    return {"Q": (1, min(opt_new, max_context), max_context), "P": (0, opt, max_context),
-            "S": (1, min(opt + opt_new, max_context), max_context)}
+#: the most new tokens one target graph call scores: prompts run in chunks of this many (the runtime's
+#: ``prefill_chunk``), so the engine's activation memory is sized for a chunk, not a whole context
+MAX_NEW_TOKENS = 512
+
+
+def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8,
+                          max_new: int = MAX_NEW_TOKENS) -> dict:
+    """Engine profile of the target graph: Q (new tokens) and K (rows with logits) 1 … a prefill chunk, P (the
+    cache capacity the graph reads) 1 … the capacity bucket of ``max_context`` (``kv_capacity.capacity_bucket``),
+    S = P + Q."""
+    from .kv_capacity import capacity_bucket
+
+    q_max = min(max_new, max_context)
+    p_opt, p_max = capacity_bucket(min(opt_context, max_context)), capacity_bucket(max_context)
+    q_opt = min(opt_new, q_max)
+    return {"Q": (1, q_opt, q_max), "K": (1, q_opt, q_max), "P": (1, p_opt, p_max),
+            "S": (2, p_opt + q_opt, p_max + q_max)}
 
 
 def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict:
     """The ``target`` section of an export's manifest; a one-line error saying how to add it when absent."""
     from .manifest import read_manifest
+    from .target_graph import check_kv_interface
 
     export_dir = Path(export_dir)
     manifest = manifest if manifest is not None else read_manifest(export_dir)
@@ -186,6 +205,7 @@ def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict
     if not section:
         raise DSparkTrtError(f"{export_dir} has no exported target (exported with --skip-target or without "
                              f"--target); re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
+    check_kv_interface(section, str(export_dir))
     path = export_dir / section["onnx"]
     if not path.is_file():
         raise DSparkTrtError(f"{path} is missing; re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")

@@ -11,7 +11,9 @@ The pieces, pure ones first (the CPU tests cover them):
 
 * ``batch_buckets`` / ``context_buckets`` / ``BucketPolicy.plan`` choose the bucket (``PadPlan``);
 * ``InputSpec`` says which dimension of an input is the batch and which the context, and what the padding
-  holds (values that keep padded rows finite and masked: ``ctx_len`` 0, ``attention_mask`` 0, …);
+  holds (values that keep padded rows finite and masked: ``ctx_len`` 0, ``attention_mask`` 0, …), or that
+  the caller's tensor is the static buffer itself (``bound``: the target's K/V cache, never copied;
+  ``rebind`` re-captures a graph when such a buffer moved);
 * ``PadPlan.load`` writes a batch into a bucket's static buffers (padding filled), ``PadPlan.unpad`` slices
   the results back (``unpad_tree`` over a dataclass/tuple/dict of tensors);
 * ``GraphKey`` is the frozen cache key (vLLM's ``BatchDescriptor``: role, bucket, variant).
@@ -53,6 +55,8 @@ __all__ = [
     "unpad_tree",
     "clear_cuda_error",
     "loaded_library_path",
+    "check_bound",
+    "rebind",
 ]
 
 log = logging.getLogger("dspark.graphs")
@@ -166,6 +170,26 @@ class InputSpec:
     batch_fill: float | int = 0  # padded requests
     context_fill: float | int = 0  # padded context slots of real requests
     context_extra: int = 0  # fixed slots after the context along context_dim (attention_mask's new tokens)
+    bound: bool = False  # the caller's tensor *is* the static buffer (a K/V cache): bound by address, never copied
+
+
+def check_bound(spec: "InputSpec", plan: PadPlan, value: torch.Tensor, device) -> None:
+    """A bound input must already be the bucket's static buffer: its shape, dtype, device, contiguous."""
+    want = plan.shape(spec)
+    if (tuple(value.shape) != want or value.dtype != spec.dtype or not value.is_contiguous()
+            or value.device != torch.device(device)):
+        raise DSparkTrtError(f"bound input {spec.name} is {tuple(value.shape)} {value.dtype} on {value.device}"
+                             f"{'' if value.is_contiguous() else ', not contiguous'}; the bucket binds {want} "
+                             f"{spec.dtype} on {device}, contiguous")
+
+
+def rebind(entry: "GraphEntry", bound: Mapping[str, torch.Tensor]) -> bool:
+    """Point ``entry``'s bound inputs at ``bound``'s tensors; True when one of them moved since the entry's
+    graph was captured (the graph then reads stale addresses and must be captured again)."""
+    moved = any(name in entry.inputs and entry.inputs[name].data_ptr() != t.data_ptr() for name, t in bound.items())
+    moved = moved or any(name not in entry.inputs for name in bound)
+    entry.inputs.update(bound)
+    return moved and entry.graph is not None
 
 
 @dataclass(frozen=True)
@@ -349,7 +373,8 @@ class GraphRunner:
         return unpad_tree(out, plan, self.output_batch_dims)
 
     def _new_entry(self, plan: PadPlan, variant: tuple) -> GraphEntry:
-        inputs = {s.name: torch.zeros(plan.shape(s), dtype=s.dtype, device=self.device) for s in self.specs}
+        inputs = {s.name: torch.zeros(plan.shape(s), dtype=s.dtype, device=self.device) for s in self.specs
+                  if not s.bound}  # bound inputs: the caller's buffers, set by _load
         return GraphEntry(self.key(plan, variant), inputs)
 
     def _load(self, entry: GraphEntry, plan: PadPlan, inputs: Mapping[str, torch.Tensor]) -> None:
@@ -357,7 +382,23 @@ class GraphRunner:
         if missing:
             raise DSparkTrtError(f"graph round {self.role}: missing inputs {missing}")
         for s in self.specs:
+            if s.bound:
+                check_bound(s, plan, inputs[s.name], self.device)
+                continue
             plan.load(s, entry.inputs[s.name], inputs[s.name].to(self.device, s.dtype))
+        if rebind(entry, {s.name: inputs[s.name] for s in self.specs if s.bound}):
+            entry.graph = entry.outputs = None  # captured with other buffers: capture again with these
+
+    def drop(self, which: Callable[[GraphKey], bool]) -> int:
+        """Forget the entries whose key ``which`` selects — their graphs, static buffers and bound tensors —
+        after the work already queued on the runner's stream; returns how many (e.g. when the buffers bound to
+        them were replaced: the graphs read stale addresses, and holding them would keep the old buffers)."""
+        keys = [k for k in self.entries if which(k)]
+        if keys and self._stream is not None:
+            self._stream.synchronize()
+        for k in keys:
+            del self.entries[k]
+        return len(keys)
 
     def fall_back(self, entry: GraphEntry, error: BaseException) -> None:
         """After a failed capture: clear CUDA's sticky last error, run this key eagerly from now on, warn once

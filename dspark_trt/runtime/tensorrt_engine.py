@@ -157,13 +157,14 @@ def plan_io(tensors: Sequence[IoTensor], dims: Mapping[str, int],
 def input_specs(tensors: Sequence[IoTensor], batch_dim: str = "B", context_dim: str | None = None,
                 fills: Mapping[str, tuple[float, float]] | None = None,
                 context_plus: Mapping[str, tuple[str, int]] | None = None,
-                fixed: Mapping[str, int] | None = None) -> tuple[InputSpec, ...]:
+                fixed: Mapping[str, int] | None = None, bound: Sequence[str] = ()) -> tuple[InputSpec, ...]:
     """The graph runner's static inputs for an engine's I/O: where the batch and context dimensions are, and
     the padding fills ({input: (padded-request fill, padded-context fill)}, default 0).
 
     ``context_plus`` {input: (symbol, n)}: the input's dimension ``symbol`` is the context plus ``n`` fixed
     slots after it (the target's ``attention_mask`` [B, S = P + Q]: the Q new tokens stay last). ``fixed``
-    gives other symbolic dimensions their value for this runner (the target's Q)."""
+    gives other symbolic dimensions their value for this runner (the target's Q). ``bound``: inputs whose
+    static buffer is the caller's own tensor, bound by address and never copied (the target's K/V cache)."""
     fills, context_plus, fixed = fills or {}, context_plus or {}, fixed or {}
     specs = []
     for t in tensors:
@@ -174,7 +175,8 @@ def input_specs(tensors: Sequence[IoTensor], batch_dim: str = "B", context_dim: 
             symbol, extra = context_plus[t.name]
             ctx = t.dim_index(symbol)
         specs.append(InputSpec(t.name, tuple(d if isinstance(d, int) else fixed.get(d, 0) for d in t.shape), t.dtype,
-                               t.dim_index(batch_dim), ctx, *fills.get(t.name, (0, 0)), context_extra=extra))
+                               t.dim_index(batch_dim), ctx, *fills.get(t.name, (0, 0)), context_extra=extra,
+                               bound=t.name in bound))
     return tuple(specs)
 
 
@@ -486,7 +488,7 @@ class TensorRTGraph:
                  fills: Mapping[str, tuple[float, float]] | None = None, role: str = "draft",
                  graphs: str = "graph", device: str | torch.device = "cuda", bucketed: bool = True,
                  context_plus: Mapping[str, tuple[str, int]] | None = None, smallest_context: int = 128,
-                 fixed: Mapping[str, int] | None = None, exact_contexts: int = 4):
+                 fixed: Mapping[str, int] | None = None, exact_contexts: int = 4, bound: Sequence[str] = ()):
         self.engine, self.tensors = engine, tuple(tensors)
         engine.check_io(self.tensors)
         self.bucketed = bucketed  # False: always exact shapes, no padding, no graph (outputs as long as inputs)
@@ -495,7 +497,7 @@ class TensorRTGraph:
         self.outputs = [t for t in self.tensors if not t.is_input]
         self.output_names = [t.name for t in self.outputs]
         self.policy = BucketPolicy(max_batch, max_context if context_dim else 0, smallest_context)
-        specs = input_specs(self.tensors, batch_dim, context_dim, fills, context_plus, fixed)
+        specs = input_specs(self.tensors, batch_dim, context_dim, fills, context_plus, fixed, bound)
         self._contexts = ContextCache(engine.synchronize)  # one per bucket: the buckets bound their number
         self._exact = ContextCache(engine.synchronize, exact_contexts)  # exact shapes (prefill): bounded
         self._outputs: dict[GraphKey, dict[str, torch.Tensor]] = {}
@@ -524,10 +526,15 @@ class TensorRTGraph:
                 context = int(feeds[t.name].shape[c])
         return batch or 0, context or 0
 
-    def run(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def run(self, feeds: Mapping[str, torch.Tensor], plan: PadPlan | None = None,
+            replay: bool = True) -> dict[str, torch.Tensor]:
+        """``plan`` (optional): the caller's bucket (the target: its cache's rows and capacity), replayed from a
+        CUDA graph when ``replay`` (and this graph is bucketed), else run eagerly with exactly its shapes."""
         missing = sorted({t.name for t in self.inputs} - set(feeds))
         if missing:
             raise DSparkTrtError(f"missing engine inputs {missing}")
+        if plan is not None:
+            return self.runner(plan, feeds) if replay and self.bucketed else self._run_exact(feeds)
         batch, context = self._dims(feeds)
         if not self.bucketed or batch > self.policy.max_batch or context > (self.policy.max_context or 0):
             return self._run_exact(feeds)  # beyond the buckets: exact shapes, no graph
@@ -568,6 +575,13 @@ class TensorRTGraph:
             ctx.set_tensor_address(name, t.data_ptr())
         self.engine.execute(ctx)  # inside a capture the current stream is the engine's: enqueued as is
         return outputs
+
+    def forget(self, which) -> int:
+        """Drop the captured graphs whose ``GraphKey`` ``which`` selects, after the engine's stream has finished
+        what it was given: the buffers bound to them moved (the target's K/V cache grew or changed its rows).
+        Their contexts and output buffers stay: addresses are set again on every enqueue."""
+        self.engine.synchronize()
+        return self.runner.drop(which)
 
     # lifetime
     def activate(self) -> "TensorRTGraph":

@@ -67,21 +67,24 @@ def test_version_compatible_is_refused_around_the_aot_plugin():
 
 
 def test_the_target_engine_gets_a_small_q_verify_profile():
-    """Profile 0 prefills (Q up to the context), profile 1 verifies (Q <= 16): a verify context's activation
-    memory is sized for a few new tokens, not for max batch x max context."""
+    """Profile 0 prefills (Q up to a prefill chunk), profile 1 verifies (Q and K <= 16): a verify context's
+    activation memory is sized for a few new tokens, not for max batch x a chunk."""
+    from dspark_trt.export.kv_capacity import capacity_bucket
     from dspark_trt.export.pipeline import VERIFY_TOKENS, target_build_config
 
     base = EngineBuildConfig("tensorrt", max_batch_size=4, register_plugins=print)
     cfg = target_build_config(base, 512)
     assert cfg.register_plugins is None and VERIFY_TOKENS == 16
     ranges = cfg.profile_ranges
-    assert len(ranges) == 2 and ranges[0]["Q"] == (1, 8, 512) and ranges[1]["Q"] == (1, 8, 16)
-    assert ranges[1]["P"] == ranges[0]["P"] and ranges[1]["S"] == ranges[0]["S"]  # only Q narrows
-    inputs = {"input_ids": ["B", "Q"], "attention_mask": ["B", "S"], "past_key": [2, "B", 2, "P", 16]}
+    assert len(ranges) == 2 and ranges[0]["Q"] == ranges[0]["K"] == (1, 8, 512)
+    assert ranges[1]["Q"] == ranges[1]["K"] == (1, 8, 16)
+    assert ranges[1]["P"] == ranges[0]["P"] == (1, 512, 512) and ranges[1]["S"] == ranges[0]["S"]  # Q, K narrow
+    inputs = {"input_ids": ["B", "Q"], "attention_mask": ["B", "S"], "past_key_0": ["B", 2, "P", 16]}
     verify = profile_shapes(inputs, cfg.batch_range, ranges[1])
-    assert verify["input_ids"] == ((1, 1), (4, 8), (4, 16)) and verify["past_key"][2] == (2, 4, 2, 512, 16)
-    assert cfg.describe()["extra_profiles"] == [{"Q": [1, 8, 16]}]
+    assert verify["input_ids"] == ((1, 1), (4, 8), (4, 16)) and verify["past_key_0"][2] == (4, 2, 512, 16)
+    assert cfg.describe()["extra_profiles"] == [{"Q": [1, 8, 16], "K": [1, 8, 16]}]
     assert target_build_config(base, 12).profile_ranges == [target_build_config(base, 12).dynamic_ranges]  # Q <= 12
+    assert target_build_config(base, 8000).dynamic_ranges["P"][2] == capacity_bucket(8000) == 8192
     assert EngineBuildConfig("tensorrt").profile_ranges == [{}]  # the drafter's engines: one profile
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
+from dspark_trt.export.kv_capacity import capacity_bucket
 from dspark_trt.export.manifest import check_manifest, graph_io, read_manifest
 from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
 
@@ -34,7 +35,8 @@ def test_onnx_is_valid_and_validated(exported):
     assert report and all(line.strip().startswith(("validation", "ok")) for line in report)
     assert sum("ok" in line for line in report) >= 10
     target = exported.manifest["target"]  # the README's job exports the target too, bf16 like the drafter
-    assert target["dtype"] == "bf16" and target["io"]["inputs"][3]["dtype"] == "bfloat16"
+    past = {i["name"]: i for i in target["io"]["inputs"]}["past_key_0"]  # layer 0's K cache
+    assert target["dtype"] == "bf16" and past["dtype"] == "bfloat16"
     assert target["validation"][0].startswith("target validation") and "(bf16:" in target["validation"][0] and all(
         line.strip().startswith("ok") for line in target["validation"][1:])
     onnx.checker.check_model(str(exported.out_dir / target["onnx"]), full_check=True)
@@ -93,18 +95,22 @@ def test_tensorrt_rtx_engines_were_built(exported):
         m = exported.manifest
         inputs = m["target"]["io"]["inputs"] if entry["graph"] == "target" else m["graphs"][entry["graph"]]["inputs"]
         assert list(entry["profile"]) == [i["name"] for i in inputs]
-        for i in inputs:  # batch 1..8 (the default max batch), context/new/past 1..max_context (past from 0)
+        chunk, cap = min(512, T), capacity_bucket(T)  # the target: a prefill chunk of new tokens, a capacity of past
+        ranges = {"B": (1, 8), "T": (1, T), "Q": (1, chunk), "K": (1, chunk), "P": (1, cap), "S": (2, cap + chunk)}
+        for i in inputs:  # batch 1..8 (the default max batch), context 1..max_context
             profile = entry["profile"][i["name"]]
             for dim, (lo, hi) in enumerate(zip(profile["min"], profile["max"])):
-                want = {"B": (1, 8), "T": (1, T), "Q": (1, T), "P": (0, T), "S": (1, T)}.get(i["shape"][dim])
+                want = ranges.get(i["shape"][dim])
                 assert (lo, hi) == (want or (i["shape"][dim], i["shape"][dim]))
         assert entry["profiles"][0] == entry["profile"]
         if entry["graph"] != "target":
             assert len(entry["profiles"]) == 1
             continue
-        verify = entry["profiles"][1]  # the target's small-Q verify profile: only Q narrows, to 16 new tokens
-        assert len(entry["profiles"]) == 2 and verify["input_ids"]["max"] == verify["position_ids"]["max"] == [8, 16]
-        assert all(verify[n] == entry["profile"][n] for n in verify if n not in ("input_ids", "position_ids"))
+        verify = entry["profiles"][1]  # the target's small-Q verify profile: only Q and K narrow, to 16 new tokens
+        assert len(entry["profiles"]) == 2
+        assert verify["input_ids"]["max"] == verify["position_ids"]["max"] == verify["logits_index"]["max"] == [8, 16]
+        narrowed = ("input_ids", "position_ids", "logits_index")
+        assert all(verify[n] == entry["profile"][n] for n in verify if n not in narrowed)
 
 
 @pytest.mark.rtx

@@ -16,18 +16,24 @@ pytestmark = [pytest.mark.onnx, pytest.mark.slow]
 
 CONTRACT_IO = {
     "inputs": [("input_ids", "int64", ["B", "Q"]), ("position_ids", "int64", ["B", "Q"]),
-               ("attention_mask", "int64", ["B", "S"]), ("past_key", "DT", ["L", "B", "H", "P", "D"]),
-               ("past_value", "DT", ["L", "B", "H", "P", "D"])],
-    "outputs": [("logits", "float32", ["B", "Q", "V"]), ("taps", "DT", ["B", "Q", "MD"]),
+               ("attention_mask", "int64", ["B", "S"]), ("logits_index", "int64", ["B", "K"]),
+               ("past_key_{l}", "DT", ["B", "H", "P", "D"]),
+               ("past_value_{l}", "DT", ["B", "H", "P", "D"])],
+    "outputs": [("logits", "float32", ["B", "K", "V"]), ("taps", "DT", ["B", "Q", "MD"]),
                 ("new_key", "DT", ["L", "B", "H", "Q", "D"]), ("new_value", "DT", ["L", "B", "H", "Q", "D"])],
 }
 
 
 def expected_io(t: dict, dtype: str) -> dict:
+    """The CONTRACT for this target: one past_key_l / past_value_l per layer (all keys, then all values)."""
     static = {"L": t["num_layers"], "H": t["num_key_value_heads"], "D": t["head_dim"], "V": t["vocab_size"],
               "MD": len(t["layer_ids"]) * t["hidden_size"], "DT": dtype}
-    return {side: [{"name": n, "dtype": static.get(dt, dt), "shape": [static.get(d, d) for d in shape]}
-                   for n, dt, shape in entries] for side, entries in CONTRACT_IO.items()}
+    io = {}
+    for side, entries in CONTRACT_IO.items():
+        io[side] = [{"name": n.format(l=layer), "dtype": static.get(dt, dt), "shape": [static.get(d, d) for d in shape]}
+                    for n, dt, shape in entries
+                    for layer in (range(t["num_layers"]) if "{l}" in n else [None])]
+    return io
 
 
 @pytest.mark.parametrize("fixture", ["qwen3_topk_export", "llama_dense_export"])
@@ -44,7 +50,8 @@ def test_target_graph_has_the_contract_io_and_standard_ops_only(fixture, request
     assert not model.functions
     assert check_manifest(out, m) == []
     for key in ("dtype", "num_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size", "layer_ids",
-                "config_sha256", "architecture", "tokenizer", "eos_token_ids", "max_context", "engines"):
+                "config_sha256", "architecture", "tokenizer", "eos_token_ids", "max_context", "kv_interface",
+                "engines"):
         assert key in t, key
     assert t["layer_ids"] == m["target_layer_ids"]
     assert t["validation"][0].startswith("target validation") and all(
@@ -84,9 +91,10 @@ def test_the_last_layer_tap_is_pre_norm_in_the_graph(llama_dense_export, specula
     model = load_target_model(speculators_llama_pair.target, torch.float32)
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     graph = OrtGraph(llama_dense_export / "onnx" / "target.onnx")
-    empty = torch.zeros(6, 1, 2, 0, 16)
-    out = graph.run({"input_ids": ids, "position_ids": torch.arange(5).view(1, 5),
-                     "attention_mask": torch.ones(1, 5, dtype=torch.int64), "past_key": empty, "past_value": empty})
+    empty = {f"past_{kv}_{layer}": torch.randn(1, 2, 1, 16) for kv in ("key", "value") for layer in range(6)}
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1]])  # one cache slot, unused: the prompt sees itself only
+    out = graph.run({"input_ids": ids, "position_ids": torch.arange(5).view(1, 5), "attention_mask": mask,
+                     "logits_index": torch.arange(5).view(1, 5), **empty})
     with torch.no_grad():
         hs = model(ids, output_hidden_states=True).hidden_states
     last = out["taps"][..., 128:]  # [1, 5, d]

@@ -148,6 +148,39 @@ def test_clearing_the_cuda_error_without_a_cuda_runtime_is_a_no_op():
     assert clear_cuda_error() is None
 
 
+def test_bound_inputs_are_the_callers_buffers_never_copied():
+    """A bound input (the target's K/V cache) reaches the round as the caller's very tensor; the other inputs
+    are padded into the bucket's buffers as usual."""
+    seen = []
+
+    def fn(x, key):
+        seen.append(x["cache"])
+        return x["ids"].float().sum(1, keepdim=True) + x["cache"].sum((1, 2)).view(-1, 1)
+
+    specs = (InputSpec("ids", (0, 2), torch.int64), InputSpec("cache", (0, 0, 3), torch.float32, 0, 1, bound=True))
+    runner = GraphRunner(fn, specs, role="target", device="cpu")
+    cache = torch.randn(4, 8, 3)  # 4 rows (the batch bucket), 8 slots (the capacity)
+    out = runner(PadPlan(3, 4, 5, 8), {"ids": torch.ones(3, 2, dtype=torch.int64), "cache": cache})
+    assert seen[-1] is cache and "cache" not in runner._new_entry(PadPlan(3, 4, 5, 8), ()).inputs
+    torch.testing.assert_close(out, 2 + cache[:3].sum((1, 2)).view(3, 1))
+    with pytest.raises(DSparkTrtError, match=r"bound input cache is \(4, 8, 3\).*binds \(4, 16, 3\)"):
+        runner(PadPlan(3, 4, 5, 16), {"ids": torch.ones(3, 2, dtype=torch.int64), "cache": cache})
+    with pytest.raises(DSparkTrtError, match="not contiguous"):
+        runner(PadPlan(3, 4, 5, 8), {"ids": torch.ones(3, 2, dtype=torch.int64),
+                                     "cache": torch.randn(4, 3, 8).transpose(1, 2)})
+
+
+def test_a_moved_bound_buffer_drops_the_captured_graph():
+    from dspark_trt.runtime.cuda_graphs import GraphEntry, rebind
+
+    a, b = torch.zeros(2, 4), torch.zeros(2, 4)
+    entry = GraphEntry(GraphKey("target", 2, 4), {"ids": torch.zeros(2)})
+    assert not rebind(entry, {"cache": a})  # first binding, nothing captured yet
+    entry.graph = object()  # captured with ``a``
+    assert not rebind(entry, {"cache": a}) and entry.inputs["cache"] is a
+    assert rebind(entry, {"cache": b}) and entry.inputs["cache"] is b  # moved: capture again
+
+
 def test_runner_needs_every_input():
     runner = GraphRunner(lambda x, k: x, (InputSpec("v", (0,), torch.float32),), role="t", device="cpu")
     with pytest.raises(DSparkTrtError, match="missing inputs"):
@@ -255,3 +288,18 @@ def test_a_failing_capture_falls_back_to_eager_with_one_warning():
         runner(PadPlan(1, 1), {"v": torch.ones(1, device="cuda")})
     assert sum("running it eagerly" in str(w.message) for w in caught) == 1
     torch.cuda.synchronize()  # no sticky error left behind
+
+
+def test_dropping_entries_releases_their_bound_buffers():
+    import weakref
+
+    spec = InputSpec("cache", (0, 3), torch.float32, 0, None, bound=True)
+    runner = GraphRunner(lambda x, key: x["cache"].sum(1), (spec,), role="target", device="cpu")
+    old = torch.zeros(2, 3)
+    runner(PadPlan(2, 2), {"cache": old})
+    runner(PadPlan(1, 1), {"cache": torch.zeros(1, 3)})
+    gone = weakref.ref(old)
+    del old
+    assert gone() is not None  # an entry still binds it
+    assert runner.drop(lambda key: key.batch == 2) == 1 and list(runner.entries) == [GraphKey("target", 1)]
+    assert gone() is None

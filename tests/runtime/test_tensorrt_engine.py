@@ -349,7 +349,9 @@ def test_target_padding_specs_keep_the_new_tokens_last():
 @pytest.mark.slow
 def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, one_thread):
     """The exported target graph (CONTRACT I/O) through the target's padding specs and the graph runner, on the
-    CPU with onnxruntime: batch 3 → bucket 4, past 5 → bucket 16, Q = 3 new tokens; equal to the unpadded call."""
+    CPU with onnxruntime: batch 3 → bucket 4, past 5 → bucket 16, Q = 3 new tokens; equal to the unpadded call.
+    (Here the per-layer past is padded into the runner's buffers; the target binds its cache instead:
+    tests/runtime/test_tensorrt_target.py.)"""
     from dspark_trt.config import DSparkConfig
     from dspark_trt.export.manifest import graph_io
     from dspark_trt.export.ort_session import OrtGraph
@@ -363,17 +365,18 @@ def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, o
     B, P, Q = 3, 5, 3
     runner = GraphRunner(lambda x, key: graph.run(x),
                          input_specs(tensors, "B", "P", TARGET_FILLS, {"attention_mask": (mask_symbol(tensors), Q)},
-                                     {"Q": Q}),
+                                     {"Q": Q, "K": Q}),
                          role="target", device="cpu", output_batch_dims=output_batch_dims(tensors))
     g = torch.Generator().manual_seed(0)
-    k = next(t for t in tensors if t.name == "past_key")
-    L, H, D = k.shape[0], k.shape[2], k.shape[4]
+    pasts = [t for t in tensors if t.name.startswith("past_")]  # past_key_<l>, past_value_<l>: [B, H, P, D]
+    H, D = pasts[0].shape[1], pasts[0].shape[3]
     mask = torch.ones(B, P + Q, dtype=torch.int64)
     mask[1, 3:P] = 0  # request 1 has holes (rejected drafts), request 2 is shorter
     mask[2, 2:P] = 0
     feeds = {"input_ids": torch.randint(0, 2500, (B, Q), generator=g),
              "position_ids": torch.tensor([[5, 6, 7], [3, 4, 5], [2, 3, 4]]), "attention_mask": mask,
-             "past_key": torch.randn(L, B, H, P, D, generator=g), "past_value": torch.randn(L, B, H, P, D, generator=g)}
+             "logits_index": torch.arange(Q).expand(B, Q),
+             **{t.name: torch.randn(B, H, P, D, generator=g) for t in pasts}}
     plan = BucketPolicy(max_batch=8, max_context=64, smallest_context=16).plan(B, P)
     want = graph.run(feeds)
     got = runner(plan, feeds)
