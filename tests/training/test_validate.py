@@ -117,3 +117,26 @@ def test_the_written_weights_are_the_best_validation_steps(pair, tmp_path, monke
     written = load_file(str(best / "model.safetensors"))
     assert all(torch.equal(written[k], states[1][k]) for k in written)
     assert not torch.equal(written["fc.weight"], states[3]["fc.weight"])  # the last step's weights were others
+
+
+@pytest.mark.slow
+def test_a_resumed_run_keeps_its_curve_and_best_weights(pair, tmp_path, monkeypatch):
+    distill_module = importlib.import_module("dspark_trt.training.distill")
+    whole = distill(pair.target, tmp_path / "whole", shape=SHAPE, settings=settings(), progress=False)
+    real_step = distill_module.distill_step
+
+    def failing_step(drafter, data, t2d, step, s):
+        if step == 5:
+            raise KeyboardInterrupt
+        return real_step(drafter, data, t2d, step, s)
+
+    monkeypatch.setattr(distill_module, "distill_step", failing_step)
+    out = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        distill(pair.target, out, shape=SHAPE, settings=settings(checkpoint_every_s=0.0), progress=False)
+    monkeypatch.setattr(distill_module, "distill_step", real_step)
+    distill(pair.target, out, shape=SHAPE, settings=settings(checkpoint_every_s=0.0), progress=False)
+    a, b = (json.loads((d / "distill.json").read_text())["validation"] for d in (whole, out))
+    assert a["curve"] == b["curve"] and a["best_step"] == b["best_step"]
+    x, y = load_file(str(whole / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(x[k], y[k]) for k in x)
