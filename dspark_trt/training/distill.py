@@ -133,10 +133,10 @@ def _save(obj, path: Path) -> None:
 
 
 def training_prompts(tokenizer, settings: DistillSettings, vocab_size: int, mask_id: int) -> list[list[int]]:
-    """Token ids of the prompts the target continues for the training text: ``TRAIN_PROMPTS`` + ``settings.bank_prompts``
-    of the prompt bank through the tokenizer (chat template; without the validation subjects when validation is
-    on), or random token prompts for a target without a tokenizer. A budget past the whole bank repeats it
-    (``writing_jobs`` samples the repeats with other seeds)."""
+    """Token ids of the prompts the target continues for the training text: ``TRAIN_PROMPTS`` +
+    ``settings.bank_prompts`` of the prompt bank through the tokenizer (chat template; without the validation
+    subjects when validation is on), or random token prompts for a target without a tokenizer. A budget past the
+    whole bank repeats it (``writing_jobs`` samples the repeats with other seeds)."""
     from .data import random_prompts
     from .prompt_bank import prompt_bank
     from .prompts import TRAIN_PROMPTS, render_prompts
@@ -550,6 +550,7 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
                 named = dict(drafter.named_parameters())
                 for n, t in best[2].items():
                     named[n].copy_(t)
+        origin["store"] = os.path.relpath(origin["store"], os.path.abspath(out))  # portable: from the drafter
         with atomic_output_dir(out, force=True) as tmp:
             _write_checkpoint(drafter, config, raw, tmp)
             head, tail = history[: min(20, len(history))], history[-min(20, len(history)):]

@@ -24,7 +24,8 @@ __all__ = ["validation_anchors", "greedy_acceptance", "plot_curve"]
 log = logging.getLogger("dspark")
 
 
-def validation_anchors(lengths: torch.Tensor, starts: torch.Tensor, N: int, anchors: int) -> tuple[torch.Tensor, torch.Tensor]:
+def validation_anchors(lengths: torch.Tensor, starts: torch.Tensor, N: int,
+                       anchors: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(rows [R], anchors [R, a]): ``anchors`` positions spread evenly over start … len − N of every row with
     room for a block (the same range as the training anchors)."""
     lo = starts.clamp_min(1)
