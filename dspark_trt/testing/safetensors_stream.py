@@ -30,12 +30,14 @@ from ..checkpoint import INDEX_FILE, SINGLE_FILE
 from ..errors import DSparkTrtError, DSparkTrtInternalError
 
 __all__ = ["TensorPlan", "DTYPES", "parse_size", "format_size", "plan_shards", "write_safetensors", "write_sharded",
-           "random_chunks", "constant_chunks", "HEADER_ALIGN"]
+           "random_chunks", "constant_chunks", "file_order", "file_bytes", "shard_names", "sharded_bytes"]
 
 #: dspark dtype name → (torch dtype, safetensors dtype string)
 DTYPES = {"bf16": (torch.bfloat16, "BF16"), "fp16": (torch.float16, "F16"), "fp32": (torch.float32, "F32")}
 _ST_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int64: "I64",
              torch.int32: "I32", torch.bool: "BOOL"}
+#: safetensors' Dtype enum order: a file lists its tensors by dtype (this order, descending), then by name
+_ST_ORDER = {"BOOL": 0, "F16": 7, "BF16": 8, "I32": 9, "F32": 11, "I64": 13}
 HEADER_ALIGN = 8  # safetensors pads its JSON header with spaces to a multiple of 8 bytes
 CHUNK_ELEMENTS = 1 << 24  # elements per generated chunk (fixed: the random bytes depend on it)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -85,12 +87,18 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+def file_order(plans: list[TensorPlan]) -> list[TensorPlan]:
+    """The order in which safetensors' ``save_file`` lays tensors out in a file (by dtype, then by name)."""
+    for p in plans:
+        if p.dtype not in _ST_DTYPE:
+            raise DSparkTrtInternalError(f"no safetensors dtype for {p.dtype}")
+    return sorted(plans, key=lambda p: (-_ST_ORDER[_ST_DTYPE[p.dtype]], p.name))
+
+
 def _header(plans: list[TensorPlan], metadata: dict[str, str] | None) -> bytes:
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for p in plans:
-        if p.dtype not in _ST_DTYPE:
-            raise DSparkTrtInternalError(f"no safetensors dtype for {p.dtype}")
         header[p.name] = {"dtype": _ST_DTYPE[p.dtype], "shape": list(p.shape), "data_offsets": [offset, offset + p.nbytes]}
         offset += p.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -99,16 +107,20 @@ def _header(plans: list[TensorPlan], metadata: dict[str, str] | None) -> bytes:
 
 def file_bytes(plans: list[TensorPlan], metadata: dict[str, str] | None = None) -> int:
     """The size of the safetensors file ``write_safetensors`` writes for ``plans``."""
-    return 8 + len(_header(plans, metadata)) + sum(p.nbytes for p in plans)
+    return 8 + len(_header(file_order(plans), metadata)) + sum(p.nbytes for p in plans)
 
 
 def write_safetensors(path: str | Path, plans: list[TensorPlan], *, metadata: dict[str, str] | None = None,
                       progress: Callable[[int], object] | None = None) -> int:
     """Write ``plans`` to the safetensors file ``path``, one chunk in memory at a time; return its size.
 
+    The file is byte for byte what ``safetensors.torch.save_file`` writes for the same tensors and metadata
+    (tensors in ``file_order``).
+
     ``progress(nbytes)`` is called after every chunk. A full disk raises ``OSError`` (``ENOSPC``); the caller
     owns the (temporary) path and removes it.
     """
+    plans = file_order(plans)
     names = [p.name for p in plans]
     if len(set(names)) != len(names):
         raise DSparkTrtInternalError(f"duplicate tensor names in {path}")
