@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -83,9 +84,7 @@ class WrittenCheckpoint:
 def _plans(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, seed: int, key: Callable[[str], str]) -> list[TensorPlan]:
     plans = []
     for name, shape in shapes.items():
-        n = 1
-        for s in shape:
-            n *= s
+        n = math.prod(shape)
         if name.endswith("norm.weight"):
             chunks = constant_chunks(n, dtype, 1.0)
         elif name == "confidence_head.proj.bias":
@@ -192,10 +191,10 @@ def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path
                           with_target=with_target, **shape)
     name = preset if isinstance(preset, str) else preset.name
     out = check_output_dir(out_dir, force=force, marker=MARKER)
-    tensor_bytes = sum(d.nbytes for d in planned)
-    need = tensor_bytes + SMALL_FILES_BYTES
+    weight_bytes = sum(d.nbytes for d in planned)
+    need = weight_bytes + SMALL_FILES_BYTES
     _check_free_disk(out, need)
-    bar = _progress_bar(tensor_bytes, f"writing {name}", progress)
+    bar = _progress_bar(weight_bytes, f"writing {name}", progress)
     try:
         with atomic_output_dir(out, force=force, marker=MARKER) as tmp:
             files = {}
@@ -210,11 +209,10 @@ def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path
                     write_byte_tokenizer(where)
                 files[d.subdir or "."] = write_sharded(where, d.tensors, shard_bytes=d.shard_bytes, metadata=METADATA,
                                                        progress=bar.update)
-            written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
             write_marker(tmp, "write_preset", marker=MARKER, preset=name, format=format, dtype=dtype, seed=seed,
                          layers=layers, target_layers=target_layers, vocab=vocab, shape=shape or None,
-                         with_target=with_target, parameters=sum(d.parameters for d in planned), bytes=written,
-                         files=files)
+                         with_target=with_target, parameters=sum(d.parameters for d in planned),
+                         weight_bytes=weight_bytes, files=files)
     except OSError as e:
         if is_disk_full(e):
             raise DSparkTrtError(f"the disk filled up while writing {out} (nothing was left behind): the checkpoint "
@@ -223,6 +221,7 @@ def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path
     finally:
         bar.close()
     out = Path(out_dir)
+    written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     where = {d.kind: out / d.subdir if d.subdir else out for d in planned}
     return WrittenCheckpoint(out, where.get("drafter"), where.get("target"), sum(d.parameters for d in planned),
                              written)

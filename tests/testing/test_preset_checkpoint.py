@@ -69,6 +69,9 @@ def test_each_format_and_layout_loads_with_finite_reference_drafts(tmp_path, for
     out = write_preset(DRAFTER, tmp_path / "pair", format=format, layers=1, target_layers=8, vocab=1000,
                        shard_size=shard_size, target_shard_size=shard_size, with_target=True, **NARROW)
     assert sorted(p.name for p in out.path.iterdir()) == ["drafter", MARKER, "target"]
+    assert out.nbytes == sum(f.stat().st_size for f in out.path.rglob("*") if f.is_file())
+    marker = json.loads((out.path / MARKER).read_text())
+    assert marker["parameters"] == out.parameters and marker["preset"] == DRAFTER and marker["seed"] == 0
     config, shapes, from_target = checked(out.drafter, target_available=True)
     assert config.source_format == format and config.target_layer_ids == (1, 2, 3, 4, 5)
     assert from_target == ([] if format == "deepseek" else ["embed_tokens.weight", "lm_head.weight"])
