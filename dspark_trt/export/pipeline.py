@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import atomic_output_dir, atomic_write_bytes, atomic_write_text, check_output_dir
+from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
-from .engine import (FLAVORS, EngineBuildConfig, build_engine, check_version_compatible, onnx_inputs, profile_shapes,
-                     resolve_flavor, union_engine_refusal)
-from .manifest import MANIFEST_FILE, new_manifest, read_manifest
+from .engine import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
+                     union_engine_refusal, write_engine)
+from .manifest import MANIFEST_FILE, file_records, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
            "TargetForExport", "Phases", "target_build_config", "VERIFY_TOKENS"]
@@ -186,8 +186,7 @@ class EnginesForExport:
                 raise DSparkTrtError(f"{path} exists; pass --force to rebuild it")
             log.info("building the %s %s engine from %s", flavor, graph, onnx_file)
             before = _embedded_count(flavor)
-            plan = build_engine(self.export_dir / onnx_file, config)
-            atomic_write_bytes(path, plan)
+            size = write_engine(self.export_dir / onnx_file, config, path)  # parsed from the path: external data
             embedded = _embedded_since(flavor, before)
             symbolic = onnx_inputs(self.export_dir / onnx_file)
             profiles = [profile_shapes(symbolic, config.batch_range, ranges, config.batch_dim)
@@ -200,7 +199,7 @@ class EnginesForExport:
                 "onnx": onnx_file,
                 "flavor": flavor,
                 "version": trt_version,
-                "bytes": len(plan),
+                "bytes": size,
                 "profile": _profile_record(profiles[0]),
                 "profiles": [_profile_record(shapes) for shapes in profiles],  # [0] = "profile"; the target: verify
                 "build": config.describe(),
@@ -424,7 +423,11 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
         elif not spec.markov_topm:  # a union export says why in its own note
             notes.append(_no_engine_note(out_dir, requested=options.engine))
-        phases.run("manifest", lambda: atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"))
+        def write_manifest():
+            manifest["files"] = file_records(tmp)  # every file, .data included: size + sha256, streamed
+            atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+
+        phases.run("manifest", write_manifest)
     return manifest
 
 
@@ -447,7 +450,11 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
                           topk=manifest.get("topk"), kernel=kernel,
                           kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None,
                           markov_topm=int(manifest.get("markov_topm") or 0))
-    manifest["engines"] = {**manifest.get("engines", {}), **EnginesForExport(export_dir, manifest, build, force=force)()}
+    built = EnginesForExport(export_dir, manifest, build, force=force)()
+    manifest["engines"] = {**manifest.get("engines", {}), **built}
+    if "files" in manifest:  # only the new engines are hashed; the rest of the export did not change
+        manifest["files"] = dict(sorted({**manifest["files"],
+                                         **file_records(export_dir, [e["file"] for e in built.values()])}.items()))
     atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
