@@ -10,9 +10,10 @@ writes edits back the same way, so the weights are never loaded and never copied
 * ``check_external_data(model, base_dir, where)``: every referenced file exists and is long enough (one line
   naming the fix otherwise: a truncated or missing ``.data`` file would otherwise fail deep inside a parser);
 * ``share_external_data(model, src_dir, dst_dir)``: make the references valid for a graph written to
-  ``dst_dir``: the same directory shares the file as it is; another directory gets a hard link (no second copy
-  on disk; a copy only across file systems, with a warning). ``onnx.checker`` refuses a ``location`` that
-  leaves the graph's directory, so a relative ``../`` path is not an option;
+  ``dst_dir``: the same directory shares the file as it is (no second copy on disk); another directory needs
+  a copy, made only when asked (``copy=True``). onnx (1.23) refuses every cheaper way: a ``location`` that
+  leaves the graph's directory (``../draft.onnx.data``: "points outside the directory"), a symbolic link, and a
+  file with several hard links ("potential hardlink attack"), in ``onnx.checker`` and ``onnx.load`` alike;
 * ``external_data_files(path)``: the data files a graph file references (for digests and disk accounting).
 """
 
@@ -125,35 +126,36 @@ def check_external_data(model, base_dir: str | Path, where: str | Path) -> list[
     return list(files)
 
 
-def share_external_data(model, src_dir: str | Path, dst_dir: str | Path) -> list[Path]:
+def share_external_data(model, src_dir: str | Path, dst_dir: str | Path, *, copy: bool = False) -> list[Path]:
     """Make ``model``'s references (valid in ``src_dir``) valid for a graph file written to ``dst_dir``; → the
-    data files as seen from ``dst_dir``. Same directory: nothing to do. Another one: each data file is hard-linked
-    beside the new graph under its own name (a copy only where the file systems differ)."""
+    data files as seen from ``dst_dir``. Same directory: shared, nothing written. Another one: refused in one
+    line unless ``copy`` (each data file copied beside the new graph under its own name)."""
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     files = check_external_data(model, src_dir, src_dir)
     if not files or (dst_dir.exists() and os.path.samefile(src_dir, dst_dir)):
         return files
-    linked = []
+    if not copy:
+        raise DSparkTrtError(f"the graph's weights are in {', '.join(f.name for f in files)} beside it in {src_dir}; "
+                             f"write the new graph into that directory (it shares the file: onnx accepts no link or "
+                             f"path outside the graph's directory), or ask for a copy of the weights")
+    copied = []
     dst_dir.mkdir(parents=True, exist_ok=True)
     for src in files:
-        rel = src.relative_to(src_dir)
-        dst = dst_dir / rel
-        linked.append(dst)
+        dst = dst_dir / src.relative_to(src_dir)
+        copied.append(dst)
         if dst.exists():
-            if os.path.samefile(src, dst):
-                continue
-            raise DSparkTrtError(f"{dst} exists and is not {src}: writing a graph that shares {src.name} there would "
-                                 f"replace another graph's weights; choose another directory")
+            raise DSparkTrtError(f"{dst} exists: writing a graph that needs its own {src.name} there would replace "
+                                 f"another graph's weights; choose another directory")
+        log.warning("copying %.2f GB of weights (%s) beside the new graph in %s", src.stat().st_size / 1e9, src.name,
+                    dst_dir)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.link-{os.getpid()}")
-        tmp.unlink(missing_ok=True)
+        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
         try:
-            os.link(src, tmp)
-        except OSError:  # another file system (or one without hard links): the only case that copies
-            log.warning("cannot hard-link %s into %s: copying %.2f GB of weights", src, dst_dir, src.stat().st_size / 1e9)
             shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    return linked
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return copied
 
 
 def external_data_files(onnx_path: str | Path) -> list[Path]:

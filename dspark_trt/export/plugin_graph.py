@@ -13,8 +13,9 @@ quickly-deployable AOT plugin (docs/export.md, Engines) we post-edit a copy of t
 The weights are never loaded: the graph is read with ``load_external_data=False`` and only the node and the
 function list change, so a draft graph over protobuf's 2 GiB cap (its initializers in ``draft.onnx.data``) is
 edited in the time it takes to read its nodes. The plugin graph references the *same* data file
-(``export/external_data.py``: shared in the same directory, hard-linked into another one), so the export
-holds one copy of the weights; a small graph with its weights inside keeps them inside.
+when it is written beside ``draft.onnx`` (as the export does), so the export holds one copy of the weights;
+another directory needs ``copy_weights=True`` (``export/external_data.py``: onnx accepts no link and no path
+outside the graph's directory). A small graph with its weights inside keeps them inside.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def custom_nodes(model) -> list:
     return [n for n in model.graph.node if n.op_type in _OPS and n.domain == OP_DOMAIN]
 
 
-def plugin_graph(src: str | Path, dst: str | Path) -> Path:
+def plugin_graph(src: str | Path, dst: str | Path, *, copy_weights: bool = False) -> Path:
     """Write ``dst``: ``src`` without the op's local function and with ``aot=1`` on its node (weights untouched)."""
     from ..atomic import atomic_write_bytes
     from .external_data import load_graph_only, share_external_data
@@ -51,7 +52,7 @@ def plugin_graph(src: str | Path, dst: str | Path) -> Path:
     keep = [f for f in model.functions if not (f.name in _OPS and f.domain == OP_DOMAIN)]
     del model.functions[:]
     model.functions.extend(keep)
-    share_external_data(model, src.parent, dst.parent)  # one copy of the weights on disk, whatever the directory
+    share_external_data(model, src.parent, dst.parent, copy=copy_weights)  # beside src: one copy on disk
     atomic_write_bytes(dst, model.SerializeToString())  # the graph only: small whenever its weights are external
     return dst
 
