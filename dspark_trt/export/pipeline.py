@@ -34,10 +34,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
+from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from .engine import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
                      union_engine_refusal, write_engine)
+from .disk import DiskEstimate, check_free_disk, disk_full_errors, estimate_export_bytes
+from .external_data import external_data_files
 from .manifest import MANIFEST_FILE, file_records, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
@@ -46,6 +49,8 @@ __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "Pt
 log = logging.getLogger("dspark.export")
 
 GRAPHS = ("context", "draft")
+#: the top-level entries of an export directory: ``--force`` replaces these and leaves anything else in OUT
+EXPORT_ENTRIES = (MANIFEST_FILE, "onnx", "plugin", "engines", "tokenizer")
 ENGINE_SUFFIX = {"tensorrt": "plan", "tensorrt-rtx": "rtx.plan"}
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
@@ -345,6 +350,9 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     # -- every argument checked before anything runs or is written ----------------------------------------
     config = DSparkConfig.from_pretrained(model_dir)
     target_dir = resolve_target_dir(model_dir, target_dir)  # default: a speculators checkpoint's local verifier
+    # the files before the weights: a missing shard or a truncated download is one line now, not a crash later
+    check_checkpoint_files(model_dir)
+    target_files = check_checkpoint_files(target_dir) if target_dir is not None else None
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt", markov_topm=options.markov_topm)
     check_version_compatible(options.version_compatible, _plugin_op(spec.topk, spec.markov_topm))
@@ -365,6 +373,10 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         target = TargetForExport.check(config, target_dir, dtype=spec.dtype, max_context=spec.max_context,
                                        validate=options.validate)
     check_output_dir(out_dir, force=force)
+    disk = estimate_export_bytes(config, spec.dtype, target_files=target_files if target else None,
+                                 target_config=target.target_config if target else None, engines=flavor is not None,
+                                 markov_topm=spec.markov_topm)
+    check_free_disk(out_dir, disk)  # the whole new export must fit (an earlier one stays until it is complete)
 
     names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
             (["target ONNX + validation"] if target else []) + \
@@ -379,8 +391,9 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     if target_dir is not None and target is None:
         notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:
-        manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
-                               target)
+        with disk_full_errors(out_dir, disk):  # ENOSPC: the temporary directory is gone, one line says why
+            manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
+                                   target)
     finally:
         phases.close()
     return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
@@ -392,7 +405,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
     from .plugin_graph import plugin_graph
 
     names = phases.names
-    with atomic_output_dir(out_dir, force=force) as tmp:
+    with atomic_output_dir(out_dir, force=force, owned=EXPORT_ENTRIES) as tmp:  # --force: only what we write
         exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
                                       max_context=spec.max_context, target="tensorrt", validate=options.validate,
                                       markov_topm=spec.markov_topm)
@@ -450,7 +463,14 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
                           topk=manifest.get("topk"), kernel=kernel,
                           kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None,
                           markov_topm=int(manifest.get("markov_topm") or 0))
-    built = EnginesForExport(export_dir, manifest, build, force=force)()
+    graphs = {export_dir / g["file"] for g in manifest.get("graphs", {}).values()} | \
+        ({export_dir / manifest["target"]["onnx"]} if manifest.get("target") else set())
+    weights = sum(p.stat().st_size for p in {*graphs, *(f for g in graphs if g.is_file() for f in external_data_files(g))}
+                  if p.is_file())
+    disk = DiskEstimate(0, 0, engines=weights)  # an engine holds about its graph's weights
+    check_free_disk(export_dir, disk, what="the engines")
+    with disk_full_errors(export_dir, disk, what="the engine build"):
+        built = EnginesForExport(export_dir, manifest, build, force=force)()
     manifest["engines"] = {**manifest.get("engines", {}), **built}
     if "files" in manifest:  # only the new engines are hashed; the rest of the export did not change
         manifest["files"] = dict(sorted({**manifest["files"],
