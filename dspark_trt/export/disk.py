@@ -140,7 +140,8 @@ def disk_full_errors(out_dir: str | Path, estimate: DiskEstimate | None = None, 
         needed = f"it needs {estimate.describe()}, " if estimate is not None else ""
         reason = {errno.ENOSPC: "the disk filled up", errno.EDQUOT: "the disk quota was reached",
                   errno.EFBIG: "a file exceeded the file-size limit (ulimit -f)"}[cause.errno]
-        where = f" writing {cause.filename}" if getattr(cause, "filename", None) else ""
+        where = f" writing {Path(cause.filename).name}" if getattr(cause, "filename", None) else ""
+        fix = ("raise the limit (ulimit -f unlimited)" if cause.errno == errno.EFBIG else
+               "free some space or choose -o on a larger disk")
         raise DSparkTrtError(f"{reason}{where} during {what} into {out_dir}: {needed}{_gb(free)} are free on the file "
-                             f"system of {probe}; nothing was written (the partial output was removed): free some "
-                             f"space or choose -o on a larger disk") from None
+                             f"system of {probe}; nothing was written (the partial output was removed): {fix}") from None
