@@ -339,6 +339,9 @@ def _build_plan(onnx_path: str | Path, config: EngineBuildConfig):
     """The serialized engine as TensorRT's ``IHostMemory`` (buffer protocol). The parser reads the graph *from its
     path* (``parse_from_file``), so external data (``<graph>.onnx.data``, graphs over 2 GiB) resolves beside it."""
     check_engine_graph(onnx_path, config.flavor)  # before importing TensorRT: a one-line refusal anywhere
+    from .external_data import external_data_files
+
+    external_data_files(onnx_path)  # a missing or short .data file: one line now, not a parser error later
     trt = importlib.import_module(FLAVORS[config.flavor].module)
     if config.register_plugins is not None:
         config.register_plugins()

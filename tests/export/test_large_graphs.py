@@ -198,3 +198,29 @@ def test_truncated_or_missing_external_data_is_one_line(small_draft, tmp_path):
     with pytest.raises(DSparkTrtError, match="the weights file draft.onnx.data .* is missing"):
         external_data_files(path)
     assert not (tmp_path / "draft.plugin.onnx").exists()
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_builds_from_a_graph_with_external_data(small_draft, tmp_path, monkeypatch):
+    """The engine build parses the graph from its path, so the weights resolve from ``draft.onnx.data`` beside it
+    (not from the working directory), and the plan is written straight from TensorRT's buffer."""
+    import onnx
+
+    from dspark_trt.export.engine import EngineBuildConfig, write_engine
+
+    graph = tmp_path / "onnx" / "draft.onnx"
+    graph.parent.mkdir()
+    onnx.save(onnx.load(str(small_draft)), str(graph), save_as_external_data=True, location="draft.onnx.data",
+              size_threshold=1024)
+    assert graph.stat().st_size < 1 << 20 < (graph.parent / "draft.onnx.data").stat().st_size  # weights outside
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=2, dynamic_ranges={"T": (1, 64, 256)})
+    size = write_engine(graph, config, tmp_path / "draft.rtx.plan")
+    assert size == (tmp_path / "draft.rtx.plan").stat().st_size > 1 << 20  # the weights are in the engine
+    (graph.parent / "draft.onnx.data").rename(tmp_path / "moved.data")
+    from dspark_trt.errors import DSparkTrtError
+
+    with pytest.raises(DSparkTrtError, match="the weights file draft.onnx.data .* is missing next to it"):
+        write_engine(graph, config, tmp_path / "again.rtx.plan")
+    assert not (tmp_path / "again.rtx.plan").exists()
