@@ -224,3 +224,31 @@ def test_tensorrt_rtx_builds_from_a_graph_with_external_data(small_draft, tmp_pa
     with pytest.raises(DSparkTrtError, match="the weights file draft.onnx.data .* is missing next to it"):
         write_engine(graph, config, tmp_path / "again.rtx.plan")
     assert not (tmp_path / "again.rtx.plan").exists()
+
+
+def test_the_bf16_twin_of_a_graph_with_external_data_streams_its_weights(tiny_pair, onnx_export, tmp_path,
+                                                                          monkeypatch):
+    """``python -m dspark_trt.export.bf16_emulation`` (the docs' Polygraphy step for bf16 exports) reads the graph
+    without its weights and converts them one at a time; a twin over the 1.5 GiB threshold (lowered here to 0, so
+    the tiny graph takes the large-graph path) gets ``OUT.onnx.data`` and computes what the inline twin does."""
+    import onnx
+    import onnxruntime as ort
+
+    from dspark_trt.export import bf16_emulation
+    from dspark_trt.export.external_data import external_refs
+
+    small = onnx_export(tiny_pair, "bf16", 16) / "draft.onnx"
+    src = tmp_path / "onnx" / "draft.onnx"
+    src.parent.mkdir()
+    onnx.save(onnx.load(str(small)), str(src), save_as_external_data=True, location="draft.onnx.data",
+              size_threshold=1024)
+    assert bf16_emulation.main([str(small), str(tmp_path / "inline.onnx")]) == 0
+    monkeypatch.setattr(bf16_emulation, "TWIN_EXTERNAL_BYTES", 0)
+    assert bf16_emulation.main([str(src), str(tmp_path / "twin.onnx")]) == 0
+    twin = onnx.load(str(tmp_path / "twin.onnx"), load_external_data=False)
+    assert {r.location for r in external_refs(twin)} == {"twin.onnx.data"}
+    assert not external_refs(onnx.load(str(tmp_path / "inline.onnx"), load_external_data=False))
+    a, b = ort.InferenceSession(str(tmp_path / "inline.onnx")), ort.InferenceSession(str(tmp_path / "twin.onnx"))
+    feeds = _feeds(a)
+    for x, y in zip(a.run(None, feeds), b.run(None, feeds)):
+        np.testing.assert_array_equal(x, y)
