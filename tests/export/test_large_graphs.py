@@ -252,3 +252,22 @@ def test_the_bf16_twin_of_a_graph_with_external_data_streams_its_weights(tiny_pa
     feeds = _feeds(a)
     for x, y in zip(a.run(None, feeds), b.run(None, feeds)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_polygraphy_inspects_the_graph_over_2gb_without_its_weights(big_draft):
+    """The docs' ``polygraphy inspect model`` with ``--ignore-external-data``: the node and its attributes, read
+    from the graph alone."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("polygraphy")
+    exe = str(exe) if exe.is_file() else shutil.which("polygraphy")
+    if exe is None:
+        pytest.skip("polygraphy CLI not installed")
+    proc = subprocess.run([exe, "inspect", "model", str(big_draft), "--show", "layers", "attrs",
+                           "--ignore-external-data"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    block = proc.stdout[proc.stdout.index("DSparkTopKMarkov [Op: DSparkTopKMarkov]"):]
+    assert "k = 16" in block and "plugin_namespace = dspark" in block
+    assert f"{EMBED} [dtype=float32, shape=({ROWS}, 64)]" in proc.stdout
