@@ -51,7 +51,7 @@ class DiskEstimate:
         return int(weights * (1 + SLACK)) + SLACK_BYTES
 
     def describe(self) -> str:
-        parts = [f"drafter ONNX {_gb(self.drafter_onnx)}"]
+        parts = [f"drafter ONNX {_gb(self.drafter_onnx)}"] if self.drafter_onnx else []
         if self.target_onnx:
             parts.append(f"target ONNX {_gb(self.target_onnx)}")
         if self.engines:

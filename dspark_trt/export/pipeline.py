@@ -3,9 +3,10 @@
     result = export_model("drafter/", "out/", ExportOptions(topk=512), target_dir="target/")
 
 Every step is a lazy loader named after what it makes (``OnnxFromCheckpoint``, ``PtxForExport``,
-``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one),
-then runs the steps inside one atomic directory: the result appears complete or not at all, and an
-existing non-empty ``out`` is replaced only with ``force``.
+``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one) — the checkpoints' files
+(``checkpoint_integrity.py``) and the free disk (``disk.py``) included — then runs the steps inside one atomic
+directory: the result appears complete or not at all, and an existing non-empty ``out`` is replaced only with
+``force`` (only the export's own entries, ``EXPORT_ENTRIES``). A disk that fills up midway is one line.
 
 Export directory::
 
@@ -13,7 +14,8 @@ Export directory::
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
                                    (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
-    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1)
+    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1; it
+                                   shares draft.onnx.data when the weights are external: no second copy)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
     tokenizer/                     the target's tokenizer files
     onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
