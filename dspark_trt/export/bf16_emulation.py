@@ -147,14 +147,16 @@ def _twin_bytes(model) -> int:
         n = 1
         for d in t.dims:
             n *= int(d)
-        size = 4 if t.data_type == onnx.TensorProto.BFLOAT16 else onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        bf16 = t.data_type == onnx.TensorProto.BFLOAT16
+        size = 4 if bf16 else onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
         total += n * size
     return total
 
 
 class _StreamedInitializers:
     """``emulate_bf16``'s ``initializer``: read one weight (inline or external data beside the source graph), bf16
-    → fp32, and — with a ``sink`` — append it to the twin's data file as an external tensor (else keep it inline)."""
+    → fp32, and — with a ``sink`` — append it to the twin's data file as an external tensor (else keep it
+    inline)."""
 
     def __init__(self, src_dir: Path, sink, location: str):
         self.src_dir, self.sink, self.location, self.offset = src_dir, sink, location, 0

@@ -144,4 +144,5 @@ def disk_full_errors(out_dir: str | Path, estimate: DiskEstimate | None = None, 
         fix = ("raise the limit (ulimit -f unlimited)" if cause.errno == errno.EFBIG else
                "free some space or choose -o on a larger disk")
         raise DSparkTrtError(f"{reason}{where} during {what} into {out_dir}: {needed}{_gb(free)} are free on the file "
-                             f"system of {probe}; nothing was written (the partial output was removed): {fix}") from None
+                             f"system of {probe}; nothing was written (the partial output was removed): "
+                             f"{fix}") from None

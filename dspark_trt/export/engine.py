@@ -26,7 +26,8 @@ from typing import Callable, Literal
 
 from ..errors import DSparkTrtError
 
-__all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine", "write_engine",
+__all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine",
+           "write_engine",
            "EngineFromOnnx", "union_engine_refusal", "check_engine_graph", "check_version_compatible"]
 
 log = logging.getLogger("dspark.engine")

@@ -3,8 +3,8 @@
     result = export_model("drafter/", "out/", ExportOptions(topk=512), target_dir="target/")
 
 Every step is a lazy loader named after what it makes (``OnnxFromCheckpoint``, ``PtxForExport``,
-``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one) — the checkpoints' files
-(``checkpoint_integrity.py``) and the free disk (``disk.py``) included — then runs the steps inside one atomic
+``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one) — the
+checkpoints' files (``checkpoint_integrity.py``) and the free disk (``disk.py``) included — then runs the steps inside one atomic
 directory: the result appears complete or not at all, and an existing non-empty ``out`` is replaced only with
 ``force`` (only the export's own entries, ``EXPORT_ENTRIES``). A disk that fills up midway is one line.
 
@@ -467,8 +467,8 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
                           markov_topm=int(manifest.get("markov_topm") or 0))
     graphs = {export_dir / g["file"] for g in manifest.get("graphs", {}).values()} | \
         ({export_dir / manifest["target"]["onnx"]} if manifest.get("target") else set())
-    weights = sum(p.stat().st_size for p in {*graphs, *(f for g in graphs if g.is_file() for f in external_data_files(g))}
-                  if p.is_file())
+    data = {f for g in graphs if g.is_file() for f in external_data_files(g)}  # each .data file once
+    weights = sum(p.stat().st_size for p in graphs | data if p.is_file())
     disk = DiskEstimate(0, 0, engines=weights)  # an engine holds about its graph's weights
     check_free_disk(export_dir, disk, what="the engines")
     with disk_full_errors(export_dir, disk, what="the engine build"):
