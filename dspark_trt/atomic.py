@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .errors import DSparkTrtError
 
@@ -90,9 +90,14 @@ def _mkdir(path: Path) -> None:
 
 
 @contextmanager
-def atomic_output_dir(out: str | Path, *, force: bool = False, marker: str = MARKER) -> Iterator[Path]:
+def atomic_output_dir(out: str | Path, *, force: bool = False, marker: str = MARKER,
+                      owned: Iterable[str] | None = None) -> Iterator[Path]:
     """Yield a temporary directory whose contents become ``out`` when the block finishes without an exception
-    (see the module docstring for what may be replaced). On any exception nothing of it is left behind."""
+    (see the module docstring for what may be replaced). On any exception nothing of it is left behind.
+
+    ``owned``: the top-level names this writer's outputs consist of; replacing an earlier output then moves
+    only those (and the new output's own names) aside, and leaves anything else the user put in ``out``.
+    None: every entry belongs to the output."""
     check_output_dir(out, force=force, marker=marker)
     out = Path(os.path.abspath(out))  # "." → the working directory, whose Path has an empty name
     in_place = out.is_dir()
@@ -108,29 +113,35 @@ def atomic_output_dir(out: str | Path, *, force: bool = False, marker: str = MAR
         yield tmp
         _ordinary_permissions(tmp)
         if in_place:
-            _swap_entries(out, tmp)
+            _swap_entries(out, tmp, marker=marker, owned=None if owned is None else set(owned))
         else:
             os.rename(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _swap_entries(out: Path, tmp: Path) -> None:
-    """Replace ``out``'s entries (an earlier output, or none) by ``tmp``'s; put the old ones back on failure."""
+def _swap_entries(out: Path, tmp: Path, *, marker: str = MARKER, owned: set[str] | None = None) -> None:
+    """Replace ``out``'s entries (an earlier output, or none) by ``tmp``'s; put the old ones back on failure.
+
+    Only renames (the same file system: nothing is copied, however large). The old marker goes first and the new
+    marker comes last, so a directory holding a marker always holds a complete output, even if the process is
+    killed in between. ``owned``: the names that belong to an output (None: all); other entries stay."""
     old = Path(tempfile.mkdtemp(prefix=".dspark-old-", dir=out))
+    new_names = sorted((e.name for e in tmp.iterdir()), key=lambda n: n == marker)  # the marker last
+    ours = None if owned is None else owned | set(new_names) | {marker}
     moved, placed = [], []
     try:
-        for entry in list(out.iterdir()):
-            if entry not in (tmp, old):
-                os.rename(entry, old / entry.name)
-                moved.append(entry.name)
-        for entry in list(tmp.iterdir()):
-            os.rename(entry, out / entry.name)
-            placed.append(entry.name)
+        entries = [e for e in out.iterdir() if e not in (tmp, old) and (ours is None or e.name in ours)]
+        for entry in sorted(entries, key=lambda e: e.name != marker):  # the marker first
+            os.rename(entry, old / entry.name)
+            moved.append(entry.name)
+        for name in new_names:
+            os.rename(tmp / name, out / name)
+            placed.append(name)
     except BaseException:
-        for name in placed:
+        for name in reversed(placed):
             os.rename(out / name, tmp / name)
-        for name in moved:
+        for name in reversed(moved):
             os.rename(old / name, out / name)
         raise
     finally:

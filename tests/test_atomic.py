@@ -140,3 +140,65 @@ def test_outputs_get_ordinary_permissions(tmp_path):
     assert modes == {"out": 0o755, "t.json": 0o644, "e.plan": 0o644, "sub": 0o755, "model.safetensors": 0o644,
                      "plot.png": 0o644}
     assert (out / "e.plan").read_bytes() == b"\x00\x01"
+
+
+def test_force_replaces_only_the_entries_the_writer_owns(tmp_path):
+    """``owned``: an earlier export's own entries are replaced (old ones the new output lacks included); whatever
+    else the user keeps in the directory stays, untouched."""
+    out = tmp_path / "out"
+    owned = ("manifest.json", "onnx", "engines")
+    with atomic_output_dir(out, owned=owned) as tmp:
+        (tmp / "onnx").mkdir()
+        (tmp / "onnx" / "old.onnx").write_text("old")
+        (tmp / "engines").mkdir()
+        (tmp / "manifest.json").write_text("{\"v\": 1}")
+    (out / "notes.txt").write_text("mine")
+    (out / "triton").mkdir()
+    with atomic_output_dir(out, force=True, owned=owned) as tmp:
+        (tmp / "onnx").mkdir()
+        (tmp / "onnx" / "new.onnx").write_text("new")
+        (tmp / "manifest.json").write_text("{\"v\": 2}")
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt", "onnx", "triton"]
+    assert [p.name for p in (out / "onnx").iterdir()] == ["new.onnx"]  # replaced, not merged
+    assert (out / "notes.txt").read_text() == "mine" and (out / "manifest.json").read_text() == "{\"v\": 2}"
+
+
+def test_a_failed_swap_puts_every_old_entry_back_and_moves_the_marker_first_and_last(tmp_path, monkeypatch):
+    """The swap renames the old marker away first and the new marker in last (a directory with a marker always
+    holds a complete output); a rename that fails midway puts the earlier output back as it was."""
+    import dspark_trt.atomic as atomic
+
+    out = tmp_path / "out"
+    with atomic_output_dir(out) as tmp:
+        for name in ("a", "b", "manifest.json"):
+            (tmp / name).write_text(f"old {name}")
+    renames = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        renames.append((os.path.basename(src), os.path.basename(os.path.dirname(dst))))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", rename)
+    with atomic_output_dir(out, force=True) as tmp:
+        for name in ("a", "manifest.json", "z"):
+            (tmp / name).write_text(f"new {name}")
+    names = [src for src, _ in renames]
+    assert names[0] == "manifest.json" and names[-1] == "manifest.json"  # old marker out first, new one in last
+    calls = []
+
+    def failing_rename(src, dst):
+        calls.append(src)
+        if len(calls) == 5:  # the old entries are aside and one new entry is in: the disk/rename fails
+            raise OSError(28, "No space left on device")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", failing_rename)
+    with pytest.raises(OSError):
+        with atomic_output_dir(out, force=True) as tmp:
+            for name in ("x", "y", "manifest.json"):
+                (tmp / name).write_text(f"newer {name}")
+    monkeypatch.setattr(atomic.os, "rename", real_rename)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a": "new a", "manifest.json": "new manifest.json",
+                                                              "z": "new z"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

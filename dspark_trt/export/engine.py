@@ -27,6 +27,7 @@ from typing import Callable, Literal
 from ..errors import DSparkTrtError
 
 __all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine",
+           "write_engine",
            "EngineFromOnnx", "union_engine_refusal", "check_engine_graph", "check_version_compatible"]
 
 log = logging.getLogger("dspark.engine")
@@ -318,7 +319,30 @@ def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:
 
 def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
     """Parse ``onnx_path`` and build a serialized engine with ``config.flavor``. Needs the library."""
+    return bytes(_build_plan(onnx_path, config))
+
+
+def write_engine(onnx_path: str | Path, config: EngineBuildConfig, path: str | Path) -> int:
+    """Build like ``build_engine`` and write the plan to ``path`` atomically, straight from TensorRT's buffer (a
+    multi-GB engine is not copied into a ``bytes`` first) → its size in bytes."""
+    from ..atomic import atomic_output_file
+
+    plan = _build_plan(onnx_path, config)
+    view = memoryview(plan).cast("B")
+    with atomic_output_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            for start in range(0, view.nbytes, 1 << 26):  # 64 MiB per write
+                f.write(view[start:start + (1 << 26)])
+    return view.nbytes
+
+
+def _build_plan(onnx_path: str | Path, config: EngineBuildConfig):
+    """The serialized engine as TensorRT's ``IHostMemory`` (buffer protocol). The parser reads the graph *from its
+    path* (``parse_from_file``), so external data (``<graph>.onnx.data``, graphs over 2 GiB) resolves beside it."""
     check_engine_graph(onnx_path, config.flavor)  # before importing TensorRT: a one-line refusal anywhere
+    from .external_data import external_data_files
+
+    external_data_files(onnx_path)  # a missing or short .data file: one line now, not a parser error later
     trt = importlib.import_module(FLAVORS[config.flavor].module)
     if config.register_plugins is not None:
         config.register_plugins()
@@ -350,7 +374,7 @@ def build_engine(onnx_path: str | Path, config: EngineBuildConfig) -> bytes:
     plan = _build_interruptibly(builder, network, build, trt)
     if plan is None:
         raise DSparkTrtError(f"{config.flavor} engine build failed for {onnx_path}: " + "; ".join(logger.errors[-3:]))
-    return bytes(plan)
+    return plan
 
 
 class EngineFromOnnx:

@@ -4,6 +4,11 @@ Every later tool (``dspark build-engine``, the runtime backends, Triton reposito
 manifest instead of guessing. ``graph_io`` reads an ONNX file's inputs/outputs; ``check_manifest``
 verifies a directory against its manifest (files present, I/O equal to the ONNX files) and is what the
 tests and ``build-engine`` use.
+
+``files`` lists every file of the export (the graphs' external ``.data`` files included) with its size and
+sha256, hashed in chunks (``file_sha256``: memory stays at one chunk whatever the file's size, so a multi-GB
+graph or engine costs its read time, never its size in memory). Graphs are read with
+``load_external_data=False``: nothing here loads weights.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 
 __all__ = ["MANIFEST_FILE", "FORMAT_VERSION", "graph_io", "new_manifest", "read_manifest", "check_manifest",
-           "package_versions", "op_contract_version", "check_op_contract_version"]
+           "package_versions", "op_contract_version", "check_op_contract_version", "file_sha256", "file_records"]
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
+
+HASH_CHUNK = 1 << 24  # 16 MiB per read: the most a digest holds in memory
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
                 10: "float16", 11: "float64", 16: "bfloat16"}
@@ -42,6 +49,33 @@ def graph_io(onnx_path: str | Path) -> dict[str, list[dict[str, Any]]]:
         "inputs": [describe(v) for v in model.graph.input if v.name not in inits],
         "outputs": [describe(v) for v in model.graph.output],
     }
+
+
+def file_sha256(path: str | Path, chunk: int = HASH_CHUNK) -> str:
+    """sha256 of a file, read ``chunk`` bytes at a time into one reused buffer."""
+    import hashlib
+
+    h = hashlib.sha256()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def file_records(export_dir: str | Path, files=None) -> dict[str, dict[str, Any]]:
+    """{relative path: {"bytes", "sha256"}} for ``files`` (default: every file below ``export_dir`` except the
+    manifest and hidden entries such as temporary directories), sorted by path; streamed digests."""
+    export_dir = Path(export_dir)
+    if files is None:
+        files = [p for p in export_dir.rglob("*") if p.is_file() and p.name != MANIFEST_FILE
+                 and not any(part.startswith(".") for part in p.relative_to(export_dir).parts)]
+    records = {}
+    for path in sorted(Path(f) for f in files):
+        path = path if path.is_absolute() else export_dir / path
+        records[path.relative_to(export_dir).as_posix()] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    return records
 
 
 def package_versions() -> dict[str, str | None]:
@@ -130,11 +164,32 @@ def read_manifest(export_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def check_manifest(export_dir: str | Path, manifest: dict[str, Any] | None = None) -> list[str]:
-    """Problems with an export directory (empty list = consistent): missing files, I/O differing from the ONNX."""
+def check_manifest(export_dir: str | Path, manifest: dict[str, Any] | None = None, *,
+                   digests: bool = False) -> list[str]:
+    """Problems with an export directory (empty list = consistent): missing files, I/O differing from the ONNX,
+    a graph's external data missing or short, a listed file of another size (``digests``: or another sha256,
+    streamed)."""
+    from .external_data import external_data_files
+
     export_dir = Path(export_dir)
     manifest = manifest if manifest is not None else read_manifest(export_dir)
     problems = []
+    for rel, record in (manifest.get("files") or {}).items():
+        path = export_dir / rel
+        if not path.is_file():
+            problems.append(f"file {rel} is missing")
+        elif path.stat().st_size != record["bytes"]:
+            problems.append(f"file {rel} has {path.stat().st_size} bytes, the manifest says {record['bytes']}")
+        elif digests and file_sha256(path) != record["sha256"]:
+            problems.append(f"file {rel} differs from the manifest's sha256")
+    graph_files = [g["file"] for g in manifest.get("graphs", {}).values()] + \
+        [f for f in (manifest.get("plugin_graph"), (manifest.get("target") or {}).get("onnx")) if f]
+    for rel in graph_files:
+        if (export_dir / rel).is_file():
+            try:
+                external_data_files(export_dir / rel)
+            except DSparkTrtError as e:
+                problems.append(str(e))
     for name, graph in manifest.get("graphs", {}).items():
         path = export_dir / graph["file"]
         if not path.is_file():

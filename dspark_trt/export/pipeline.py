@@ -3,9 +3,10 @@
     result = export_model("drafter/", "out/", ExportOptions(topk=512), target_dir="target/")
 
 Every step is a lazy loader named after what it makes (``OnnxFromCheckpoint``, ``PtxForExport``,
-``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one),
-then runs the steps inside one atomic directory: the result appears complete or not at all, and an
-existing non-empty ``out`` is replaced only with ``force``.
+``EnginesForExport``); ``export_model`` checks every argument first (nothing is written for a bad one) — the
+checkpoints' files (``checkpoint_integrity.py``) and the free disk (``disk.py``) included — then runs the steps inside one atomic
+directory: the result appears complete or not at all, and an existing non-empty ``out`` is replaced only with
+``force`` (only the export's own entries, ``EXPORT_ENTRIES``). A disk that fills up midway is one line.
 
 Export directory::
 
@@ -13,7 +14,8 @@ Export directory::
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
                                    (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
-    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1)
+    onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1; it
+                                   shares draft.onnx.data when the weights are external: no second copy)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
     tokenizer/                     the target's tokenizer files
     onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
@@ -33,12 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import atomic_output_dir, atomic_write_bytes, atomic_write_text, check_output_dir
+from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
+from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
-from .engine import (FLAVORS, EngineBuildConfig, build_engine, check_version_compatible, onnx_inputs, profile_shapes,
-                     resolve_flavor, union_engine_refusal)
-from .manifest import MANIFEST_FILE, new_manifest, read_manifest
+from .engine import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
+                     union_engine_refusal, write_engine)
+from .disk import DiskEstimate, check_free_disk, disk_full_errors, estimate_export_bytes
+from .external_data import external_data_files
+from .manifest import MANIFEST_FILE, file_records, new_manifest, read_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
            "TargetForExport", "Phases", "target_build_config", "VERIFY_TOKENS"]
@@ -46,6 +51,8 @@ __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "Pt
 log = logging.getLogger("dspark.export")
 
 GRAPHS = ("context", "draft")
+#: the top-level entries of an export directory: ``--force`` replaces these and leaves anything else in OUT
+EXPORT_ENTRIES = (MANIFEST_FILE, "onnx", "plugin", "engines", "tokenizer")
 ENGINE_SUFFIX = {"tensorrt": "plan", "tensorrt-rtx": "rtx.plan"}
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
@@ -186,8 +193,7 @@ class EnginesForExport:
                 raise DSparkTrtError(f"{path} exists; pass --force to rebuild it")
             log.info("building the %s %s engine from %s", flavor, graph, onnx_file)
             before = _embedded_count(flavor)
-            plan = build_engine(self.export_dir / onnx_file, config)
-            atomic_write_bytes(path, plan)
+            size = write_engine(self.export_dir / onnx_file, config, path)  # parsed from the path: external data
             embedded = _embedded_since(flavor, before)
             symbolic = onnx_inputs(self.export_dir / onnx_file)
             profiles = [profile_shapes(symbolic, config.batch_range, ranges, config.batch_dim)
@@ -200,7 +206,7 @@ class EnginesForExport:
                 "onnx": onnx_file,
                 "flavor": flavor,
                 "version": trt_version,
-                "bytes": len(plan),
+                "bytes": size,
                 "profile": _profile_record(profiles[0]),
                 "profiles": [_profile_record(shapes) for shapes in profiles],  # [0] = "profile"; the target: verify
                 "build": config.describe(),
@@ -346,6 +352,9 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     # -- every argument checked before anything runs or is written ----------------------------------------
     config = DSparkConfig.from_pretrained(model_dir)
     target_dir = resolve_target_dir(model_dir, target_dir)  # default: a speculators checkpoint's local verifier
+    # the files before the weights: a missing shard or a truncated download is one line now, not a crash later
+    check_checkpoint_files(model_dir)
+    target_files = check_checkpoint_files(target_dir) if target_dir is not None else None
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt", markov_topm=options.markov_topm)
     check_version_compatible(options.version_compatible, _plugin_op(spec.topk, spec.markov_topm))
@@ -366,6 +375,10 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         target = TargetForExport.check(config, target_dir, dtype=spec.dtype, max_context=spec.max_context,
                                        validate=options.validate)
     check_output_dir(out_dir, force=force)
+    disk = estimate_export_bytes(config, spec.dtype, target_files=target_files if target else None,
+                                 target_config=target.target_config if target else None, engines=flavor is not None,
+                                 markov_topm=spec.markov_topm)
+    check_free_disk(out_dir, disk)  # the whole new export must fit (an earlier one stays until it is complete)
 
     names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
             (["target ONNX + validation"] if target else []) + \
@@ -380,8 +393,9 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     if target_dir is not None and target is None:
         notes.append("the target was not exported (--skip-target): `dspark generate --export` needs it")
     try:
-        manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
-                               target)
+        with disk_full_errors(out_dir, disk):  # ENOSPC: the temporary directory is gone, one line says why
+            manifest = _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
+                                   target)
     finally:
         phases.close()
     return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
@@ -393,7 +407,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
     from .plugin_graph import plugin_graph
 
     names = phases.names
-    with atomic_output_dir(out_dir, force=force) as tmp:
+    with atomic_output_dir(out_dir, force=force, owned=EXPORT_ENTRIES) as tmp:  # --force: only what we write
         exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
                                       max_context=spec.max_context, target="tensorrt", validate=options.validate,
                                       markov_topm=spec.markov_topm)
@@ -424,7 +438,11 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
         elif not spec.markov_topm:  # a union export says why in its own note
             notes.append(_no_engine_note(out_dir, requested=options.engine))
-        phases.run("manifest", lambda: atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n"))
+        def write_manifest():
+            manifest["files"] = file_records(tmp)  # every file, .data included: size + sha256, streamed
+            atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+
+        phases.run("manifest", write_manifest)
     return manifest
 
 
@@ -447,7 +465,18 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
                           topk=manifest.get("topk"), kernel=kernel,
                           kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None,
                           markov_topm=int(manifest.get("markov_topm") or 0))
-    manifest["engines"] = {**manifest.get("engines", {}), **EnginesForExport(export_dir, manifest, build, force=force)()}
+    graphs = {export_dir / g["file"] for g in manifest.get("graphs", {}).values()} | \
+        ({export_dir / manifest["target"]["onnx"]} if manifest.get("target") else set())
+    data = {f for g in graphs if g.is_file() for f in external_data_files(g)}  # each .data file once
+    weights = sum(p.stat().st_size for p in graphs | data if p.is_file())
+    disk = DiskEstimate(0, 0, engines=weights)  # an engine holds about its graph's weights
+    check_free_disk(export_dir, disk, what="the engines")
+    with disk_full_errors(export_dir, disk, what="the engine build"):
+        built = EnginesForExport(export_dir, manifest, build, force=force)()
+    manifest["engines"] = {**manifest.get("engines", {}), **built}
+    if "files" in manifest:  # only the new engines are hashed; the rest of the export did not change
+        manifest["files"] = dict(sorted({**manifest["files"],
+                                         **file_records(export_dir, [e["file"] for e in built.values()])}.items()))
     atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
     return manifest
 

@@ -2,13 +2,20 @@
 
 The exported ``draft.onnx`` carries the ``dspark::DSparkTopKMarkov`` node *and* a same-named ONNX local
 function (so onnxruntime and TensorRT-RTX run it from standard ops). For a TensorRT build with the
-quickly-deployable AOT plugin (docs/export.md, Engines) we post-edit a copy with onnx-graphsurgeon:
+quickly-deployable AOT plugin (docs/export.md, Engines) we post-edit a copy of the graph's nodes:
 
 * drop the local function, so no parser version can prefer it over the plugin;
 * set ``aot = 1`` on the node, so TensorRT uses the plugin's ahead-of-time implementation (the PTX is
   embedded in the engine: no Python and no ``.so`` at run time);
 * keep ``plugin_namespace`` / ``plugin_version`` (set by the exporter), which the parser needs to look the
   plugin up before anything else.
+
+The weights are never loaded: the graph is read with ``load_external_data=False`` and only the node and the
+function list change, so a draft graph over protobuf's 2 GiB cap (its initializers in ``draft.onnx.data``) is
+edited in the time it takes to read its nodes. The plugin graph references the *same* data file
+when it is written beside ``draft.onnx`` (as the export does), so the export holds one copy of the weights;
+another directory needs ``copy_weights=True`` (``export/external_data.py``: onnx accepts no link and no path
+outside the graph's directory). A small graph with its weights inside keeps them inside.
 """
 
 from __future__ import annotations
@@ -28,27 +35,35 @@ def custom_nodes(model) -> list:
     return [n for n in model.graph.node if n.op_type in _OPS and n.domain == OP_DOMAIN]
 
 
-def plugin_graph(src: str | Path, dst: str | Path) -> Path:
-    """Write ``dst``: ``src`` without the op's local function and with ``aot=1`` on its node."""
-    import onnx
-    import onnx_graphsurgeon as gs
+def plugin_graph(src: str | Path, dst: str | Path, *, copy_weights: bool = False) -> Path:
+    """Write ``dst``: ``src`` without the op's local function and with ``aot=1`` on its node (weights untouched)."""
+    from ..atomic import atomic_write_bytes
+    from .external_data import load_graph_only, share_external_data
 
-    from onnx_graphsurgeon.logger import G_LOGGER
-
-    G_LOGGER.severity = G_LOGGER.ERROR  # it warns that bf16 has no NumPy type (and keeps it, as we want)
-    model = onnx.load(str(src))
-    if not custom_nodes(model):
+    src, dst = Path(src), Path(dst)
+    model = load_graph_only(src)  # nodes, I/O and external-data references; inline weights of a small graph
+    nodes = custom_nodes(model)
+    if not nodes:
         raise DSparkTrtError(f"{src} has no {OP_DOMAIN}::{OP_NAME} node (a dense --topk off export needs no plugin); "
                              f"build it without the plugin")
-    graph = gs.import_onnx(model)
-    for node in graph.nodes:
-        if node.op in _OPS and node.domain == OP_DOMAIN:
-            node.attrs["aot"] = 1
-            node.attrs["plugin_namespace"] = PLUGIN_NAMESPACE
-            node.attrs["plugin_version"] = PLUGIN_VERSION
-    graph.functions = [f for f in graph.functions if not (f.name in _OPS and f.domain == OP_DOMAIN)]
-    out = gs.export_onnx(graph)
-    out.metadata_props.extend(model.metadata_props)
-    dst = Path(dst)
-    onnx.save(out, str(dst))
+    for node in nodes:
+        for name, value in (("aot", 1), ("plugin_namespace", PLUGIN_NAMESPACE), ("plugin_version", PLUGIN_VERSION)):
+            _set_attribute(node, name, value)
+    keep = [f for f in model.functions if not (f.name in _OPS and f.domain == OP_DOMAIN)]
+    del model.functions[:]
+    model.functions.extend(keep)
+    share_external_data(model, src.parent, dst.parent, copy=copy_weights)  # beside src: one copy on disk
+    atomic_write_bytes(dst, model.SerializeToString())  # the graph only: small whenever its weights are external
     return dst
+
+
+def _set_attribute(node, name: str, value) -> None:
+    """Set (or replace, in place) one attribute of a ``NodeProto``."""
+    from onnx import helper
+
+    attr = helper.make_attribute(name, value)
+    for existing in node.attribute:
+        if existing.name == name:
+            existing.CopyFrom(attr)
+            return
+    node.attribute.append(attr)

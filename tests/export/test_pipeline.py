@@ -122,7 +122,8 @@ def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
     assert any("dspark build-engine" in note for note in result.notes)
     manifest = build_engines(out, engine="tensorrt-rtx", options=ExportOptions(max_batch_size=2))
     assert set(manifest["engines"]) == {"context.tensorrt-rtx", "draft.tensorrt-rtx"}
-    assert check_manifest(out) == []
+    assert check_manifest(out, digests=True) == []  # the engines added to "files", the rest as recorded
+    assert {e["file"] for e in manifest["engines"].values()} <= set(manifest["files"])
     assert json.loads((out / "manifest.json").read_text())["engines"] == manifest["engines"]
     with pytest.raises(DSparkTrtError, match="exists; pass --force"):
         build_engines(out, engine="tensorrt-rtx")
