@@ -367,7 +367,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                                        validate=options.validate)
     check_output_dir(out_dir, force=force)
 
-    names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
+    names = ["trace ONNX graphs", "write ONNX weights"] + (["validate ONNX"] if options.validate else []) + \
             (["target ONNX + validation"] if target else []) + \
             (["plugin graph + PTX"] if plugin else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
@@ -389,15 +389,20 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
 
 def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
                 target: "TargetForExport | None" = None) -> dict:
-    from .onnx import OnnxFromCheckpoint, SaveOnnx
+    from .onnx import OnnxFromCheckpoint, validate_written, write_graphs, write_record
     from .plugin_graph import plugin_graph
 
-    names = phases.names
     with atomic_output_dir(out_dir, force=force) as tmp:
-        exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
-                                      max_context=spec.max_context, target="tensorrt", validate=options.validate,
-                                      markov_topm=spec.markov_topm)
-        phases.run(names[0], SaveOnnx(exported, tmp / "onnx"))
+        onnx_dir = tmp / "onnx"
+        onnx_dir.mkdir()
+        exported = phases.run("trace ONNX graphs", OnnxFromCheckpoint(
+            model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk, max_context=spec.max_context,
+            target="tensorrt", validate=options.validate, markov_topm=spec.markov_topm))
+        phases.run("write ONNX weights", lambda: write_graphs(exported, onnx_dir))
+        if options.validate:
+            phases.run("validate ONNX", lambda: validate_written(exported, onnx_dir))
+        write_record(exported, onnx_dir)
+        del exported
         target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}

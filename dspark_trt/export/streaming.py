@@ -45,6 +45,8 @@ __all__ = ["LAZY_NUMEL", "Recipe", "Placeholders", "StreamedTensor", "stream_ini
 
 #: tensors with more elements become placeholders (= onnxscript's constant-folding input limit, 8192)
 LAZY_NUMEL = 8192
+#: onnx_ir's DeduplicateInitializersPass compares initializers up to this many elements by value
+DEDUP_NUMEL = 1024
 #: bytes converted and written per chunk of a streamed tensor
 CHUNK_BYTES = 64 << 20
 
@@ -77,8 +79,10 @@ class _Region:
 class Placeholders:
     """Placeholder tensors (zero-page mappings) and the recipes behind them, looked up by address."""
 
-    def __init__(self, lazy_numel: int = LAZY_NUMEL):
-        self.lazy_numel = lazy_numel
+    def __init__(self, lazy_numel: int | None = None):
+        self.lazy_numel = LAZY_NUMEL if lazy_numel is None else int(lazy_numel)
+        if self.lazy_numel < DEDUP_NUMEL:  # the optimizer compares small initializers by value (deduplication)
+            raise DSparkTrtError(f"placeholders must be larger than {DEDUP_NUMEL} elements (got {self.lazy_numel})")
         self.regions: list[_Region] = []
 
     def wants(self, shape) -> bool:
