@@ -275,21 +275,26 @@ class TargetForExport:
     def __call__(self, export_dir: Path) -> dict:
         from ..loader import resolve_dtype
         from .manifest import graph_io
-        from .target_onnx import (TARGET_ONNX, TOKENIZER_DIR, copy_tokenizer, export_target_onnx, load_target_model,
-                                  new_target_section)
+        from .streaming import Placeholders
+        from .target_onnx import (TARGET_ONNX, TOKENIZER_DIR, build_target_model, copy_tokenizer, export_target_onnx,
+                                  load_target_model, new_target_section)
 
-        model = load_target_model(self.target_dir, resolve_dtype(self.dtype))
         fp16_range = None
         if self.dtype == "fp16":  # massive activations: refuse a target that overflows (target_precision.py)
             from .target_precision import check_target_fp16
 
-            fp16_range = check_target_fp16(model)
-        path = export_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
+            fp16_range = check_target_fp16(load_target_model(self.target_dir, resolve_dtype(self.dtype)))
+        placeholders = Placeholders()  # traced on placeholders, the weights streamed from the checkpoint
+        model = build_target_model(self.target_dir, resolve_dtype(self.dtype), placeholders=placeholders)
+        path = export_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX,
+                                  placeholders=placeholders)
+        del model, placeholders
         report = None
         if self.validate:
-            from .validate_target import validate_target_onnx
+            from .validate_target import validate_target_files
 
-            report = validate_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines()
+            report = validate_target_files(path, self.target_dir, self.config.target_layer_ids, dtype=self.dtype,
+                                           work_dir=export_dir / ".target-validation").lines()
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
         section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
                                      dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,

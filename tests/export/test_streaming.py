@@ -142,3 +142,32 @@ def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
     with pytest.raises(DSparkTrtError, match="truncated|not a readable safetensors"):
         streaming.read_tensor(drafter, last[0])
     assert np.isfinite(streaming.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
+
+
+def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair, tmp_path):
+    """The target graph traced on placeholders (build_target_model) and streamed equals the in-memory export;
+    validation at size takes the full graph when it fits, else the same export of a subset of layers — and says
+    which."""
+    import onnx
+    from onnx import numpy_helper
+
+    from dspark_trt.export.target_onnx import build_target_model, export_target_onnx, load_target_model
+    from dspark_trt.export.validate_target import validate_target_files
+
+    ph = streaming.Placeholders()
+    a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
+                           tmp_path / "s" / "target.onnx", placeholders=ph)
+    b = export_target_onnx(load_target_model(tiny_pair.target, torch.bfloat16), [1, 2, 4], tmp_path / "m" / "target.onnx")
+    assert ph.regions and (tmp_path / "s" / "target.onnx.data").is_file()
+    A, B = onnx.load(str(a)), onnx.load(str(b))
+    assert [(i.name, list(i.dims)) for i in A.graph.initializer] == [(i.name, list(i.dims)) for i in B.graph.initializer]
+    for x, y in zip(A.graph.initializer, B.graph.initializer):
+        assert numpy_helper.to_array(x).tobytes() == numpy_helper.to_array(y).tobytes(), x.name
+    del A.graph.initializer[:], B.graph.initializer[:]
+    assert A.SerializeToString() == B.SerializeToString()
+
+    full = validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w")
+    assert full.ok and "the full graph (6 layers" in full.title
+    sub = validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w", available=1)
+    assert sub.ok and "subset: the same export of decoder layers 0..1 of 6" in sub.title and "taps [1]" in sub.title
+    assert not (tmp_path / "w").exists()
