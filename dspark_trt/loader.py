@@ -78,6 +78,7 @@ def load_drafter(
     device: str | torch.device = "cpu",
     target_dir: str | Path | None = None,
     placeholders=None,
+    num_layers: int | None = None,
 ):
     """Load a DSpark drafter checkpoint into the reference module.
 
@@ -93,6 +94,7 @@ def load_drafter(
         placeholders (*optional*): an ``export.streaming.Placeholders``: tensors it ``wants`` (the large ones)
             are not read but stood in for by placeholders recording where they come from (checkpoint or target
             file, name, dtype), for an export that streams its weights; the rest load as usual.
+        num_layers (*optional*): only the first draft layers (validation of an export on a subset at size).
 
     Returns:
         ``DSparkDrafter`` in eval mode, without gradients; its ``config`` is the normalised ``DSparkConfig``.
@@ -117,8 +119,14 @@ def load_drafter(
         if target_cfg.get("num_hidden_layers"):
             config.check_target_layers(int(target_cfg["num_hidden_layers"]))
 
+    if num_layers is not None:
+        k = int(num_layers)
+        config = config.replace(num_hidden_layers=k, layer_types=tuple(config.layer_types[:k]))
     with SafetensorsCheckpoint(model_dir) as ck:
         shapes = ck.shapes()
+        if num_layers is not None:  # the layers past the subset are not part of it
+            shapes = {n: v for n, v in shapes.items()
+                      if not (n.startswith("layers.") and int(n.split(".")[1]) >= config.num_hidden_layers)}
         from_target = check_checkpoint(config, shapes, model_dir=str(model_dir), target_available=target_dir is not None)
         if config.enable_confidence_head and "confidence_head.proj.weight" not in shapes:
             config = config.replace(enable_confidence_head=False)  # docs/dspark.md §3.5: confidence disabled

@@ -248,12 +248,14 @@ class OnnxFromCheckpoint(OnnxFromDrafter):
                  dtype: str | torch.dtype | None = None, stream: bool = True, **options):
         dtype = resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)  # bad dtype: fail before loading
         self.model_dir, self.target_dir, self.dtype, self.stream = Path(model_dir), target_dir, dtype, stream
+        self.num_layers: int | None = None  # a subset of the draft layers (validation at size)
         super().__init__(self._load, **options)
 
     def _load(self, placeholders=None):
         from ..loader import load_drafter
 
-        return load_drafter(self.model_dir, dtype=self.dtype, target_dir=self.target_dir, placeholders=placeholders)
+        return load_drafter(self.model_dir, dtype=self.dtype, target_dir=self.target_dir, placeholders=placeholders,
+                            num_layers=self.num_layers)
 
     def __call__(self) -> ExportedOnnx:
         if not self.stream:
@@ -277,17 +279,63 @@ class OnnxFromCheckpoint(OnnxFromDrafter):
             exported.validate_files = self._validate_files
         return exported
 
-    def _validate_files(self, out: Path) -> list[str]:
-        """Validate the written graphs in ``out`` against the reference drafter (loaded now, real weights)."""
+    def _validate_files(self, out: Path, available: int | None = None) -> list[str]:
+        """Validate the written graphs in ``out`` against the reference drafter (loaded now, real weights): the
+        full graphs when graphs + reference fit in 90 % of the available memory, else the same export of the
+        first k draft layers (written beside them, removed afterwards); the report's title says which."""
+        import shutil
+
+        from .validate_target import memory_available, validation_need
+
+        graph_bytes = sum((out / f"{f}.data").stat().st_size for f in GRAPH_FILES.values() if (out / f"{f}.data").is_file())
+        layers, largest, layer_bytes = _drafter_sizes(self.model_dir, self.target_dir, self.dtype)
+        scale = 4 // torch.empty((), dtype=self.dtype).element_size()
+        need = validation_need(graph_bytes, largest * scale)  # reference ≈ the graphs' bytes
+        budget = int(0.9 * (memory_available() if available is None else available))
+        k = layers
+        if need > budget:
+            k = int(max(1, min(layers - 1, layers - (need - budget) // max(1, 2 * layer_bytes) - 1)))
+            sub = OnnxFromCheckpoint(self.model_dir, target_dir=self.target_dir, dtype=self.dtype, validate=False,
+                                     **self._options)
+            sub.num_layers = k
+            work = out / ".validation"
+            work.mkdir(exist_ok=True)
+            try:
+                write_graphs(sub(), work)
+                lines = sub._check(work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            lines[0] += (f" — a subset: the same export of draft layers 0..{k - 1} of {layers} (the checkpoint's "
+                         f"weights; embeddings, fc, lm_head, Markov and confidence heads included), since the full "
+                         f"graphs need ~{need / 1e9:.1f} GB next to their reference and {budget / 1e9:.1f} GB are "
+                         f"usable; the full graphs' initializers were written from the same tensors")
+            log.info(lines[0])
+            return lines
+        lines = self._check(out)
+        lines[0] += f" — the full graphs ({layers} draft layers; need ~{need / 1e9:.1f} GB, {budget / 1e9:.1f} GB usable)"
+        return lines
+
+    def _check(self, out: Path) -> list[str]:
         from .ort_session import OrtGraph
         from .validate import validate_onnx
 
         drafter = self._load()
         spec = ExportSpec.resolve(drafter.config, dtype=self.dtype, **self._options)
         graphs = [OrtGraph(out / GRAPH_FILES[g], low_memory=True) for g in ("context", "draft")]
-        report = validate_onnx(*graphs, drafter,
-                               topk=spec.topk, dtype=spec.dtype, markov_topm=spec.markov_topm)
+        report = validate_onnx(*graphs, drafter, topk=spec.topk, dtype=spec.dtype, markov_topm=spec.markov_topm)
         return report.lines()
+
+
+def _drafter_sizes(model_dir: Path, target_dir, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(draft layers, the largest tensor's elements × the export dtype's bytes, one layer's bytes) from the headers."""
+    from ..checkpoint import expected_tensors
+
+    config = DSparkConfig.from_pretrained(model_dir)
+    item = torch.empty((), dtype=dtype).element_size()
+    spec = expected_tensors(config)
+    sizes = {n: item * int(torch.Size(t.shape).numel()) for n, t in spec.items()}
+    layer = sum(v for n, v in sizes.items() if n.startswith("layers.0."))
+    return config.num_hidden_layers, max(sizes.values()), layer
 
 
 def _union_table(model_dir: Path, dtype: torch.dtype, topm: int, config: DSparkConfig) -> torch.Tensor:

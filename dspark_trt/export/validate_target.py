@@ -125,7 +125,7 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     ref = HFTarget(model)
     got = OnnxRuntimeTarget(onnx_path, num_layers=shape.num_layers, num_key_value_heads=shape.num_key_value_heads,
                             head_dim=shape.head_dim, hidden_size=shape.hidden_size, vocab_size=shape.vocab_size,
-                            layer_ids=layer_ids, dtype=dtype)
+                            layer_ids=layer_ids, dtype=dtype, low_memory=True)
     ref.set_taps(layer_ids)
     got.set_taps(layer_ids)
     gen = torch.Generator().manual_seed(seed)

@@ -171,3 +171,19 @@ def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair
     sub = validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w", available=1)
     assert sub.ok and "subset: the same export of decoder layers 0..1 of 6" in sub.title and "taps [1]" in sub.title
     assert not (tmp_path / "w").exists()
+
+
+def test_drafter_validation_at_size_full_or_subset(tiny_pair, tmp_path):
+    """The written drafter graphs validate in full when they fit beside the reference, else the same export of
+    its first draft layers; the report's first line says which."""
+    exported = OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, dtype="bf16", topk=16)()
+    out = tmp_path / "onnx"
+    out.mkdir()
+    from dspark_trt.export.onnx import write_graphs
+
+    write_graphs(exported, out)
+    full = exported.validate_files(out)
+    assert "the full graphs (2 draft layers" in full[0] and all("FAIL" not in line for line in full)
+    sub = exported.validate_files(out, available=1)
+    assert "a subset: the same export of draft layers 0..0 of 2" in sub[0] and all("FAIL" not in line for line in sub)
+    assert not (out / ".validation").exists()
