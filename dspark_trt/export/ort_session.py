@@ -119,9 +119,13 @@ class OrtGraph:
                 proto, self.emulated_bf16 = emulate_bf16(proto), True
                 log.debug("bf16 graph on onnxruntime CPU: running its fp32 bf16-emulation twin")
                 if source is not None and _has_external(proto):  # weights on disk: the twin beside them
-                    disabled = ["ConstantFolding"]  # never fold the per-run bf16 → fp32 casts into fp32 copies
-                    source = twin = _twin_beside(proto, Path(source))
-                    proto = None
+                    if low_memory:  # keep the per-run bf16 → fp32 casts (else folded into an fp32 copy, faster)
+                        disabled = ["ConstantFolding"]
+                    try:
+                        source = twin = _twin_beside(proto, Path(source))
+                        proto = None
+                    except OSError:  # a read-only export directory: the twin with its weights, in memory
+                        proto = emulate_bf16(model_proto(source))
         try:
             self.session = ort.InferenceSession(source if proto is None else proto.SerializeToString(), options,
                                                 providers=self.providers, disabled_optimizers=disabled)
