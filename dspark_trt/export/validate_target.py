@@ -206,8 +206,8 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
         report = validate_target_onnx(onnx_path, model, layer_ids, dtype=dtype)
         report.title += f" — the full graph ({layers} layers; needs ~{need / 1e9:.1f} GB, {budget / 1e9:.1f} GB usable)"
         return report
-    per_layer = max(1, (total - _outside_layers(sizes)) // max(1, layers))
-    fixed = validation_need(_outside_layers(sizes), largest * scale)
+    outside, per_layer = _checkpoint_split(target_dir, torch_dtype, layers)
+    fixed = validation_need(outside, largest * scale)
     k = max(2, min(layers - 1, (budget - fixed) // (2 * per_layer)))
     ids = [i for i in layer_ids if i < k] or [k - 1]
     work = Path(work_dir)
@@ -245,5 +245,19 @@ def _count_layers(proto) -> int:
     return sum(1 for i in proto.graph.input if i.name.startswith("past_key_"))
 
 
-def _outside_layers(sizes: dict[str, int]) -> int:
-    return sum(n for name, n in sizes.items() if ".layers." not in name)
+def _checkpoint_split(target_dir, dtype: torch.dtype, layers: int) -> tuple[int, int]:
+    """(bytes outside the decoder layers, bytes of one layer) of the target in ``dtype``, from the headers."""
+    import math
+
+    from ..checkpoint import SafetensorsCheckpoint
+
+    item = torch.empty((), dtype=dtype).element_size()
+    outside = inside = 0
+    with SafetensorsCheckpoint(target_dir) as ck:
+        for name, (shape, _) in ck.shapes().items():
+            n = item * math.prod(shape)
+            if ".layers." in f".{name}":
+                inside += n
+            else:
+                outside += n
+    return outside, max(1, inside // max(1, layers))
