@@ -34,7 +34,7 @@ def main() -> None:
     p.add_argument("out", nargs="?", default="out/smollm2-walkthrough")
     p.add_argument("--steps", type=int, default=None, help="drafter training steps (default: 30 minutes)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per training prompt")
-    p.add_argument("--bank-prompts", type=int, default=640, help="prompt-bank prompts for the training text")
+    p.add_argument("--bank-prompts", type=int, default=None, help="prompt-bank prompts for the training text (default 1344)")
     args = p.parse_args()
     out = Path(args.out)
 

@@ -12,6 +12,8 @@ from .common import EXIT_USAGE, add_verbosity, import_optional, run_guarded, set
 #: subcommand → (module under dspark_trt.cli, one-line help)
 SUBCOMMANDS = {
     "tiny-checkpoint": ("tiny_checkpoint", "write a tiny random drafter + target pair (offline demos and tests)"),
+    "make-checkpoint": ("make_checkpoint", "write a real-shape drafter and/or target with random weights (presets, "
+                                           "streamed, sharded)"),
     "generate": ("generate", "speculative decoding with a DSpark drafter beside a target model"),
     "export": ("export", "checkpoint → ONNX → TensorRT engine (same as dspark-export)"),
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),

@@ -33,7 +33,7 @@ from ..atomic import atomic_output_dir, atomic_write_text
 from ..errors import DSparkTrtError
 
 __all__ = ["GGUF_NAME", "WHEEL", "locate_gguf", "write_smollm2_target", "is_built", "cache_dir", "cached_smollm2_target",
-           "build_smollm2_pair"]
+           "build_smollm2_pair", "smollm2_settings"]
 
 log = logging.getLogger("dspark")
 
@@ -143,7 +143,9 @@ def write_smollm2_target(out: str | Path, *, force: bool = False) -> Path:
 
 #: the drafter ``dspark smollm2 --train-drafter`` trains (see docs/smollm2.md for why)
 DRAFT_VOCAB = 8192
-BANK_PROMPTS = 640  # prompt-bank prompts the target continues for the drafter's training text (docs/smollm2.md)
+#: prompt-bank prompts the target continues for the drafter's training text on the CPU (docs/smollm2.md): with
+#: ``TRAIN_PROMPTS``, 1,408 prompts continued once each (the budget of 704 prompts continued twice before)
+BANK_PROMPTS = 1344
 
 
 def write_heldout_prompts(out: str | Path, target_dir: str | Path) -> Path:
@@ -161,11 +163,30 @@ def write_heldout_prompts(out: str | Path, target_dir: str | Path) -> Path:
     return path
 
 
-def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: bool = False, minutes: float = 30.0,
-                       steps: int | None = None, seed: int = 0, threads: int | None = None,
-                       progress: bool = True, new_tokens: int = 128, bank_prompts: int = BANK_PROMPTS) -> dict:
+def smollm2_settings(*, device: str = "cpu", minutes: float | None = None, steps: int | None = None, seed: int = 0,
+                     threads: int | None = None, new_tokens: int | None = None, bank_prompts: int | None = None,
+                     data_dir: str | None = None):
+    """The ``DistillSettings`` of ``dspark smollm2 --train-drafter``: the CPU recipe (30 minutes, 1,408 prompts ×
+    128 tokens), or the GPU preset (``training/presets.py``) with a cuda ``device``; given values override."""
+    from ..training import DistillSettings
+    from ..training.presets import PRESETS
+
+    gpu = str(device).startswith("cuda")
+    values = dict(PRESETS["gpu"]) if gpu else {"minutes": 30.0, "bank_prompts": BANK_PROMPTS, "new_tokens": 128}
+    given = {"minutes": minutes, "steps": steps, "new_tokens": new_tokens, "bank_prompts": bank_prompts}
+    values.update({k: v for k, v in given.items() if v is not None})
+    if steps is not None:
+        values.pop("minutes", None)
+    return DistillSettings(seed=seed, threads=threads, data_dir=data_dir, device=device, **values)
+
+
+def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: bool = False,
+                       minutes: float | None = None, steps: int | None = None, seed: int = 0,
+                       threads: int | None = None, progress: bool = True, new_tokens: int | None = None,
+                       bank_prompts: int | None = None, device: str = "cpu", data_dir: str | None = None) -> dict:
     """``out/target`` (SmolLM2-135M-Instruct), ``out/prompts.json`` (held-out prompts) and, with
-    ``train_drafter``, ``out/drafter`` distilled on the CPU. Idempotent; an interrupted training resumes."""
+    ``train_drafter``, ``out/drafter`` distilled on ``device`` (``smollm2_settings``; the text store is
+    ``data_dir`` or ``out/dspark-text``). Idempotent; an interrupted training resumes."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DSparkTrtError(f"{out} exists and is not a directory; choose another output directory")
@@ -173,13 +194,12 @@ def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: b
     write_heldout_prompts(out, target)
     result = {"target": target, "prompts": out / "prompts.json"}
     if train_drafter:
-        from ..training import DistillSettings, DrafterShape, distill
+        from ..training import DrafterShape, distill
 
+        settings = smollm2_settings(device=device, minutes=minutes, steps=steps, seed=seed, threads=threads,
+                                    new_tokens=new_tokens, bank_prompts=bank_prompts, data_dir=data_dir)
         result["drafter"] = distill(target, out / "drafter", shape=DrafterShape(draft_vocab_size=DRAFT_VOCAB),
-                                    settings=DistillSettings(steps=steps, minutes=None if steps else minutes,
-                                                             seed=seed, threads=threads, new_tokens=new_tokens,
-                                                             bank_prompts=bank_prompts),
-                                    force=force, progress=progress)
+                                    settings=settings, force=force, progress=progress)
     return result
 
 

@@ -1,8 +1,8 @@
 """Distillation data: sequences the target writes itself, and what the trainer needs from the target on them.
 
-``target_sequences`` continues each prompt greedily and once at T = 1 (seeded), so the drafter learns the
-target's own distribution on text like the text it will draft at run time. The same forward passes that
-write the text keep, per position (``stack_rows`` right-pads them)
+``write_rows`` continues each job's prompt — greedily, or sampled like a served request
+(``training/sampling.py``: T, top-p, top-k, noise keyed by the row's seed) — batched on the target's device.
+The same forward passes that write the text keep, per position (``stack_rows`` right-pads the rows)
 
     taps        [S, L, m·d] bf16   the drafter's context (outputs of ``target_layer_ids``)
     top_ids     [S, L, K]   int64  the target's K most likely next tokens at each position
@@ -15,12 +15,23 @@ which is all the loss needs (the full [S, L, V] distribution would not fit in me
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["target_sequences", "stack_rows", "random_prompts"]
+from .sampling import WritingSettings, next_tokens
+
+__all__ = ["Job", "write_rows", "stack_rows", "random_prompts"]
 
 log = logging.getLogger("dspark")
+
+
+class Job(NamedTuple):
+    """One row to write: the prompt's ids, greedy or sampled, and the sampled row's noise seed."""
+
+    prompt: tuple[int, ...]
+    greedy: bool
+    seed: int = 0
 
 
 def random_prompts(vocab_size: int, num: int, length: int, *, seed: int, avoid: tuple[int, ...] = ()) -> list[list[int]]:
@@ -31,92 +42,94 @@ def random_prompts(vocab_size: int, num: int, length: int, *, seed: int, avoid: 
 
 
 @torch.no_grad()
-def _continue(model, prompts: list[list[int]], *, new_tokens: int, temperature: float, seed: int,
-              eos: tuple[int, ...], avoid: tuple[int, ...], hf_indices: list[int] | None = None,
-              top: int = 32) -> list[dict]:
-    """Continue every prompt (one batch, incremental decoding with the HF cache); stop a row at EOS.
+def _continue(model, jobs: list[Job], *, new_tokens: int, sampling: WritingSettings, eos: tuple[int, ...],
+              avoid: tuple[int, ...], hf_indices: list[int], top: int) -> list[dict]:
+    """Continue every job's prompt (one batch, incremental decoding with the HF cache, on the model's device);
+    stop a row at EOS.
 
-    Returns per prompt ``{"ids": [T] int64, "taps": [T, m·d] bf16, "top_ids": [T, K], "top_logp": [T, K]}``:
-    the features come from the same forward passes that wrote the text (no second pass); the last token
-    written is dropped (nothing was computed on it).
+    Returns per job ``{"ids": [T] int64, "start", "taps": [T, m·d] bf16, "top_ids": [T, K], "top_logp": [T, K]}``
+    on the CPU: the features come from the same forward passes that wrote the text (no second pass); the last
+    token written is dropped (nothing was computed on it).
     """
     import inspect
 
     from transformers import DynamicCache
 
-    B = len(prompts)
-    T = max(len(p) for p in prompts)
-    ids = torch.zeros(B, T, dtype=torch.int64)
-    mask = torch.zeros(B, T, dtype=torch.int64)
-    for b, p in enumerate(prompts):  # left-padded
-        ids[b, T - len(p):] = torch.tensor(p)
-        mask[b, T - len(p):] = 1
-    gen = torch.Generator().manual_seed(seed)
+    dev = next(model.parameters()).device
+    B = len(jobs)
+    lens = torch.tensor([len(j.prompt) for j in jobs])  # [B]
+    P = int(lens.max())
+    ids = torch.zeros(B, P, dtype=torch.int64)
+    mask = torch.zeros(B, P, dtype=torch.int64)
+    for b, j in enumerate(jobs):  # left-padded
+        ids[b, P - len(j.prompt):] = torch.tensor(j.prompt)
+        mask[b, P - len(j.prompt):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    greedy = torch.tensor([j.greedy for j in jobs], device=dev)  # [B] bool
+    seeds = torch.tensor([j.seed for j in jobs], dtype=torch.int64, device=dev)  # [B]
+    eos_t = torch.tensor(list(eos) or [-1], device=dev)
+    written = torch.zeros(B, P + new_tokens, dtype=torch.int64, device=dev)  # [B, P+n] prompt then text
+    written[:, :P] = ids
+    taps_buf = top_ids = top_logp = None  # [B, P+n, …] features per buffer position, allocated on first use
+    count = torch.zeros(B, dtype=torch.int64, device=dev)  # [B] tokens written per row
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)  # [B, P]
     cache = DynamicCache()
-    positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    rows = [{"ids": list(p), "start": len(p) - 1, "taps": [], "top_ids": [], "top_logp": []} for p in prompts]
-    done = torch.zeros(B, dtype=torch.bool)
     x, pos = ids, positions
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     for step in range(new_tokens):
-        out = model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True,
-                    output_hidden_states=hf_indices is not None, **{cache_arg: cache})
+        out = model(input_ids=x, attention_mask=mask, position_ids=pos, use_cache=True, output_hidden_states=True,
+                    **{cache_arg: cache})
         all_logits = out.logits.to(torch.float32)  # [B, q, V]
-        if hf_indices is not None:
-            taps = torch.cat([out.hidden_states[i] for i in hf_indices], dim=-1).to(torch.bfloat16)  # [B, q, m·d]
-            tv, ti = torch.log_softmax(all_logits, dim=-1).topk(top, dim=-1)  # [B, q, K]
-            for b in range(B):
-                if step == 0:
-                    n = len(prompts[b])
-                    rows[b]["taps"].append(taps[b, T - n:])
-                    rows[b]["top_ids"].append(ti[b, T - n:])
-                    rows[b]["top_logp"].append(tv[b, T - n:])
-                elif not done_before[b]:
-                    rows[b]["taps"].append(taps[b])
-                    rows[b]["top_ids"].append(ti[b])
-                    rows[b]["top_logp"].append(tv[b])
+        taps = torch.cat([out.hidden_states[i] for i in hf_indices], dim=-1).to(torch.bfloat16)  # [B, q, m·d]
+        tv, ti = torch.log_softmax(all_logits, dim=-1).topk(top, dim=-1)  # [B, q, K]
+        if taps_buf is None:
+            taps_buf = torch.zeros(B, P + new_tokens, taps.shape[-1], dtype=torch.bfloat16, device=dev)
+            top_ids = torch.zeros(B, P + new_tokens, top, dtype=torch.int64, device=dev)
+            top_logp = torch.zeros(B, P + new_tokens, top, dtype=torch.float32, device=dev)
+        at = slice(0, P) if step == 0 else slice(P + step - 1, P + step)  # buffer positions of this pass
+        taps_buf[:, at], top_ids[:, at], top_logp[:, at] = taps, ti, tv
         logits = all_logits[:, -1]  # [B, V]
         if avoid:
             logits[:, list(avoid)] = float("-inf")
-        if temperature > 0:
-            u = torch.rand(logits.shape, generator=gen).clamp_min(1e-20)
-            nxt = (logits / temperature - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max sample
-        else:
-            nxt = logits.argmax(-1)
-        done_before = done.clone()
-        for b in range(B):
-            if not done[b]:
-                rows[b]["ids"].append(int(nxt[b]))
-                done[b] = int(nxt[b]) in eos
+        nxt = next_tokens(logits, greedy, seeds, lens.to(dev) + step, sampling)  # [B] position of the new token
+        written[:, P + step] = nxt
+        count += (~done).to(torch.int64)
+        done |= torch.isin(nxt, eos_t)
         if bool(done.all()):
             break
         x = nxt.view(B, 1)
         pos = pos[:, -1:] + 1
-        mask = torch.cat((mask, torch.ones(B, 1, dtype=torch.int64)), dim=1)
-    for r in rows:
-        if hf_indices is not None:
-            for k in ("taps", "top_ids", "top_logp"):
-                r[k] = torch.cat(r[k])
-            r["ids"] = r["ids"][: len(r["taps"])]
+        mask = torch.cat((mask, torch.ones(B, 1, dtype=torch.int64, device=dev)), dim=1)
+    written, taps_buf, top_ids, top_logp = (t.cpu() for t in (written, taps_buf, top_ids, top_logp))
+    rows = []
+    for b, n in enumerate(lens.tolist()):
+        keep = slice(P - n, P + int(count[b]) - 1)  # the prompt and the text, less the last token written
+        rows.append({"ids": written[b, keep].tolist(), "start": n - 1, "taps": taps_buf[b, keep].clone(),
+                     "top_ids": top_ids[b, keep].clone(), "top_logp": top_logp[b, keep].clone()})
     return rows
 
 
-def target_sequences(model, prompts: list[list[int]], *, new_tokens: int, seed: int, batch: int = 16,
-                     eos: tuple[int, ...] = (), avoid: tuple[int, ...] = (), progress=None,
-                     hf_indices: list[int] | None = None, top: int = 32) -> list[dict]:
-    """Each prompt continued greedily and at T = 1: ``2 * len(prompts)`` rows (see ``_continue``)."""
-    seqs = []
-    jobs = [(0.0, s) for s in range(0, len(prompts), batch)] + [(1.0, s) for s in range(0, len(prompts), batch)]
-    for temperature, start in jobs:
-        seqs += _continue(model, prompts[start: start + batch], new_tokens=new_tokens, temperature=temperature,
-                          seed=seed * 1000003 + start, eos=eos, avoid=avoid, hf_indices=hf_indices, top=top)
+def write_rows(model, jobs: list[Job], *, new_tokens: int, sampling: WritingSettings = WritingSettings(),
+               batch: int = 16, eos: tuple[int, ...] = (), avoid: tuple[int, ...] = (), hf_indices: list[int],
+               top: int = 32, progress=None, on_batch=None) -> list[dict]:
+    """The rows of ``jobs`` (see ``_continue``), ``batch`` jobs at a time; ``on_batch(jobs, rows)`` sees each
+    batch as it is written (the store keeps it), ``progress(1)`` is called after each."""
+    out = []
+    for start in range(0, len(jobs), batch):
+        chunk = jobs[start: start + batch]
+        rows = _continue(model, chunk, new_tokens=new_tokens, sampling=sampling, eos=eos, avoid=avoid,
+                         hf_indices=hf_indices, top=top)
+        if on_batch is not None:
+            on_batch(chunk, rows)
+        out += rows
         if progress is not None:
             progress(1)
-    return seqs
+    return out
 
 
 def stack_rows(rows: list[dict], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad the rows of ``target_sequences`` into the trainer's tensors (module docstring)."""
+    """Right-pad rows of ``write_rows`` into the trainer's tensors (module docstring)."""
     S = len(rows)
     L = max(len(r["ids"]) for r in rows)
     K = rows[0]["top_ids"].shape[-1]

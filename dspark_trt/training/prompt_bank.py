@@ -6,6 +6,13 @@ crosses ``CHAT_FORMS`` with ``SUBJECTS`` (everyday, science, history, arts, work
 shuffles with a seeded generator, so the first ``n`` prompts of ``prompt_bank(n)`` are a varied sample of
 all of them. Subjects that the held-out benchmark prompts ask about (``HELD_OUT_SUBJECTS``) are left out,
 and ``prompt_bank`` refuses to return any prompt of ``prompts.HELDOUT_PROMPTS`` (tested).
+
+Validation while training (``training/validate.py``) needs target text the drafter never trains on:
+``validation_bank`` draws from ``VALIDATION_SUBJECTS`` and ``VALIDATION_TASKS`` (every tenth subject, every
+eighth code task), which ``prompt_bank(n, holdout=True)`` leaves out — split by prompt and subject, never by
+token. Past the base bank, ``prompt_bank`` continues with the chat forms crossed with ``MODIFIERS`` (a larger
+budget, e.g. the GPU preset, gets distinct prompts rather than more continuations of the same ones); the first
+prompts of a larger bank are the prompts of a smaller one (a larger budget appends to the text store).
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import random
 
 from .prompts import HELDOUT_PROMPTS, TRAIN_PROMPTS
 
-__all__ = ["prompt_bank", "SUBJECTS", "CODE_TASKS", "HELD_OUT_SUBJECTS"]
+__all__ = ["prompt_bank", "validation_bank", "SUBJECTS", "CODE_TASKS", "HELD_OUT_SUBJECTS", "VALIDATION_SUBJECTS",
+           "VALIDATION_TASKS", "MODIFIERS"]
 
 #: what the held-out prompts ask about: no bank prompt mentions these words
 HELD_OUT_SUBJECTS = ("mountain", "rainbow", "moon", "focus", "studying", "virus", "bacteri", "even", "airplane",
@@ -76,18 +84,48 @@ TEXT_FORMS = ("{S} is", "The history of {s} begins", "Here is a short story abou
               "Ten facts about {s}:\n1.")
 
 
-def _all_prompts() -> list[tuple[str, str]]:
-    out = [("chat", form.format(s=s)) for s in SUBJECTS for form in CHAT_FORMS]
-    out += [("text", form.format(s=s, S=s[0].upper() + s[1:])) for s in SUBJECTS for form in TEXT_FORMS]
-    out += [(kind, form.format(t=t, f=f)) for t, f in CODE_TASKS for kind, form in CODE_FORMS]
+VALIDATION_SUBJECTS = SUBJECTS[5::10]  # validation prompts only (``prompt_bank(holdout=True)`` leaves them out)
+VALIDATION_TASKS = CODE_TASKS[3::8]
+
+#: appended to the chat forms past the base bank (larger budgets)
+MODIFIERS = (" Keep it short.", " Answer in detail.", " Use a numbered list.", " Explain it as to an expert.")
+
+
+def _all_prompts(subjects=SUBJECTS, tasks=CODE_TASKS) -> list[tuple[str, str]]:
+    out = [("chat", form.format(s=s)) for s in subjects for form in CHAT_FORMS]
+    out += [("text", form.format(s=s, S=s[0].upper() + s[1:])) for s in subjects for form in TEXT_FORMS]
+    out += [(kind, form.format(t=t, f=f)) for t, f in tasks for kind, form in CODE_FORMS]
     return out
 
 
-def prompt_bank(n: int, *, seed: int = 0) -> tuple[tuple[str, str], ...]:
-    """``n`` prompts (``("chat" | "text", text)``, as ``prompts.TRAIN_PROMPTS``): a seeded shuffle of the bank, never
-    a held-out prompt nor one of ``TRAIN_PROMPTS`` (those are always trained on)."""
+def _usable(prompts: list[tuple[str, str]]) -> list[tuple[str, str]]:
     held = {text for _, text in HELDOUT_PROMPTS} | {text for _, text in TRAIN_PROMPTS}
-    pool = [p for p in _all_prompts()
-            if p[1] not in held and not any(w in p[1].lower() for w in HELD_OUT_SUBJECTS)]
+    return [p for p in prompts if p[1] not in held and not any(w in p[1].lower() for w in HELD_OUT_SUBJECTS)]
+
+
+def prompt_bank(n: int, *, seed: int = 0, holdout: bool = False) -> tuple[tuple[str, str], ...]:
+    """``n`` prompts (``("chat" | "text", text)``, as ``prompts.TRAIN_PROMPTS``): a seeded shuffle of the bank, never
+    a held-out prompt nor one of ``TRAIN_PROMPTS`` (those are always trained on); with ``holdout``, never a
+    prompt about a validation subject or task either. Past the base bank, the chat forms with ``MODIFIERS``
+    (seeded shuffle too); at most all of them (``len`` tells)."""
+    if holdout:
+        subjects = tuple(s for s in SUBJECTS if s not in VALIDATION_SUBJECTS)
+        tasks = tuple(t for t in CODE_TASKS if t not in VALIDATION_TASKS)
+    else:
+        subjects, tasks = SUBJECTS, CODE_TASKS
+    pool = _usable(_all_prompts(subjects, tasks))
     random.Random(seed).shuffle(pool)
+    if n > len(pool):
+        chat = [p for p in pool if p[0] == "chat"]
+        more = _usable([("chat", text + m) for m in MODIFIERS for _, text in chat])
+        random.Random(seed + 1).shuffle(more)
+        pool += more
+    return tuple(pool[: max(0, n)])
+
+
+def validation_bank(n: int, *, seed: int = 0) -> tuple[tuple[str, str], ...]:
+    """``n`` prompts about ``VALIDATION_SUBJECTS`` / ``VALIDATION_TASKS`` (seeded shuffle): never in
+    ``prompt_bank(…, holdout=True)``, ``TRAIN_PROMPTS`` or the held-out benchmark prompts."""
+    pool = _usable(_all_prompts(VALIDATION_SUBJECTS, VALIDATION_TASKS))
+    random.Random(seed + 7).shuffle(pool)
     return tuple(pool[: max(0, n)])

@@ -21,7 +21,7 @@ SHAPE = DrafterShape(markov_rank=8, block_size=4)
 
 
 def settings(**kw) -> DistillSettings:
-    base = dict(steps=8, new_tokens=16, random_prompts=6, batch=3, anchors=4, threads=1)
+    base = dict(steps=8, new_tokens=16, random_prompts=6, batch=3, anchors=4, threads=1, val_prompts=4, val_every=0)
     return DistillSettings(**{**base, **kw})
 
 
@@ -200,16 +200,18 @@ def test_init_from_with_another_shape_is_refused(peaky_pair, first_run, tmp_path
 def test_trained_prompts_are_the_prompts_the_target_continued(peaky_pair, tmp_path, monkeypatch):
     data_module = importlib.import_module("dspark_trt.training.data")
     seen = []
-    real = data_module.target_sequences
+    real = data_module.write_rows
 
-    def spy(model, prompts, **kw):
-        seen.append([list(p) for p in prompts])
-        return real(model, prompts, **kw)
+    def spy(model, jobs, **kw):
+        seen.append(list(jobs))
+        return real(model, jobs, **kw)
 
-    monkeypatch.setattr(data_module, "target_sequences", spy)
+    monkeypatch.setattr(data_module, "write_rows", spy)
     out = distill(peaky_pair.target, tmp_path / "d", shape=SHAPE, settings=settings(steps=2, seed=3), progress=False)
     prompts = distill_module.trained_prompts(out, peaky_pair.target)
-    assert len(seen) == 1 and prompts == seen[0] and len(prompts) == 6
+    assert len(seen) == 1 and len(prompts) == 6
+    assert prompts == [list(j.prompt) for j in seen[0][:6]]  # the training jobs, then the validation ones
+    assert all(j.greedy for j in seen[0][6:]) and not {j.prompt for j in seen[0][6:]} & {tuple(p) for p in prompts}
     assert json.loads((out / "distill.json").read_text())["prompts_digest"]
 
     summary = json.loads((out / "distill.json").read_text())

@@ -47,8 +47,3 @@ class _Tok:
 def test_training_prompts_add_the_bank(bank):
     ids = training_prompts(_Tok(), DistillSettings(bank_prompts=bank), 100, 99)
     assert len(ids) == len(TRAIN_PROMPTS) + bank
-
-
-def test_bank_changes_the_data_key_only_when_used():
-    assert "bank_prompts" not in DistillSettings().data_key()  # data built before the bank stays valid
-    assert DistillSettings(bank_prompts=5).data_key()["bank_prompts"] == 5
