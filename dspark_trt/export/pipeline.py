@@ -46,6 +46,7 @@ __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "Pt
 log = logging.getLogger("dspark.export")
 
 GRAPHS = ("context", "draft")
+TRACE_PHASE = "trace ONNX graphs"
 ENGINE_SUFFIX = {"tensorrt": "plan", "tensorrt-rtx": "rtx.plan"}
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
@@ -372,7 +373,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                                        validate=options.validate)
     check_output_dir(out_dir, force=force)
 
-    names = ["trace ONNX graphs", "write ONNX weights"] + (["validate ONNX"] if options.validate else []) + \
+    names = [TRACE_PHASE if options.validate else f"{TRACE_PHASE} (not validated)", "write ONNX weights"] + \
+            (["validate ONNX"] if options.validate else []) + \
             (["target ONNX + validation"] if target else []) + \
             (["plugin graph + PTX"] if plugin else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
@@ -400,7 +402,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
     with atomic_output_dir(out_dir, force=force) as tmp:
         onnx_dir = tmp / "onnx"
         onnx_dir.mkdir()
-        exported = phases.run("trace ONNX graphs", OnnxFromCheckpoint(
+        exported = phases.run(phases.names[0], OnnxFromCheckpoint(
             model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk, max_context=spec.max_context,
             target="tensorrt", validate=options.validate, markov_topm=spec.markov_topm))
         phases.run("write ONNX weights", lambda: write_graphs(exported, onnx_dir))
