@@ -77,6 +77,8 @@ def load_drafter(
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     target_dir: str | Path | None = None,
+    placeholders=None,
+    num_layers: int | None = None,
 ):
     """Load a DSpark drafter checkpoint into the reference module.
 
@@ -89,6 +91,10 @@ def load_drafter(
         target_dir (*optional*): the target model directory; required when the drafter shares
             ``embed_tokens`` / ``lm_head`` with it, and used to check the tapped layer ids. Default: the
             verifier a speculators checkpoint names, when that is a local directory (``default_target_dir``).
+        placeholders (*optional*): an ``export.streaming.Placeholders``: tensors it ``wants`` (the large ones)
+            are not read but stood in for by placeholders recording where they come from (checkpoint or target
+            file, name, dtype), for an export that streams its weights; the rest load as usual.
+        num_layers (*optional*): only the first draft layers (validation of an export on a subset at size).
 
     Returns:
         ``DSparkDrafter`` in eval mode, without gradients; its ``config`` is the normalised ``DSparkConfig``.
@@ -113,8 +119,14 @@ def load_drafter(
         if target_cfg.get("num_hidden_layers"):
             config.check_target_layers(int(target_cfg["num_hidden_layers"]))
 
+    if num_layers is not None:
+        k = int(num_layers)
+        config = config.replace(num_hidden_layers=k, layer_types=tuple(config.layer_types[:k]))
     with SafetensorsCheckpoint(model_dir) as ck:
         shapes = ck.shapes()
+        if num_layers is not None:  # the layers past the subset are not part of it
+            shapes = {n: v for n, v in shapes.items()
+                      if not (n.startswith("layers.") and int(n.split(".")[1]) >= config.num_hidden_layers)}
         from_target = check_checkpoint(config, shapes, model_dir=str(model_dir), target_available=target_dir is not None)
         if config.enable_confidence_head and "confidence_head.proj.weight" not in shapes:
             config = config.replace(enable_confidence_head=False)  # docs/dspark.md §3.5: confidence disabled
@@ -122,12 +134,16 @@ def load_drafter(
         state = {}
         for name in spec:
             if name in shapes:
-                tensor = ck.get(name)
-                state[name] = tensor.to(torch.int64) if name == "d2t" else tensor.to(parameter_dtype(name, dtype))
+                want = torch.int64 if name == "d2t" else parameter_dtype(name, dtype)
+                if placeholders is not None and placeholders.wants(shapes[name][0]):
+                    state[name] = _placeholder(placeholders, model_dir, name, shapes[name][0], want)
+                    continue
+                state[name] = ck.get(name).to(want)
     if "d2t" not in state:
         state["d2t"] = torch.zeros(config.draft_vocab_size, dtype=torch.int64)
     if from_target:
-        state.update(_shared_from_target(Path(target_dir), from_target, spec, dtype))  # type: ignore[arg-type]
+        state.update(_shared_from_target(Path(target_dir), from_target, spec, dtype,  # type: ignore[arg-type]
+                                         placeholders))
 
     with torch.device("meta"):
         model = DSparkDrafter(config)
@@ -135,7 +151,14 @@ def load_drafter(
     return model.to(device).eval().requires_grad_(False)
 
 
-def _shared_from_target(target_dir: Path, names: list[str], spec, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _placeholder(placeholders, source: Path, key: str, shape, dtype: torch.dtype) -> torch.Tensor:
+    from .export.streaming import Recipe
+
+    return placeholders.tensor(Recipe(Path(source), key, tuple(int(s) for s in shape), dtype))
+
+
+def _shared_from_target(target_dir: Path, names: list[str], spec, dtype: torch.dtype,
+                        placeholders=None) -> dict[str, torch.Tensor]:
     out = {}
     with SafetensorsCheckpoint(target_dir) as ck:
         for name in names:
@@ -145,12 +168,15 @@ def _shared_from_target(target_dir: Path, names: list[str], spec, dtype: torch.d
                     f"the drafter needs {name} from the target, but {target_dir} has none of "
                     f"{list(SHARED_WITH_TARGET[name])}; pass the target this drafter was trained for"
                 )
-            tensor = ck.get(source)
-            if tuple(tensor.shape) != spec[name].shape:
+            shape = ck.shapes()[source][0]
+            if tuple(shape) != spec[name].shape:
                 raise DSparkTrtError(
-                    f"target tensor {source} has shape {list(tensor.shape)} but the drafter expects {name} "
+                    f"target tensor {source} has shape {list(shape)} but the drafter expects {name} "
                     f"{list(spec[name].shape)}; the target does not match the drafter (vocab or hidden size)"
                 )
-            out[name] = tensor.to(dtype)
+            if placeholders is not None and placeholders.wants(shape):
+                out[name] = _placeholder(placeholders, target_dir, source, shape, dtype)
+            else:
+                out[name] = ck.get(source).to(dtype)
     return out
 

@@ -4,6 +4,7 @@
   dspark bench e2e      tokens/s with and without speculation on the embedded tiny pair
   dspark bench serve    a Triton repository: tokens/s, p50/p99 latency at 1/4/16 clients vs in-process
   dspark bench context  per-step target cost and tokens/s at S = 128 … 8k, exported target vs transformers
+  dspark bench export   dspark-export's wall time, peak resident memory and bytes written, per phase
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ BENCHMARKS = {
     "serve": ("serve", "Triton serving: tokens/s and latency at 1/4/16 clients vs in-process generate"),
     "report": ("report", "the SmolLM2 benchmark matrix, top-k sweep, plots and tables (docs/benchmarks.md)"),
     "context": ("context", "long contexts: per-step target cost and tokens/s at S = 128 … 8k, exported vs transformers"),
+    "export": ("export", "dspark-export's wall time, peak resident memory and bytes written, per phase"),
 }
 
 

@@ -9,7 +9,10 @@ GPU kernel's internal accumulation; TensorRT itself is checked on a GPU host.
 
 Rewrite rules (local functions are inlined first, so function bodies are covered too):
 
-* bf16 initializers and ``Constant`` values → fp32 (exact);
+* bf16 initializers and ``Constant`` values → fp32 (exact); a bf16 initializer stored as external data (not
+  loaded) stays bf16 on disk and is read through a ``Cast`` to fp32 at the top of the graph (exact too), so the
+  twin of a multi-GB graph holds no fp32 copy of its weights (run it without constant folding:
+  ``OrtGraph`` does);
 * ``Cast(to=bf16)`` → ``Cast(to=float)`` followed by the rounding pair; any other op whose output is bf16
   (per shape inference) is followed by the rounding pair;
 * bf16 graph inputs and outputs become fp32 (the caller feeds bf16 values upcast, exactly, and casts the
@@ -27,7 +30,7 @@ def emulate_bf16(model, *, initializer=None):
     """Return the fp32 bf16-emulation twin of ``model`` (an ``onnx.ModelProto``; not modified).
 
     ``initializer``: how to turn one of the graph's initializers into the twin's (default: bf16 → fp32 in
-    memory); ``main`` passes one that converts a weight from external data and writes it to the twin's, one
+    memory, or for a bf16 weight kept in external data, a ``Cast`` node reading it as it lies on disk); ``main`` passes one that converts a weight from external data and writes it to the twin's, one
     tensor at a time, so a graph over 2 GiB never has its weights in memory at once."""
     import numpy as np
     import onnx
@@ -47,13 +50,22 @@ def emulate_bf16(model, *, initializer=None):
 
     types = {v.name: v.type.tensor_type.elem_type for v in
              list(graph.input) + list(graph.output) + list(graph.value_info)}
+    casts = []
     for i, init in enumerate(graph.initializer):
-        graph.initializer[i].CopyFrom((initializer or to_fp32)(init))
+        if initializer is not None:
+            graph.initializer[i].CopyFrom(initializer(init))
+            continue
+        if init.data_type == BF16 and init.data_location == onnx.TensorProto.EXTERNAL and not init.raw_data:
+            name = init.name
+            graph.initializer[i].name = name + "__bf16"  # read as it lies on disk, cast once per run
+            casts.append(helper.make_node("Cast", [name + "__bf16"], [name], to=F32, name=name + "/bf16_to_fp32"))
+            continue
+        graph.initializer[i].CopyFrom(to_fp32(init))
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):
         if value.type.tensor_type.elem_type == BF16:
             value.type.tensor_type.elem_type = F32
 
-    nodes = []
+    nodes = list(casts)
     for node in graph.node:
         rounded = []
         for attr in node.attribute:

@@ -49,6 +49,7 @@ log = logging.getLogger("dspark.export")
 
 DEFAULT_MAX_CONTEXT = 8192  # bound of the dynamic context length T (TensorRT optimisation profile)
 EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: above this, weights go to <graph>.onnx.data (protobuf caps at 2 GiB)
+EXTERNAL_DATA_ALIGNMENT = 1 << 16  # tensors ≥ 1 MiB start at 64 KiB offsets in .data files (mmap-able)
 FORMAT_VERSION = 1
 MANIFEST = "onnx_export.json"
 GRAPH_FILES = {"context": "context.onnx", "draft": "draft.onnx"}
@@ -138,6 +139,8 @@ class ExportedOnnx:
     draft: Any  # onnx_ir.Model
     validation: list[str] | None = None  # report lines when validated
     d2t: list[int] | None = None  # [V_d] draft → target id offsets, for a reduced draft vocabulary (the verifier needs them)
+    streamed: bool = False  # initializers stream from the checkpoint (export/streaming.py): always external data
+    validate_files: Any = None  # streamed: Callable[[Path], list[str]] validating the written graphs (SaveOnnx calls it)
 
     @property
     def num_draft_tokens(self) -> int:
@@ -195,10 +198,22 @@ class OnnxFromDrafter:
         self._context_graph = context_graph  # an already exported context graph of this drafter and dtype
 
     def __call__(self) -> ExportedOnnx:
+        drafter = _resolve(self._drafter)
+        exported = self._export(drafter)
+        if self.validate:
+            from .ort_session import OrtGraph
+            from .validate import validate_onnx
+
+            s = exported.spec
+            report = validate_onnx(OrtGraph(exported.context), OrtGraph(exported.draft), drafter, topk=s.topk,
+                                   dtype=s.dtype, markov_topm=s.markov_topm)
+            exported.validation = report.lines()
+        return exported
+
+    def _export(self, drafter) -> ExportedOnnx:
         from ..reference.precision import model_dtype
         from .graphs import GraphInfo, export_context, export_draft
 
-        drafter = _resolve(self._drafter)
         c = drafter.config
         spec = ExportSpec.resolve(c, dtype=model_dtype(drafter), **self._options)  # fc may be fp32 (fp16)
         info = dict(dtype=spec.dtype, num_draft_tokens=c.num_draft_tokens, max_context=spec.max_context,
@@ -206,25 +221,22 @@ class OnnxFromDrafter:
         union = f", candidate union M {spec.markov_topm}" if spec.markov_topm else ""
         log.info(f"exporting ONNX graphs ({spec.dtype}, top-k {spec.topk or 'off'}{union}, N {c.num_draft_tokens}, "
                  f"context ≤ {spec.max_context})")
-        exported = ExportedOnnx(
+        return ExportedOnnx(
             config=c, spec=spec,
             context=(_resolve(self._context_graph) if self._context_graph is not None
                      else export_context(drafter, GraphInfo("context", topk=None, **info))),
             draft=export_draft(drafter, GraphInfo("draft", topk=spec.topk, markov_topm=spec.markov_topm, **info)),
             d2t=drafter.d2t.tolist() if c.has_reduced_vocab else None,
         )
-        if self.validate:
-            from .ort_session import OrtGraph
-            from .validate import validate_onnx
-
-            report = validate_onnx(OrtGraph(exported.context), OrtGraph(exported.draft), drafter, topk=spec.topk,
-                                   dtype=spec.dtype, markov_topm=spec.markov_topm)
-            exported.validation = report.lines()
-        return exported
 
 
 class OnnxFromCheckpoint(OnnxFromDrafter):
     """Load a drafter checkpoint in ``dtype`` (fp32 | fp16 | bf16, default bf16) and export it.
+
+    ``stream`` (default): the graphs are traced on placeholders of the large weights and their initializers
+    stream from the checkpoint into ``<graph>.onnx.data`` when ``SaveOnnx`` writes them (export/streaming.py:
+    memory follows one tensor, not the model); validation then runs on the written files, against the reference
+    drafter loaded afterwards. ``stream=False``: the whole drafter is loaded and exported in memory.
 
     Example:
         >>> exported = OnnxFromCheckpoint("drafter/", target_dir="target/", topk=16, dtype="fp32")()
@@ -233,15 +245,109 @@ class OnnxFromCheckpoint(OnnxFromDrafter):
     """
 
     def __init__(self, model_dir: str | Path, *, target_dir: str | Path | None = None,
-                 dtype: str | torch.dtype | None = None, **options):
+                 dtype: str | torch.dtype | None = None, stream: bool = True, **options):
         dtype = resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)  # bad dtype: fail before loading
-        self.model_dir, self.target_dir, self.dtype = Path(model_dir), target_dir, dtype
+        self.model_dir, self.target_dir, self.dtype, self.stream = Path(model_dir), target_dir, dtype, stream
+        self.num_layers: int | None = None  # a subset of the draft layers (validation at size)
         super().__init__(self._load, **options)
 
-    def _load(self):
+    def _load(self, placeholders=None):
         from ..loader import load_drafter
 
-        return load_drafter(self.model_dir, dtype=self.dtype, target_dir=self.target_dir)
+        return load_drafter(self.model_dir, dtype=self.dtype, target_dir=self.target_dir, placeholders=placeholders,
+                            num_layers=self.num_layers)
+
+    def __call__(self) -> ExportedOnnx:
+        if not self.stream:
+            return super().__call__()
+        from .streaming import Placeholders, name_placeholders, stream_initializers
+
+        placeholders = Placeholders()
+        drafter = self._load(placeholders)
+        topm = ExportSpec.resolve(drafter.config, dtype=self.dtype, **self._options).markov_topm
+        if topm:  # the union table is computed from the Markov weights: from the real ones
+            drafter.__dict__.setdefault("_union_tables", {})[topm] = _union_table(self.model_dir, self.dtype, topm,
+                                                                                  drafter.config)
+        exported = self._export(drafter)
+        name_placeholders(drafter, placeholders, prefix="drafter.")
+        for name in GRAPH_FILES:
+            counts = stream_initializers(getattr(exported, name), placeholders, what=f"{name} graph")
+            log.info(f"{name} graph: {counts['streamed']} initializers ({counts['streamed_bytes'] / 2**20:.1f} MiB) "
+                     f"stream from the checkpoint, {counts['in_memory']} computed at export")
+        exported.streamed = True
+        if self.validate:
+            exported.validate_files = self._validate_files
+        return exported
+
+    def _validate_files(self, out: Path, available: int | None = None) -> list[str]:
+        """Validate the written graphs in ``out`` against the reference drafter (loaded now, real weights): the
+        full graphs when graphs + reference fit in 90 % of the available memory, else the same export of the
+        first k draft layers (written beside them, removed afterwards); the report's title says which."""
+        import shutil
+
+        from .validate_target import memory_available, validation_need
+
+        graph_bytes = sum((out / f"{f}.data").stat().st_size for f in GRAPH_FILES.values() if (out / f"{f}.data").is_file())
+        layers, largest, layer_bytes = _drafter_sizes(self.model_dir, self.target_dir, self.dtype)
+        scale = 4 // torch.empty((), dtype=self.dtype).element_size()
+        need = validation_need(graph_bytes, largest * scale)  # reference ≈ the graphs' bytes
+        budget = int(0.9 * (memory_available() if available is None else available))
+        k = layers
+        if need > budget:
+            k = int(max(1, min(layers - 1, layers - (need - budget) // max(1, 2 * layer_bytes) - 1)))
+            sub = OnnxFromCheckpoint(self.model_dir, target_dir=self.target_dir, dtype=self.dtype, validate=False,
+                                     **self._options)
+            sub.num_layers = k
+            work = out / ".validation"
+            work.mkdir(exist_ok=True)
+            try:
+                write_graphs(sub(), work)
+                lines = sub._check(work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            lines[0] += (f" — a subset: the same export of draft layers 0..{k - 1} of {layers} (the checkpoint's "
+                         f"weights; embeddings, fc, lm_head, Markov and confidence heads included), since the full "
+                         f"graphs need ~{need / 1e9:.1f} GB next to their reference and {budget / 1e9:.1f} GB are "
+                         f"usable; the full graphs' initializers were written from the same tensors")
+            log.info(lines[0])
+            return lines
+        lines = self._check(out)
+        lines[0] += f" — the full graphs ({layers} draft layers; need ~{need / 1e9:.1f} GB, {budget / 1e9:.1f} GB usable)"
+        return lines
+
+    def _check(self, out: Path) -> list[str]:
+        from .ort_session import OrtGraph
+        from .validate import validate_onnx
+
+        drafter = self._load()
+        spec = ExportSpec.resolve(drafter.config, dtype=self.dtype, **self._options)
+        graphs = [OrtGraph(out / GRAPH_FILES[g], low_memory=True) for g in ("context", "draft")]
+        report = validate_onnx(*graphs, drafter, topk=spec.topk, dtype=spec.dtype, markov_topm=spec.markov_topm)
+        return report.lines()
+
+
+def _drafter_sizes(model_dir: Path, target_dir, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(draft layers, the largest tensor's elements × the export dtype's bytes, one layer's bytes) from the headers."""
+    from ..checkpoint import expected_tensors
+
+    config = DSparkConfig.from_pretrained(model_dir)
+    item = torch.empty((), dtype=dtype).element_size()
+    spec = expected_tensors(config)
+    sizes = {n: item * int(torch.Size(t.shape).numel()) for n, t in spec.items()}
+    layer = sum(v for n, v in sizes.items() if n.startswith("layers.0."))
+    return config.num_hidden_layers, max(sizes.values()), layer
+
+
+def _union_table(model_dir: Path, dtype: torch.dtype, topm: int, config: DSparkConfig) -> torch.Tensor:
+    """[V, M] int32: the candidate union's table from the checkpoint's Markov weights as the loader casts them."""
+    from ..checkpoint import SafetensorsCheckpoint
+    from ..reference.markov import markov_union_table
+
+    with SafetensorsCheckpoint(model_dir) as ck:
+        w1 = ck.get("markov_head.markov_w1.weight").to(dtype)
+        w2 = ck.get("markov_head.markov_w2.weight").to(dtype)
+    with torch.no_grad():
+        return markov_union_table(w1, w2, topm, logit_scale=config.logit_scale)
 
 
 class SaveOnnx:
@@ -251,24 +357,45 @@ class SaveOnnx:
         self._exported, self.out_dir, self.force = exported, Path(out_dir), force
 
     def __call__(self) -> Path:
-        from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
+        from ..atomic import atomic_output_dir, check_output_dir
 
         check_output_dir(self.out_dir, force=self.force, marker=MANIFEST)  # refuse before the (slow) export
         exported = _resolve(self._exported)
         with atomic_output_dir(self.out_dir, force=self.force, marker=MANIFEST) as tmp:
-            _write(exported, tmp)
-            atomic_write_text(tmp / MANIFEST, json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
+            write_graphs(exported, tmp)
+            validate_written(exported, tmp)
+            write_record(exported, tmp)
         log.info(f"wrote {self.out_dir}")
         return self.out_dir
 
 
-def _write(exported: ExportedOnnx, out: Path) -> None:
+def write_graphs(exported: ExportedOnnx, out: Path) -> None:
+    """Write both graphs into ``out``; a streamed export's weights go to ``<graph>.onnx.data``, tensor by tensor."""
     import onnx_ir as ir
 
     for name, file in GRAPH_FILES.items():
         model = getattr(exported, name)
+        if exported.streamed:
+            ir.save(model, out / file, external_data=f"{file}.data", alignment=EXTERNAL_DATA_ALIGNMENT)
+            continue
         size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
         ir.save(model, out / file, external_data=f"{file}.data" if size > EXTERNAL_DATA_BYTES else None)
+
+
+def validate_written(exported: ExportedOnnx, out: Path) -> None:
+    """A streamed export validates its written graphs (``validate_files``); others were validated in memory."""
+    if exported.validate_files is not None:
+        exported.validation = exported.validate_files(out)
+
+
+def write_record(exported: ExportedOnnx, out: Path) -> None:
+    from ..atomic import atomic_write_text
+
+    atomic_write_text(out / MANIFEST, json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
+
+
+def _write(exported: ExportedOnnx, out: Path) -> None:
+    write_graphs(exported, out)
 
 
 class OnnxFromDir:

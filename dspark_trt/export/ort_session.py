@@ -46,6 +46,24 @@ def _has_bf16(proto) -> bool:
             or any(t.data_type == bf16 for t in proto.graph.initializer))
 
 
+def _has_external(proto) -> bool:
+    import onnx
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def _twin_beside(proto, original: Path) -> str:
+    """Write the (weightless) twin next to ``original`` so its external data paths resolve; the session removes
+    it once loaded."""
+    import os
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=".twin-", suffix=".onnx", dir=original.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(proto.SerializeToString())
+    return name
+
+
 class OrtGraph:
     """An onnxruntime session over one exported graph; torch tensors in, torch tensors out (on CPU).
 
@@ -53,9 +71,12 @@ class OrtGraph:
         model: ``onnx_ir.Model``, ``onnx.ModelProto`` or path of a ``.onnx`` file.
         providers (*optional*, defaults to CPU): onnxruntime execution providers.
         threads (*optional*): intra-op threads (onnxruntime's default when None).
+        low_memory (*optional*): no memory arena, no prepacked weight copies, no constant folding (weights in
+            external data stay memory-mapped, a bf16 twin casts them per run): for validating graphs at size.
     """
 
-    def __init__(self, model, *, providers: list[str] | None = None, threads: int | None = None):
+    def __init__(self, model, *, providers: list[str] | None = None, threads: int | None = None,
+                 low_memory: bool = False):
         import onnxruntime as ort
 
         self.providers = providers or ["CPUExecutionProvider"]
@@ -67,6 +88,11 @@ class OrtGraph:
         # other session needs next (spinning cost the export path half its speed on 2 cores)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        disabled, twin = [], None
+        if low_memory:
+            options.enable_cpu_mem_arena = False
+            options.add_session_config_entry("session.disable_prepacking", "1")
+            disabled = ["ConstantFolding"]
         cpu_only = self.providers == ["CPUExecutionProvider"]
         source, proto = (str(model), None) if isinstance(model, (str, Path)) else (None, model_proto(model))
         self._bf16_outputs: set[str] = set()
@@ -77,7 +103,10 @@ class OrtGraph:
             if proto is None:  # types only: the weights stay on disk unless there is bf16 to emulate
                 try:
                     proto = onnx.load(source, load_external_data=False)
-                    proto = model_proto(source) if _has_bf16(proto) else None
+                    if not _has_bf16(proto):
+                        proto = None
+                    elif not _has_external(proto):  # small: emulate in memory
+                        proto = model_proto(source)
                 except Exception as e:  # truncated or corrupt file (protobuf DecodeError, missing external data)
                     first = (str(e).splitlines() or [type(e).__name__])[0]
                     raise DSparkTrtError(f"cannot read {source} ({first or type(e).__name__}); the file is damaged "
@@ -89,11 +118,22 @@ class OrtGraph:
                 self._bf16_outputs = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type == bf16}
                 proto, self.emulated_bf16 = emulate_bf16(proto), True
                 log.debug("bf16 graph on onnxruntime CPU: running its fp32 bf16-emulation twin")
+                if source is not None and _has_external(proto):  # weights on disk: the twin beside them
+                    if low_memory:  # keep the per-run bf16 → fp32 casts (else folded into an fp32 copy, faster)
+                        disabled = ["ConstantFolding"]
+                    try:
+                        source = twin = _twin_beside(proto, Path(source))
+                        proto = None
+                    except OSError:  # a read-only export directory: the twin with its weights, in memory
+                        proto = emulate_bf16(model_proto(source))
         try:
             self.session = ort.InferenceSession(source if proto is None else proto.SerializeToString(), options,
-                                                providers=self.providers)
+                                                providers=self.providers, disabled_optimizers=disabled)
         except Exception as e:  # onnxruntime raises its own exception types
             raise DSparkTrtError(f"onnxruntime cannot load the graph ({str(e).splitlines()[0]}); re-export it") from None
+        finally:
+            if twin is not None:
+                Path(twin).unlink(missing_ok=True)
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 

@@ -53,6 +53,7 @@ log = logging.getLogger("dspark.export")
 GRAPHS = ("context", "draft")
 #: the top-level entries of an export directory: ``--force`` replaces these and leaves anything else in OUT
 EXPORT_ENTRIES = (MANIFEST_FILE, "onnx", "plugin", "engines", "tokenizer")
+TRACE_PHASE = "trace ONNX graphs"
 ENGINE_SUFFIX = {"tensorrt": "plan", "tensorrt-rtx": "rtx.plan"}
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
@@ -281,21 +282,26 @@ class TargetForExport:
     def __call__(self, export_dir: Path) -> dict:
         from ..loader import resolve_dtype
         from .manifest import graph_io
-        from .target_onnx import (TARGET_ONNX, TOKENIZER_DIR, copy_tokenizer, export_target_onnx, load_target_model,
-                                  new_target_section)
+        from .streaming import Placeholders
+        from .target_onnx import (TARGET_ONNX, TOKENIZER_DIR, build_target_model, copy_tokenizer, export_target_onnx,
+                                  load_target_model, new_target_section)
 
-        model = load_target_model(self.target_dir, resolve_dtype(self.dtype))
         fp16_range = None
         if self.dtype == "fp16":  # massive activations: refuse a target that overflows (target_precision.py)
             from .target_precision import check_target_fp16
 
-            fp16_range = check_target_fp16(model)
-        path = export_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
+            fp16_range = check_target_fp16(load_target_model(self.target_dir, resolve_dtype(self.dtype)))
+        placeholders = Placeholders()  # traced on placeholders, the weights streamed from the checkpoint
+        model = build_target_model(self.target_dir, resolve_dtype(self.dtype), placeholders=placeholders)
+        path = export_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX,
+                                  placeholders=placeholders)
+        del model, placeholders
         report = None
         if self.validate:
-            from .validate_target import validate_target_onnx
+            from .validate_target import validate_target_files
 
-            report = validate_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines()
+            report = validate_target_files(path, self.target_dir, self.config.target_layer_ids, dtype=self.dtype,
+                                           work_dir=export_dir / ".target-validation").lines()
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
         section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
                                      dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
@@ -380,7 +386,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                                  markov_topm=spec.markov_topm)
     check_free_disk(out_dir, disk)  # the whole new export must fit (an earlier one stays until it is complete)
 
-    names = ["export + validate ONNX" if options.validate else "export ONNX (not validated)"] + \
+    names = [TRACE_PHASE if options.validate else f"{TRACE_PHASE} (not validated)", "write ONNX weights"] + \
+            (["validate ONNX"] if options.validate else []) + \
             (["target ONNX + validation"] if target else []) + \
             (["plugin graph + PTX"] if plugin else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
@@ -403,15 +410,20 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
 
 def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
                 target: "TargetForExport | None" = None) -> dict:
-    from .onnx import OnnxFromCheckpoint, SaveOnnx
+    from .onnx import OnnxFromCheckpoint, validate_written, write_graphs, write_record
     from .plugin_graph import plugin_graph
 
-    names = phases.names
     with atomic_output_dir(out_dir, force=force, owned=EXPORT_ENTRIES) as tmp:  # --force: only what we write
-        exported = OnnxFromCheckpoint(model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk,
-                                      max_context=spec.max_context, target="tensorrt", validate=options.validate,
-                                      markov_topm=spec.markov_topm)
-        phases.run(names[0], SaveOnnx(exported, tmp / "onnx"))
+        onnx_dir = tmp / "onnx"
+        onnx_dir.mkdir()
+        exported = phases.run(phases.names[0], OnnxFromCheckpoint(
+            model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk, max_context=spec.max_context,
+            target="tensorrt", validate=options.validate, markov_topm=spec.markov_topm))
+        phases.run("write ONNX weights", lambda: write_graphs(exported, onnx_dir))
+        if options.validate:
+            phases.run("validate ONNX", lambda: validate_written(exported, onnx_dir))
+        write_record(exported, onnx_dir)
+        del exported
         target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}

@@ -65,6 +65,66 @@ def load_target_model(target_dir: str | Path, dtype: torch.dtype):
     return model.eval().requires_grad_(False)
 
 
+def build_target_model(target_dir: str | Path, dtype: torch.dtype, *, placeholders=None,
+                       num_layers: int | None = None):
+    """The target's ``transformers`` causal LM built from its config without ``from_pretrained``: each weight read
+    from the checkpoint by name (``model.safetensors`` or shards) in ``dtype`` — or, with ``placeholders``
+    (``export.streaming.Placeholders``), the large ones stood in for by placeholders that the export streams
+    (nothing of them resident). ``num_layers``: only the first decoder layers (validation on a subset at size).
+    Tied embeddings stay one tensor; the rotary tables are computed, as transformers computes them."""
+    import transformers
+
+    from ..checkpoint import SafetensorsCheckpoint
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DSparkTrtError(f"cannot load the target model from {target_dir} ({first}); pass a directory with a "
+                             f"transformers causal-LM checkpoint, or --skip-target") from None
+    if num_layers is not None:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text.num_hidden_layers = int(num_layers)
+        if getattr(text, "layer_types", None):
+            text.layer_types = list(text.layer_types)[: int(num_layers)]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    for name, module in list(model.named_modules()):  # the rotary tables: computed buffers, built for real
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, type(module)(config=module.config))
+    meta = [n for n, b in model.named_buffers() if b.is_meta]
+    if meta:
+        raise DSparkTrtError(f"target buffers {meta[:3]} are not computed by dspark-trt's target builder; report "
+                             f"this architecture ({type(model).__name__})")
+    tied = bool(getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                        "tie_word_embeddings", False))
+    made: dict[str, torch.nn.Parameter] = {}
+    with SafetensorsCheckpoint(target_dir) as ck:
+        shapes = ck.shapes()
+        for name, param in list(model.named_parameters(remove_duplicate=False)):
+            key = name
+            if key not in shapes and tied and name == "lm_head.weight":
+                key = "model.embed_tokens.weight"
+            if key not in shapes:
+                raise DSparkTrtError(f"{target_dir} has no tensor {key} (the {type(model).__name__} needs it); "
+                                     f"re-download the target checkpoint")
+            if tuple(shapes[key][0]) != tuple(param.shape):
+                raise DSparkTrtError(f"target tensor {key} has shape {shapes[key][0]}, the config implies "
+                                     f"{list(param.shape)}; fix config.json or re-download the target")
+            if key not in made:
+                if placeholders is not None and placeholders.wants(param.shape):
+                    from .streaming import Recipe
+
+                    t = placeholders.tensor(Recipe(Path(target_dir), key, tuple(param.shape), dtype))
+                else:
+                    t = ck.get(key).to(dtype)
+                made[key] = torch.nn.Parameter(t, requires_grad=False)
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, leaf, made[key])
+    return model.eval().requires_grad_(False)
+
+
 def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int, K: int) -> tuple:
     """Graph inputs (input_ids, position_ids, attention_mask, logits_index, [past_key_l], [past_value_l])."""
     g = torch.Generator().manual_seed(0)
@@ -77,8 +137,11 @@ def example_inputs(shape, dtype: torch.dtype, *, B: int, Q: int, P: int, K: int)
             [torch.randn(kv, generator=g).to(dtype) for _ in range(shape.num_layers)])
 
 
-def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | Path) -> Path:
-    """Export ``model`` (its dtype is the graph's) tapping ``target_layer_ids``; write ``out_path``."""
+def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | Path, *, placeholders=None) -> Path:
+    """Export ``model`` (its dtype is the graph's) tapping ``target_layer_ids``; write ``out_path``.
+
+    ``placeholders``: the model was built on them (``build_target_model``): its initializers stream from the
+    checkpoint into ``<out_path>.data`` (export/streaming.py)."""
     import onnx_ir as ir
     from torch.export import Dim
 
@@ -107,6 +170,17 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
                              f"report this target architecture ({type(model).__name__})")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    if placeholders is not None:
+        from .onnx import EXTERNAL_DATA_ALIGNMENT
+        from .streaming import name_placeholders, stream_initializers
+
+        name_placeholders(graph, placeholders)
+        counts = stream_initializers(model_ir, placeholders, what="target graph")
+        log.info("target graph: %d initializers (%.1f MiB) stream from the checkpoint, %d computed at export",
+                 counts["streamed"], counts["streamed_bytes"] / 2**20, counts["in_memory"])
+        del program, graph
+        ir.save(model_ir, out_path, external_data=f"{out_path.name}.data", alignment=EXTERNAL_DATA_ALIGNMENT)
+        return out_path
     size = sum(v.const_value.nbytes for v in model_ir.graph.initializers.values() if v.const_value is not None)
     ir.save(model_ir, out_path, external_data=f"{out_path.name}.data" if size > EXTERNAL_DATA_BYTES else None)
     return out_path

@@ -125,7 +125,7 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     ref = HFTarget(model)
     got = OnnxRuntimeTarget(onnx_path, num_layers=shape.num_layers, num_key_value_heads=shape.num_key_value_heads,
                             head_dim=shape.head_dim, hidden_size=shape.hidden_size, vocab_size=shape.vocab_size,
-                            layer_ids=layer_ids, dtype=dtype)
+                            layer_ids=layer_ids, dtype=dtype, low_memory=True)
     ref.set_taps(layer_ids)
     got.set_taps(layer_ids)
     gen = torch.Generator().manual_seed(seed)
@@ -157,3 +157,107 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
                                  f"{len(report.checks)} checks): {bad[0].name}: {bad[0].detail}; re-export, or report "
                                  f"a bug if it persists")
     return report
+
+
+# -- at size: the full graph when it fits in memory next to its reference, else a subset of its layers --------
+def memory_available() -> int:
+    """Bytes the kernel reports available (``MemAvailable``), or a large number where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+def validation_need(weight_bytes: int, largest_fp32_bytes: int) -> int:
+    """Resident bytes a validation needs: the reference's weights, onnxruntime's (the same bytes, external data
+    mapped), the bf16 twin's per-run fp32 cast of its largest weight (twice: cast and GEMM operand) and 1 GB of
+    activations and libraries."""
+    return 2 * weight_bytes + 2 * largest_fp32_bytes + (1 << 30)
+
+
+def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_ids: Sequence[int], *, dtype: str,
+                          work_dir: str | Path, available: int | None = None) -> ValidationReport:
+    """Validate the written target graph against transformers with the checkpoint's weights: the full graph when
+    reference + graph fit in 90 % of the available memory, else the same export of the first k decoder layers
+    (the most that fit, at least 2; embeddings, final norm and lm_head included; taps: the drafter's ids below
+    k, else layer k - 1), written to ``work_dir`` and removed afterwards. The report's title says which."""
+    import shutil
+
+    import onnx
+
+    from ..loader import resolve_dtype
+    from .streaming import Placeholders
+    from .target_onnx import build_target_model, export_target_onnx
+
+    torch_dtype = resolve_dtype(dtype)
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    sizes = {i.name: _nbytes(i) for i in proto.graph.initializer}
+    total, largest = sum(sizes.values()), max(sizes.values(), default=0)
+    scale = 4 // torch.empty((), dtype=torch_dtype).element_size()
+    budget = int(0.9 * (memory_available() if available is None else available))
+    need = validation_need(total, largest * scale)
+    layers = int(next((int(p.value) for p in proto.metadata_props if p.key == "dspark.num_layers"), 0)) or \
+        _count_layers(proto)
+    if need <= budget:
+        model = build_target_model(target_dir, torch_dtype)
+        report = validate_target_onnx(onnx_path, model, layer_ids, dtype=dtype)
+        report.title += f" — the full graph ({layers} layers; needs ~{need / 1e9:.1f} GB, {budget / 1e9:.1f} GB usable)"
+        return report
+    outside, per_layer = _checkpoint_split(target_dir, torch_dtype, layers)
+    fixed = validation_need(outside, largest * scale)
+    k = max(2, min(layers - 1, (budget - fixed) // (2 * per_layer)))
+    ids = [i for i in layer_ids if i < k] or [k - 1]
+    work = Path(work_dir)
+    try:
+        placeholders = Placeholders()
+        sub = export_target_onnx(build_target_model(target_dir, torch_dtype, placeholders=placeholders, num_layers=k),
+                                 ids, work / "target-subset.onnx", placeholders=placeholders)
+        model = build_target_model(target_dir, torch_dtype, num_layers=k)
+        report = validate_target_onnx(sub, model, ids, dtype=dtype, raise_on_failure=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report.title += (f" — a subset: the same export of decoder layers 0..{k - 1} of {layers} (the checkpoint's weights; "
+                     f"embeddings, final norm, lm_head included; taps {ids}), since the full graph needs "
+                     f"~{need / 1e9:.1f} GB next to its reference and {budget / 1e9:.1f} GB are usable; the full graph's "
+                     f"initializers were written from the same tensors")
+    log.info(report.title)
+    if not report.ok:
+        from ..errors import ValidationMismatch
+
+        bad = [c for c in report.checks if not c.ok]
+        raise ValidationMismatch(f"the exported target graph disagrees with transformers ({len(bad)} of "
+                                 f"{len(report.checks)} checks, layer subset): {bad[0].name}: {bad[0].detail}; "
+                                 f"re-export, or report a bug if it persists")
+    return report
+
+
+def _nbytes(tensor) -> int:
+    for entry in tensor.external_data:
+        if entry.key == "length":
+            return int(entry.value)
+    return len(tensor.raw_data)
+
+
+def _count_layers(proto) -> int:
+    return sum(1 for i in proto.graph.input if i.name.startswith("past_key_"))
+
+
+def _checkpoint_split(target_dir, dtype: torch.dtype, layers: int) -> tuple[int, int]:
+    """(bytes outside the decoder layers, bytes of one layer) of the target in ``dtype``, from the headers."""
+    import math
+
+    from ..checkpoint import SafetensorsCheckpoint
+
+    item = torch.empty((), dtype=dtype).element_size()
+    outside = inside = 0
+    with SafetensorsCheckpoint(target_dir) as ck:
+        for name, (shape, _) in ck.shapes().items():
+            n = item * math.prod(shape)
+            if ".layers." in f".{name}":
+                inside += n
+            else:
+                outside += n
+    return outside, max(1, inside // max(1, layers))

@@ -83,7 +83,7 @@ class OnnxRuntimeTarget(SlotTarget):
                  hidden_size: int, vocab_size: int, layer_ids: Sequence[int], dtype: str = "fp32",
                  eos_token_ids: Sequence[int] = (), providers: list[str] | None = None, threads: int | None = None,
                  compact_ratio: float = 2.0, max_context: int | None = None,
-                 prefill_chunk: int | None = PREFILL_CHUNK):
+                 prefill_chunk: int | None = PREFILL_CHUNK, low_memory: bool = False):
         from ..export.ort_session import OrtGraph
 
         self.onnx_path = Path(onnx_path)
@@ -100,7 +100,7 @@ class OnnxRuntimeTarget(SlotTarget):
         self.compact_ratio = compact_ratio
         self.max_context = max_context
         self.prefill_chunk = prefill_chunk
-        self.graph = OrtGraph(self.onnx_path, providers=providers, threads=threads)
+        self.graph = OrtGraph(self.onnx_path, providers=providers, threads=threads, low_memory=low_memory)
         self._past_names = _past_names(self.graph.inputs, self.num_layers, self.onnx_path)
         # the cache in the dtype the session reads (fp32 for a bf16 graph's emulation twin): fed without conversion
         self.cache = KVCache(num_layers=self.num_layers, kv_heads=self.num_key_value_heads, head_dim=self.head_dim,

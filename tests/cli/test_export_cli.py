@@ -113,7 +113,7 @@ def test_force_replaces_only_an_earlier_export_and_dot_is_the_working_directory(
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1].startswith("PASSED | ")
     assert "no engine was built (--engine none)" in err and "importable" not in err  # it may well be importable
-    assert "[1/2] export ONNX (not validated)" in err and "validate ONNX" not in err  # --no-validate
+    assert "[1/3] trace ONNX graphs (not validated)" in err and "validate ONNX" not in err  # --no-validate
     assert (out / "manifest.json").read_text() != first  # (its creation time differs)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary or old directories left
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "onnx"]

@@ -1,0 +1,189 @@
+"""The streamed export (export/streaming.py) writes the very graphs the in-memory export writes.
+
+Traced on placeholders of the large weights, initializers streamed from the checkpoint into external data: the
+nodes, functions, names, I/O, metadata and every initializer's bytes must equal those of the drafter loaded and
+exported in memory (``stream=False``), for both checkpoint formats (speculators: embed_tokens / lm_head read
+from the target), checkpoint dtypes fp32 and bf16 into fp32 / fp16 / bf16 exports, top-k, dense and the
+candidate union (a table computed from the Markov weights).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.export import streaming
+from dspark_trt.export.onnx import GRAPH_FILES, OnnxFromCheckpoint, SaveOnnx, _write
+
+
+def _bf16_copy(src, out):
+    """The checkpoint directory ``src`` with every floating tensor stored as bf16."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(f).items()}
+            save_file(tensors, str(out / f.name), metadata={"format": "pt"})
+        elif f.is_file():
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def _load(path):
+    import onnx
+
+    return onnx.load(str(path))  # external data resolved
+
+
+def _same_graph(streamed, memory, name):
+    from onnx import numpy_helper
+
+    a, b = _load(streamed / GRAPH_FILES[name]), _load(memory / GRAPH_FILES[name])
+    inits_a = [(i.name, i.data_type, list(i.dims)) for i in a.graph.initializer]
+    inits_b = [(i.name, i.data_type, list(i.dims)) for i in b.graph.initializer]
+    assert inits_a == inits_b, f"{name}: initializer names/types/shapes differ"
+    for x, y in zip(a.graph.initializer, b.graph.initializer):
+        xa, ya = numpy_helper.to_array(x), numpy_helper.to_array(y)
+        assert xa.tobytes() == ya.tobytes(), f"{name}: initializer {x.name} bytes differ"
+    for model in (a, b):
+        del model.graph.initializer[:]
+    assert a.SerializeToString() == b.SerializeToString(), f"{name}: nodes, functions, I/O or metadata differ"
+
+
+def _both(drafter, target, tmp_path, **options):
+    streamed = SaveOnnx(OnnxFromCheckpoint(drafter, target_dir=target, validate=False, **options),
+                        tmp_path / "streamed")()
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    _write(OnnxFromCheckpoint(drafter, target_dir=target, validate=False, stream=False, **options)(), memory)
+    return streamed, memory
+
+
+@pytest.mark.parametrize("dtype, topk, markov_topm", [("fp32", 16, 0), ("bf16", 16, 4), ("fp16", "off", 0)])
+def test_streamed_graphs_equal_in_memory(tiny_pair, tmp_path, dtype, topk, markov_topm):
+    streamed, memory = _both(tiny_pair.drafter, tiny_pair.target, tmp_path, dtype=dtype, topk=topk,
+                             markov_topm=markov_topm)
+    for name in GRAPH_FILES:
+        _same_graph(streamed, memory, name)
+        assert (streamed / f"{GRAPH_FILES[name]}.data").stat().st_size > 0  # weights outside the graph
+    assert json.loads((streamed / "onnx_export.json").read_text())["graphs"] == \
+        OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, validate=False, stream=False,
+                           dtype=dtype, topk=topk, markov_topm=markov_topm)().manifest()["graphs"]
+
+
+def test_streamed_bf16_checkpoint_speculators_into_fp32(tiny_odd_pair, tmp_path):
+    """bf16 checkpoint (drafter and target) → fp32 export; speculators: embed_tokens / lm_head from the target."""
+    drafter = _bf16_copy(tiny_odd_pair.drafter, tmp_path / "ck" / "drafter")
+    target = _bf16_copy(tiny_odd_pair.target, tmp_path / "ck" / "target")
+    streamed, memory = _both(drafter, target, tmp_path, dtype="fp32", topk=16)
+    for name in GRAPH_FILES:
+        _same_graph(streamed, memory, name)
+
+
+def test_streamed_validation_runs_on_the_written_files(tiny_pair, tmp_path, caplog):
+    """Validation (default) of a streamed export: onnxruntime on the written graphs (bf16: the twin casting the
+    external weights per run) against the reference drafter; a weight written wrong fails it."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="dspark.export")
+    out = SaveOnnx(OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, dtype="bf16", topk=16),
+                   tmp_path / "ok")()
+    record = json.loads((out / "onnx_export.json").read_text())
+    assert record["validation"] and all("FAIL" not in line for line in record["validation"])
+    assert not list(out.glob(".twin-*"))  # the weightless twin is removed once loaded
+    assert "stream from the checkpoint" in caplog.text
+
+    from dspark_trt.errors import ValidationMismatch
+
+    original = streaming.StreamedTensor.tofile
+
+    def scaled(self, file):  # a writer that gets lm_head wrong: validation must notice
+        if self.recipe.key != "lm_head.weight":
+            return original(self, file)
+        view = self._source_view()
+        file.write(memoryview((2.0 * view.to(self.recipe.dtype)).contiguous().reshape(-1).view(torch.uint8).numpy()))
+
+    streaming.StreamedTensor.tofile = scaled
+    try:
+        with pytest.raises(ValidationMismatch):
+            SaveOnnx(OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, dtype="fp32", topk=16),
+                     tmp_path / "bad")()
+    finally:
+        streaming.StreamedTensor.tofile = original
+    assert not (tmp_path / "bad").exists()
+
+
+def test_placeholders_hold_no_memory_and_refuse_small_sizes():
+    import resource
+
+    ph = streaming.Placeholders()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = ph.tensor(streaming.Recipe(__import__("pathlib").Path("."), "w", (1 << 15, 1 << 15), torch.bfloat16))  # 2 GiB
+    assert t.shape == (1 << 15, 1 << 15) and ph.nbytes == 2 << 30
+    assert float(t[123, 456]) == 0.0 and ph.find(t[7].data_ptr()) is not None
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: nothing resident
+    with pytest.raises(DSparkTrtError, match="larger than 1024"):
+        streaming.Placeholders(lazy_numel=100)
+
+
+def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_bytes((tiny_pair.drafter / "config.json").read_bytes())
+    data = (tiny_pair.drafter / "model.safetensors").read_bytes()
+    (drafter / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    last = max(json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).items(),
+               key=lambda kv: kv[1]["data_offsets"][1] if isinstance(kv[1], dict) and "data_offsets" in kv[1] else -1)
+    with pytest.raises(DSparkTrtError, match="truncated|not a readable safetensors"):
+        streaming.read_tensor(drafter, last[0])
+    assert np.isfinite(streaming.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
+
+
+def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair, tmp_path):
+    """The target graph traced on placeholders (build_target_model) and streamed equals the in-memory export;
+    validation at size takes the full graph when it fits, else the same export of a subset of layers — and says
+    which."""
+    import onnx
+    from onnx import numpy_helper
+
+    from dspark_trt.export.target_onnx import build_target_model, export_target_onnx, load_target_model
+    from dspark_trt.export.validate_target import validate_target_files
+
+    ph = streaming.Placeholders()
+    a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
+                           tmp_path / "s" / "target.onnx", placeholders=ph)
+    b = export_target_onnx(load_target_model(tiny_pair.target, torch.bfloat16), [1, 2, 4], tmp_path / "m" / "target.onnx")
+    assert ph.regions and (tmp_path / "s" / "target.onnx.data").is_file()
+    A, B = onnx.load(str(a)), onnx.load(str(b))
+    assert [(i.name, list(i.dims)) for i in A.graph.initializer] == [(i.name, list(i.dims)) for i in B.graph.initializer]
+    for x, y in zip(A.graph.initializer, B.graph.initializer):
+        assert numpy_helper.to_array(x).tobytes() == numpy_helper.to_array(y).tobytes(), x.name
+    del A.graph.initializer[:], B.graph.initializer[:]
+    assert A.SerializeToString() == B.SerializeToString()
+
+    full = validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w")
+    assert full.ok and "the full graph (6 layers" in full.title
+    sub = validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w", available=1)
+    assert sub.ok and "subset: the same export of decoder layers 0..1 of 6" in sub.title and "taps [1]" in sub.title
+    assert not (tmp_path / "w").exists()
+
+
+def test_drafter_validation_at_size_full_or_subset(tiny_pair, tmp_path):
+    """The written drafter graphs validate in full when they fit beside the reference, else the same export of
+    its first draft layers; the report's first line says which."""
+    exported = OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, dtype="bf16", topk=16)()
+    out = tmp_path / "onnx"
+    out.mkdir()
+    from dspark_trt.export.onnx import write_graphs
+
+    write_graphs(exported, out)
+    full = exported.validate_files(out)
+    assert "the full graphs (2 draft layers" in full[0] and all("FAIL" not in line for line in full)
+    sub = exported.validate_files(out, available=1)
+    assert "a subset: the same export of draft layers 0..0 of 2" in sub[0] and all("FAIL" not in line for line in sub)
+    assert not (out / ".validation").exists()
