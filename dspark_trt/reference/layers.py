@@ -81,8 +81,10 @@ def two_part_attention(
     share them (GQA: g more copies). The queries are grouped instead (``[B, H_kv, g·Q, D]``: query head h
     reads K/V head h // g), the two score blocks share one fp32 max and sum, and the context is read where
     it lies (``runtime/drafter_state.py`` holds it heads-first, so ``ctx_k`` is a view of the cache). Scores
-    and the softmax are fp32 (products in the model dtype, as transformers' eager attention); the weights are
-    cast to the model dtype before the value products. Only standard ONNX ops (MatMul, Where, ReduceMax,
+    come from fp32 products and the softmax is fp32, as the reference always computed them (in an fp16/bf16
+    drafter the keys are cast to fp32 for the products: the one pass over the context left, which keeps its
+    drafts equal to fp32's on massive activations); the weights are cast to the model dtype before the value
+    products. Only standard ONNX ops (MatMul, Where, ReduceMax,
     Exp, ReduceSum, Div). A block slot always sees itself, so every row's max is finite."""
     B, Q, H, D = q.shape
     Hkv, T = ctx_k.shape[1], ctx_k.shape[2]
@@ -93,11 +95,12 @@ def two_part_attention(
     if valid.shape[2] != 1:
         valid = valid.repeat(1, 1, g, 1)  # [B, 1, g·Q, T + Q] (a bool mask, not the cache)
     minus_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=q.device)
-    a_blk = torch.matmul(qg, k_blk.permute(0, 2, 3, 1)).float() * scale  # [B, H_kv, gQ, Q] fp32
+    qf = qg.float()  # scores from fp32 products (as before): an fp16/bf16 drafter then drafts what fp32 drafts
+    a_blk = torch.matmul(qf, k_blk.float().permute(0, 2, 3, 1)) * scale  # [B, H_kv, gQ, Q] fp32
     a_blk = torch.where(valid[..., T:], a_blk, minus_inf)
     m = a_blk.amax(-1, keepdim=True)  # [B, H_kv, gQ, 1]
     if T:
-        a_ctx = torch.matmul(qg, ctx_k.transpose(2, 3)).float() * scale  # [B, H_kv, gQ, T] fp32
+        a_ctx = torch.matmul(qf, ctx_k.float().transpose(2, 3)) * scale  # [B, H_kv, gQ, T] fp32 (fp32: no cast)
         a_ctx = torch.where(valid[..., :T], a_ctx, minus_inf)
         m = torch.maximum(m, a_ctx.amax(-1, keepdim=True))
     e_blk = torch.exp(a_blk - m)
