@@ -421,3 +421,21 @@ def test_from_export_with_tensorrt_generates_the_onnxruntime_tokens(tiny_pair, t
     got = trt_dec.generate(prompts, max_new_tokens=24, topk=16)
     assert got.tokens == want.tokens
     assert any(e.graph is not None for e in trt_dec.backend._graphs["draft"].runner.entries.values())
+
+
+def test_the_tensorrt_drafter_reads_its_context_dimension_from_the_per_layer_inputs():
+    """The draft engine's context dimension is axis 2 of ctx_key_0 [B, H_kv, T, D]; an engine of the older
+    stacked ctx_k [L, B, T, H_kv, D] graph is refused in one line (re-export), before any buffer is sized."""
+    from dspark_trt.export.graphs import check_draft_interface
+    from dspark_trt.runtime.backends.tensorrt_backend import _context_symbol
+
+    tensors = io_tensors(DRAFT_IO)
+    assert _context_symbol(tensors) == "T"
+    specs = {s.name: s for s in input_specs(tensors, "B", "T")}
+    assert (specs["ctx_key_1"].batch_dim, specs["ctx_key_1"].context_dim) == (0, 2)
+    check_draft_interface([t.name for t in tensors], "OUT")
+    old = {**DRAFT_IO, "inputs": [{"name": "ctx_k", "dtype": "bfloat16", "shape": [2, "B", "T", 2, 16]}]
+           + [t for t in DRAFT_IO["inputs"] if not t["name"].startswith(("ctx_key", "ctx_value"))]}
+    with pytest.raises(DSparkTrtError, match="stacked ctx_k") as e:
+        check_draft_interface([t.name for t in io_tensors(old)], "OUT")
+    assert "\n" not in str(e.value)
