@@ -3,8 +3,8 @@ memory (each layer's heads-first block, contiguous), never a per-round copy of t
 stays lossless across a capacity-bucket growth (runtime/drafter_state.py, export/graphs.py).
 
 Prompts of 117, 3 and 61 tokens: the drafter's cache starts in the 128-slot bucket and grows to 160 while
-the batch decodes 40 tokens (and to 192 with a round's rows); greedy speculation must give the target-only tokens with the torch and the
-onnxruntime drafters alike."""
+the batch decodes 40 tokens (and to 192 with a round's rows); greedy speculation must give the target-only
+tokens with the torch and the onnxruntime drafters alike."""
 
 from __future__ import annotations
 

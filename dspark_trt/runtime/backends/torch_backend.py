@@ -90,7 +90,8 @@ class TorchDrafterBackend(DrafterBackend):
             zeros = torch.zeros(B, device=self.device)
             # heads first [L, B, H_kv, T, D]: the static buffers keep each layer's block contiguous (as the cache)
             inputs = {"anchor": anchor, "ctx_k": ctx_k.transpose(2, 3), "ctx_v": ctx_v.transpose(2, 3),
-                      "ctx_len": ctx_len, "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
+                      "ctx_len": ctx_len,
+                      "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
                       "seed": zeros.to(torch.int64) if seed is None else seed}
             return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk, markov_topm))
         return self._round(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
