@@ -9,7 +9,6 @@ tokens with the torch and the onnxruntime drafters alike."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.runtime.runtime_helpers import make_decoder, random_prompts
 
