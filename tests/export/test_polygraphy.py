@@ -78,7 +78,8 @@ def test_run_onnxrt_matches_saved_reference_outputs(tiny_pair, onnx_export, tmp_
 
 def test_run_onnxrt_random_inputs(tiny_pair, onnx_export):
     """Polygraphy's own random inputs through the top-k and dense draft graphs, outputs finite."""
-    shapes = ["anchor:[3]", "ctx_k:[2,3,9,2,16]", "ctx_v:[2,3,9,2,16]", "ctx_len:[3]", "temperature:[3]", "seed:[3]"]
+    kv = [f"ctx_{kind}_{layer}:[3,2,9,16]" for kind in ("key", "value") for layer in range(2)]  # [B, H_kv, T, D]
+    shapes = ["anchor:[3]", *kv, "ctx_len:[3]", "temperature:[3]", "seed:[3]"]
     for topk in (16, "off"):
         result = polygraphy("run", onnx_export(tiny_pair, "fp32", topk) / "draft.onnx", "--onnxrt", "--validate",
                             "--input-shapes", *shapes)
