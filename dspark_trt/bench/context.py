@@ -17,7 +17,14 @@ prefilled copy per S (``OnnxRuntimeTarget.fork``: one graph session), then:
   two modes back to back per prompt, their order alternating (``bench/e2e.py: paired_runs``); *decode*
   tokens/s leave the prefill out (it is the same work with and without speculation), *total* keeps it;
 - **memory per request**: the bytes of each target's K/V cache at S, the drafter's context K/V, and the
-  process's peak resident memory.
+  process's peak resident memory;
+- **draft round** (``draft_round_costs``): the seconds of one draft round of the export's drafter
+  (onnxruntime) at every S, batch 1 and 4 (``--draft-batches``), reading a ``DrafterState`` of S context rows
+  in place (its capacity bucket); with ``--draft-before DIR`` (the ``onnx/`` directory of an export made
+  before the in-place drafter cache, whose ``draft.onnx`` takes one stacked ``ctx_k [L, B, T, H_kv, D]``) the
+  same rounds as that runtime ran them — the used prefix of a ``[L, B, capacity, H_kv, D]`` buffer, sliced —
+  take turns with them, so the ratio S = 4096 / S = 128 is read before and after in one run. ``--skip
+  steps,e2e,transformers`` with a drafter-only export directory (``onnx_export.json``) times only the rounds.
 
 Writes ``OUT/context.json``, ``OUT/context.png`` and ``OUT/context.md`` (the table for docs/benchmarks.md)
 with ``-o OUT``; prints the table. The goals of the long-context work are evaluated as ratios of this run
@@ -50,7 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-repeats", type=int, default=1, help="end-to-end runs per (S, path, mode), median")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="torch / onnxruntime CPU threads")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: steps, e2e, transformers")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: steps, e2e, transformers, draft")
+    p.add_argument("--draft-batches", default="1,4", metavar="B,…", help="batch sizes of the timed draft rounds")
+    p.add_argument("--draft-before", default=None, metavar="DIR",
+                   help="onnx/ directory of an export with the older stacked ctx_k draft graph: timed alongside")
     p.add_argument("-o", "--out", default=None, help="write context.json, context.png, context.md here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -112,6 +122,83 @@ def step_costs(targets: dict, widths: list[int], repeats: int) -> dict:
     for (p, S, w), ts in times.items():
         out.setdefault(p, {}).setdefault(S, {})[w] = statistics.median(ts)
     return out
+
+
+def draft_round_costs(runners: dict, contexts: list[int], batches: list[int], repeats: int) -> dict:
+    """{name: {B: {S: median seconds}}} of ``runners[name](B, S)`` (a callable running one draft round, built
+    once per (B, S) by ``runners[name]``'s setup: see ``draft_runners``); every (name, B, S) takes its turn
+    within each repeat, the order alternating, after one warm-up pass."""
+    rounds = {(n, B, S): make(B, S) for n, make in runners.items() for B in batches for S in contexts}
+    times = {key: [] for key in rounds}
+    order = list(rounds)
+    for r in range(repeats + 1):
+        for key in (order if r % 2 else order[::-1]):
+            start = time.perf_counter()
+            rounds[key]()
+            if r:
+                times[key].append(time.perf_counter() - start)
+    out: dict = {}
+    for (n, B, S), ts in times.items():
+        out.setdefault(n, {}).setdefault(B, {})[S] = statistics.median(ts)
+    return out
+
+
+def draft_runners(backend, *, topk, before_dir: str | Path | None = None, threads: int | None = None,
+                  headroom: int = 74, seed: int = 0) -> dict:
+    """``{"in place": make(B, S)}`` (and ``"before"`` with ``before_dir``): ``make(B, S)`` fills a context of S
+    rows per request (random K/V of the drafter's shape and dtype; the round's cost does not depend on the
+    values) and returns a callable running one greedy draft round over it.
+
+    *in place*: a ``DrafterState`` (capacity bucket of S + a round) handed to ``backend.draft`` as the runtime
+    does. *before*: the older runtime's round — the stacked draft graph fed ``[L, B, :S]`` of a
+    ``[L, B, S + headroom, H_kv, D]`` buffer (its capacity: prompt + new tokens + a round), as ``OrtGraph`` got it."""
+    import torch
+
+    from ..runtime.drafter_state import DrafterState
+
+    c = backend.config
+    L, H, D = c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+    dtype = getattr(backend, "dtype", torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+
+    def inputs(B, S):
+        anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
+        return anchor, torch.full((B,), S, dtype=torch.int64), torch.zeros(B), torch.zeros(B, dtype=torch.int64)
+
+    def in_place(B, S):
+        state = DrafterState(L, B, S + c.num_draft_tokens + 2, H, D, dtype=dtype, device=torch.device("cpu"),
+                             limit=getattr(backend, "max_context", None))
+        k = torch.randn(L, B, S, H, D, generator=gen).to(dtype)
+        state.append(k, -k, torch.full((B,), S))
+        anchor, ctx_len, temp, seeds = inputs(B, S)
+
+        def go():
+            ck, cv = state.context()
+            backend.draft(anchor, ck, cv, ctx_len, topk=topk, temperature=temp, seed=seeds)
+        return go
+
+    runners = {"in place": in_place}
+    if before_dir is not None:
+        from ..export.ort_session import OrtGraph
+
+        graph = OrtGraph(Path(before_dir) / "draft.onnx", threads=threads)
+        if "ctx_k" not in graph.inputs:
+            from ..errors import DSparkTrtError
+
+            raise DSparkTrtError(f"--draft-before {before_dir}: its draft.onnx has no stacked ctx_k input; give the "
+                                 f"onnx/ directory of an export made before the in-place drafter cache")
+
+        def before(B, S):
+            buf_k = torch.randn(L, B, S + headroom, H, D, generator=gen).to(dtype)  # [L, B, capacity, H_kv, D]
+            buf_v = -buf_k
+            anchor, ctx_len, temp, seeds = inputs(B, S)
+
+            def go():
+                graph.run({"anchor": anchor, "ctx_k": buf_k[:, :, :S], "ctx_v": buf_v[:, :, :S], "ctx_len": ctx_len,
+                           "temperature": temp, "seed": seeds})
+            return go
+        runners["before"] = before
+    return runners
 
 
 def cache_bytes(target) -> int:
@@ -177,6 +264,9 @@ def goals(report: dict) -> dict:
         out["verify_over_one_token_step_at_long"] = ex[hi][w] / ex[hi]["1"]
     if ex and hf:
         out["exported_over_transformers_one_token_step"] = {s: ex[s]["1"] / hf[s]["1"] for s in S}
+    for name, by_b in (report.get("draft_rounds") or {}).items():  # the draft round's growth with S, per batch
+        out.setdefault("draft_round_long_over_short", {})[name] = {
+            B: by_s[str(hi)] / by_s[str(lo)] for B, by_s in by_b.items() if str(hi) in by_s and str(lo) in by_s}
     ee = {int(k): v for k, v in (e2e.get("exported") or {}).items()}
     if ee:
         out["decode_speedup_long_over_short"] = ee[hi]["decode_speedup"] / ee[lo]["decode_speedup"]
@@ -193,18 +283,60 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..errors import DSparkTrtError
-    from ..runtime import SpeculativeDecoder
     from ..threads import set_cpu_threads
-    from .e2e import _transformers_twin
-    from .heldout import find_heldout
     from .report import _values
 
     contexts = sorted(set(_values(args.contexts, "--contexts")))
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    if skip - {"steps", "e2e", "transformers"}:
-        raise DSparkTrtError(f"--skip {args.skip!r}: the parts are steps, e2e, transformers")
+    if skip - {"steps", "e2e", "transformers", "draft"}:
+        raise DSparkTrtError(f"--skip {args.skip!r}: the parts are steps, e2e, transformers, draft")
     if args.threads:
         set_cpu_threads(args.threads)
+    report = {"export": str(args.export), "contexts": contexts, "max_new_tokens": args.max_new_tokens,
+              "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if {"steps", "e2e"} <= skip:  # the draft rounds alone: a drafter-only export directory will do
+        from ..runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+        onnx_dir = Path(args.export) / "onnx" if (Path(args.export) / "onnx").is_dir() else Path(args.export)
+        backend = OnnxRuntimeDrafterBackend(onnx_dir, threads=args.threads)
+        N = backend.config.num_draft_tokens
+        report.update(num_draft_tokens=N, verify_tokens=N + 1)
+    else:
+        backend = _steps_and_e2e(args, contexts, skip, report)
+    if "draft" not in skip:
+        batches = sorted(set(_values(args.draft_batches, "--draft-batches")))
+        with backend:
+            runners = draft_runners(backend, topk=backend.topk if hasattr(backend, "topk") else None,
+                                    before_dir=args.draft_before, threads=args.threads,
+                                    headroom=args.max_new_tokens + report["num_draft_tokens"] + 2)
+            log.info("draft rounds: %s at S = %s, B = %s", ", ".join(runners), contexts, batches)
+            costs = draft_round_costs(runners, contexts, batches, args.repeats)
+        report["draft_rounds"] = {n: {B: {S: sec for S, sec in by_s.items()} for B, by_s in by_b.items()}
+                                  for n, by_b in costs.items()}
+    report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    report["goals"] = goals(json.loads(json.dumps(report)))  # string keys, as in the JSON file
+    text = tables(json.loads(json.dumps(report)))
+    if args.out:
+        from ..atomic import atomic_write_text
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "context.json", json.dumps(report, indent=1) + "\n")
+        atomic_write_text(out / "context.md", text)
+        plot(json.loads(json.dumps(report)), out)
+    print(json.dumps(report) if args.json else text)
+    return 0
+
+
+def _steps_and_e2e(args, contexts: list[int], skip: set[str], report: dict):
+    """The target parts (per-step costs, end to end, memory) into ``report``; returns the export's drafter."""
+    import torch
+
+    from ..errors import DSparkTrtError
+    from ..runtime import SpeculativeDecoder
+    from .e2e import _transformers_twin
+    from .heldout import find_heldout
+
     opts = {"threads": args.threads} if args.threads else {}
     dec = SpeculativeDecoder.from_export(args.export, backend="onnxruntime", device="cpu", **opts)
     target = dec.target
@@ -227,9 +359,7 @@ def run(args: argparse.Namespace) -> int:
     decoders = {"exported": dec}
     if "transformers" not in skip:
         decoders["transformers"] = _transformers_twin(dec, args.export)
-    report = {"export": str(args.export), "contexts": contexts, "verify_tokens": N + 1, "num_draft_tokens": N,
-              "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "tail_tokens": len(tail)}
+    report.update(verify_tokens=N + 1, num_draft_tokens=N, tail_tokens=len(tail))
     if "steps" not in skip:
         targets, memory = {}, {}
         for name, d in decoders.items():
@@ -249,23 +379,15 @@ def run(args: argparse.Namespace) -> int:
     c = dec.config
     drafter_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim  # K and V elements per token
     size = torch.empty((), dtype=target.dtype).element_size()  # the export's dtype (drafter and target alike)
-    report["drafter_cache_bytes"] = {S: drafter_row * (S + args.max_new_tokens + N + 2) * size for S in contexts}
+    from ..export.kv_capacity import capacity_bucket
+
+    # the drafter's cache: a capacity bucket of the prompt + a round, grown with the context (runtime/drafter_state.py)
+    report["drafter_cache_bytes"] = {S: drafter_row * capacity_bucket(S + args.max_new_tokens + N + 2) * size
+                                     for S in contexts}
     if "e2e" not in skip:
         options = {"max_new_tokens": args.max_new_tokens}
         report["e2e"] = end_to_end(decoders, prompts, options, args.e2e_repeats)
-    report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    report["goals"] = goals(json.loads(json.dumps(report)))  # string keys, as in the JSON file
-    text = tables(json.loads(json.dumps(report)))
-    if args.out:
-        from ..atomic import atomic_write_text
-
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "context.json", json.dumps(report, indent=1) + "\n")
-        atomic_write_text(out / "context.md", text)
-        plot(json.loads(json.dumps(report)), out)
-    print(json.dumps(report) if args.json else text)
-    return 0
+    return dec.backend
 
 
 # ------------------------------------------------------------------------------------- table and plot
@@ -321,12 +443,29 @@ def tables(r: dict) -> str:
         if "decode_speedup_long_over_short" in g:
             lines.append(f"| speculative speed-up at S = {hi} ≥ 0.9× its speed-up at S = {lo} | "
                          f"{g['decode_speedup_long_over_short']:.2f}× |")
+        for name, by_b in (g.get("draft_round_long_over_short") or {}).items():
+            ratios = ", ".join(f"B = {B}: {x:.2f}×" for B, x in by_b.items())
+            lines.append(f"| draft round at S = {hi} ÷ S = {lo} ({name}) | {ratios} |")
         if "greedy_tokens_equal_transformers" in g:
             same = g["greedy_tokens_equal_transformers"]
             lines.append(f"| greedy tokens equal transformers' at every S | {'yes' if all(same.values()) else 'NO'} |")
         lines.append("")
-    lines.append(f"Peak resident memory of the run: {_size(r['peak_rss_bytes'])}; drafter context K/V per request at "
-                 f"S = {S[-1]}: {_size(r['drafter_cache_bytes'][S[-1]])}.")
+    rounds = r.get("draft_rounds")
+    if rounds:
+        names = list(rounds)
+        batches = list(rounds[names[0]])
+        head = " | ".join(f"{n}, B = {B}" for B in batches for n in names)
+        lines += [f"Draft round (the export's drafter, onnxruntime; ms, and × its S = {S[0]}):", "",
+                  f"| context S | {head} |", "|---|" + "---|" * (len(batches) * len(names))]
+        for s in S:
+            cells = [f"{rounds[n][B][s] * 1e3:.1f} ms ({rounds[n][B][s] / rounds[n][B][S[0]]:.2f}×)"
+                     for B in batches for n in names]
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        lines.append("")
+    tail = f"Peak resident memory of the run: {_size(r['peak_rss_bytes'])}"
+    if r.get("drafter_cache_bytes"):
+        tail += f"; drafter context K/V per request at S = {S[-1]}: {_size(r['drafter_cache_bytes'][S[-1]])}"
+    lines.append(tail + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -7,8 +7,8 @@
 
 ``draft`` — one draft round (``block_hidden`` → ``confidence_parts`` / ``base_logits`` → Markov walk)::
 
-    anchor [B] int32, ctx_k, ctx_v [L, B, T, H_kv, D], ctx_len [B] int32 (= anchor position p: valid context),
-    temperature [B] fp32 (< 1e-5 greedy), seed [B] int32 (>= 0)
+    anchor [B] int32, ctx_key_<l>, ctx_value_<l> [B, H_kv, T, D] per layer l (heads first),
+    ctx_len [B] int32 (= anchor position p: valid context), temperature [B] fp32 (< 1e-5 greedy), seed [B] int32 (>= 0)
       →  draft_tokens [B, N] int32 (target ids), cand_ids [B, N, k] int32 (draft ids; top-k only),
          cand_logits [B, N, k] fp32 (corrected, before temperature), confidence [B, N] fp32 (with a head)
 
@@ -21,6 +21,12 @@ version 2), fed the [V, M] int32 table (an initializer, ``union_table``, built a
 duplicate). M = 0 exports exactly the graph without a union.
 Dense (``topk=None``): the reference walk itself, inlined (no custom node; ``cand_logits`` has k = V_d and
 ``cand_ids`` is omitted, as it would be ``arange(V_d)``).
+
+The context is read in place (``DRAFT_KV_INTERFACE``): one input per layer, so that each is a contiguous block
+of the runtime's heads-first ``[L, B, H_kv, capacity, D]`` cache (``runtime/drafter_state.py``; T = its
+capacity, rows past ``ctx_len`` masked), and the attention never concatenates it with the block or repeats
+its heads (``reference/layers.py: two_part_attention``). Older exports took one stacked ``ctx_k [L, B, T, H_kv,
+D]``; the runtimes refuse them in one line (``check_draft_interface``).
 
 Shapes: batch B is dynamic; N is fixed (the checkpoint's block); the context length T is dynamic but
 **bounded** by ``max_context``. Bounded rather than static because a static T would make every round attend
@@ -41,6 +47,10 @@ __all__ = [
     "CONTEXT_INPUTS",
     "CONTEXT_OUTPUTS",
     "DRAFT_INPUTS",
+    "DRAFT_KV_INTERFACE",
+    "check_draft_interface",
+    "ctx_names",
+    "draft_input_names",
     "ContextGraph",
     "DraftGraph",
     "draft_outputs",
@@ -53,7 +63,30 @@ __all__ = [
 
 CONTEXT_INPUTS = ("taps", "positions")
 CONTEXT_OUTPUTS = ("ctx_k", "ctx_v")
-DRAFT_INPUTS = ("anchor", "ctx_k", "ctx_v", "ctx_len", "temperature", "seed")
+DRAFT_INPUTS = ("anchor", "ctx_key_<l>", "ctx_value_<l>", "ctx_len", "temperature", "seed")  # per layer l
+#: the draft graph's context interface (per-layer heads-first inputs read in place)
+DRAFT_KV_INTERFACE = "per-layer-heads-first-v1"
+
+
+def ctx_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """The draft graph's per-layer context inputs: ``ctx_key_0 … ctx_key_{L-1}``, ``ctx_value_0 …``."""
+    return [f"ctx_key_{i}" for i in range(num_layers)], [f"ctx_value_{i}" for i in range(num_layers)]
+
+
+def draft_input_names(num_layers: int) -> list[str]:
+    keys, values = ctx_names(num_layers)
+    return ["anchor", *keys, *values, "ctx_len", "temperature", "seed"]
+
+
+def check_draft_interface(input_names, where: str) -> None:
+    """One line refusing a draft graph (or engine) with the older stacked ``ctx_k [L, B, T, H_kv, D]`` input."""
+    if "ctx_k" in set(input_names) or "ctx_key_0" not in set(input_names):
+        from ..errors import DSparkTrtError
+
+        raise DSparkTrtError(f"the draft graph of {where} takes its context as one stacked ctx_k [L, B, T, H_kv, D] "
+                             f"(an older export); this dspark-trt runs {DRAFT_KV_INTERFACE} (ctx_key_<l> / "
+                             f"ctx_value_<l>): re-export the drafter (dspark-export DRAFTER --target TARGET -o OUT "
+                             f"--force)")
 
 
 def draft_outputs(topk: int | None, has_confidence: bool) -> tuple[str, ...]:
@@ -85,7 +118,7 @@ class DraftGraph(torch.nn.Module):
                                      "or --markov-topm 0")
             self.register_buffer("union_table", drafter.union_table(self.markov_topm).to(torch.int32).clone())
 
-    def forward(self, anchor, ctx_k, ctx_v, ctx_len, temperature, seed):
+    def forward(self, anchor, ctx_k, ctx_v, ctx_len, temperature, seed):  # ctx_k/v: L × [B, H_kv, T, D]
         d, c = self.drafter, self.drafter.config
         if self.topk is None:  # dense: the reference round, unchanged
             r = d.draft(anchor, ctx_k, ctx_v, ctx_len, topk=None, temperature=temperature, seed=seed)
@@ -164,15 +197,17 @@ def export_draft(drafter, info: GraphInfo):
     c = drafter.config
     B, T = 3, 11
     taps, positions = _example_context(drafter, B, T)
-    ctx_k, ctx_v = drafter.context_kv(taps, positions)
+    ctx_k, ctx_v = drafter.context_kv(taps, positions)  # [L, B, T, H_kv, D]
+    keys = [k.transpose(1, 2).contiguous() for k in ctx_k]  # L × [B, H_kv, T, D]
+    values = [v.transpose(1, 2).contiguous() for v in ctx_v]
     example = (
-        torch.tensor([5, 7, 11], dtype=torch.int32) % c.vocab_size, ctx_k, ctx_v,
+        torch.tensor([5, 7, 11], dtype=torch.int32) % c.vocab_size, keys, values,
         torch.tensor([T, 4, 9], dtype=torch.int32), torch.tensor([0.0, 1.0, 0.5]),
         torch.tensor([1, 2, 3], dtype=torch.int32),
     )
     Bd = torch.export.Dim("B")
     Td = torch.export.Dim("T", max=info.max_context)
-    kv = {1: Bd, 2: Td}
+    kv = [{0: Bd, 2: Td}] * c.num_hidden_layers  # per layer [B, H_kv, T, D]
     has_conf = drafter.confidence_head is not None
     union = bool(info.markov_topm)
     table = None
@@ -181,7 +216,7 @@ def export_draft(drafter, info: GraphInfo):
 
         table = union_translation_table() if union else translation_table()
     program = torch_onnx_export(
-        DraftGraph(drafter, info.topk, info.markov_topm), example, input_names=list(DRAFT_INPUTS),
+        DraftGraph(drafter, info.topk, info.markov_topm), example, input_names=draft_input_names(c.num_hidden_layers),
         output_names=list(draft_outputs(info.topk, has_conf)),
         dynamic_shapes=({0: Bd}, kv, kv, {0: Bd}, {0: Bd}, {0: Bd}),
         custom_translation_table=table,
@@ -230,6 +265,10 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
     """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them; ``union_width`` = the export's
     M: the last M candidates are union ids, −inf there = a masked duplicate).
 
+    ``ctx_k``/``ctx_v``: ``[L, B, T, H_kv, D]`` or per-layer heads-first ``L × [B, H_kv, T, D]``; each layer is fed
+    as its heads-first view, which is the cache's own memory when the tensor is a ``DrafterState.context()``
+    view (no copy), and a copy otherwise.
+
     ``temperature=None`` drafts greedily (fed as zeros); seeds are reduced modulo the hash prime, which the
     noise hash does first anyway, so any non-negative int64 seed fits the graph's int32 input.
     """
@@ -240,8 +279,19 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
     if temperature is None:
         temperature = torch.zeros(B)
     seed = torch.zeros(B, dtype=torch.int64) if seed is None else seed.to(torch.int64)
-    out = graph.run({"anchor": anchor, "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_len": ctx_len,
-                     "temperature": temperature.to(torch.float32), "seed": seed % HASH_PRIME})
+    from ..reference.drafter import context_length, layer_context
+
+    L = ctx_k.shape[0] if isinstance(ctx_k, torch.Tensor) else len(ctx_k)
+    keys, values = ctx_names(L)
+    feeds = {"anchor": anchor, "ctx_len": ctx_len, "temperature": temperature.to(torch.float32),
+             "seed": seed % HASH_PRIME}
+    empty = context_length(ctx_k) == 0  # the graph reads at least one slot: a masked one stands for none
+    for i in range(L):
+        k, v = layer_context(ctx_k, i), layer_context(ctx_v, i)  # [B, H_kv, T, D]
+        if empty:
+            k = v = k.new_zeros((k.shape[0], k.shape[1], 1, k.shape[3]))
+        feeds[keys[i]], feeds[values[i]] = k, v
+    out = graph.run(feeds)
     logits = out["cand_logits"]
     ids = out.get("cand_ids")
     ids = (torch.arange(draft_vocab).expand(logits.shape) if ids is None else ids.to(torch.int64))

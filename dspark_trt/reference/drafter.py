@@ -16,7 +16,7 @@ everything downstream is layout-free.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -25,7 +25,17 @@ from ..config import DSparkConfig
 from .layers import DSparkDecoderLayer, RMSNorm, block_attention_mask
 from .markov import MarkovWalkResult, markov_union_table, select_candidates, walk_candidates
 
-__all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead"]
+__all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead", "context_length", "layer_context"]
+
+
+def context_length(ctx: torch.Tensor | Sequence[torch.Tensor]) -> int:
+    """T of a context ``[L, B, T, H_kv, D]`` or of per-layer heads-first ``L × [B, H_kv, T, D]``."""
+    return ctx.shape[2] if isinstance(ctx, torch.Tensor) else ctx[0].shape[2]
+
+
+def layer_context(ctx: torch.Tensor | Sequence[torch.Tensor], layer: int) -> torch.Tensor:
+    """Layer ``layer``'s context heads first, ``[B, H_kv, T, D]`` (a view: no copy)."""
+    return ctx[layer].transpose(1, 2) if isinstance(ctx, torch.Tensor) else ctx[layer]
 
 
 class MarkovHead(nn.Module):
@@ -91,20 +101,24 @@ class DSparkDrafter(nn.Module):
         self,
         ids: torch.Tensor,  # [B, Q] int64 query-block token ids
         positions: torch.Tensor,  # [B, Q] int64
-        ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
-        ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_k: torch.Tensor | Sequence[torch.Tensor],  # [L, B, T, H_kv, D], or L × [B, H_kv, T, D] heads first
+        ctx_v: torch.Tensor | Sequence[torch.Tensor],  # the same
         ctx_len: torch.Tensor,  # [B] int64: valid context tokens per request (rest is padding)
     ) -> torch.Tensor:
         """Final-normed hidden states of every block slot, [B, Q, d]; each layer masked as its config says
-        (``DSparkConfig.layer_attention``: bidirectional and full, or causal/windowed)."""
-        Q, T = ids.shape[1], ctx_k.shape[2]
+        (``DSparkConfig.layer_attention``: bidirectional and full, or causal/windowed).
+
+        The context is ``[L, B, T, H_kv, D]`` (each layer read as its heads-first view ``[B, H_kv, T, D]``:
+        no copy when the tensor is a view of heads-first storage, as ``runtime/drafter_state.py``'s is) or a
+        sequence of per-layer heads-first tensors (the exported draft graph's ``ctx_key_<l>`` inputs)."""
+        Q, T = ids.shape[1], context_length(ctx_k)
         masks: dict[tuple[int | None, bool], torch.Tensor] = {}  # [B, Q or 1, T+Q] per attention pattern
         x = self.embed_tokens(ids)  # [B, Q, d]
         for i, layer in enumerate(self.layers):
             pattern = self.config.layer_attention(i)
             if pattern not in masks:
                 masks[pattern] = block_attention_mask(ctx_len, T, Q, *pattern)
-            x = layer(x, positions, ctx_k[i], ctx_v[i], masks[pattern])
+            x = layer(x, positions, layer_context(ctx_k, i), layer_context(ctx_v, i), masks[pattern])
         return self.norm(x)
 
     def block_hidden(

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["RMSNorm", "rope_tables", "apply_rope", "block_attention_mask", "DSparkAttention", "DSparkMLP",
-           "DSparkDecoderLayer"]
+__all__ = ["RMSNorm", "rope_tables", "apply_rope", "block_attention_mask", "two_part_attention", "DSparkAttention",
+           "DSparkMLP", "DSparkDecoderLayer"]
 
 
 class RMSNorm(nn.Module):
@@ -67,6 +67,53 @@ def block_attention_mask(
     return torch.cat((ctx.view(B, 1, T).expand(B, Q, T), blk), dim=2)
 
 
+def two_part_attention(
+    q: torch.Tensor,  # [B, Q, H, D] block queries (RoPE applied)
+    ctx_k: torch.Tensor,  # [B, H_kv, T, D] context keys, heads first (read as they lie: no copy when contiguous)
+    ctx_v: torch.Tensor,  # [B, H_kv, T, D]
+    k_blk: torch.Tensor,  # [B, Q, H_kv, D] the block's own keys
+    v_blk: torch.Tensor,  # [B, Q, H_kv, D]
+    key_valid: torch.Tensor,  # [B, Q or 1, T + Q] bool (block_attention_mask)
+    scale: float,
+) -> torch.Tensor:  # [B, Q, H, D]
+    """``softmax([q·K_ctxᵀ ; q·K_blkᵀ]) · [V_ctx ; V_blk]`` without forming ``[K_ctx ; K_blk]`` (a copy of the
+    whole context per layer and round) or repeating the K/V heads for the ``g = H / H_kv`` query heads that
+    share them (GQA: g more copies). The queries are grouped instead (``[B, H_kv, g·Q, D]``: query head h
+    reads K/V head h // g), the two score blocks share one fp32 max and sum, and the context is read where
+    it lies (``runtime/drafter_state.py`` holds it heads-first, so ``ctx_k`` is a view of the cache). Scores
+    come from fp32 products and the softmax is fp32, as the reference always computed them (in an fp16/bf16
+    drafter the keys are cast to fp32 for the products: the one pass over the context left, which keeps its
+    drafts equal to fp32's on massive activations); the weights are cast to the model dtype before the value
+    products. Only standard ONNX ops (MatMul, Where, ReduceMax,
+    Exp, ReduceSum, Div). A block slot always sees itself, so every row's max is finite."""
+    B, Q, H, D = q.shape
+    Hkv, T = ctx_k.shape[1], ctx_k.shape[2]
+    g = H // Hkv
+    dtype = q.dtype
+    qg = q.transpose(1, 2).reshape(B, Hkv, g * Q, D)  # rows ordered (head within the group, slot)
+    valid = key_valid.unsqueeze(1)  # [B, 1, Q or 1, T + Q]
+    if valid.shape[2] != 1:
+        valid = valid.repeat(1, 1, g, 1)  # [B, 1, g·Q, T + Q] (a bool mask, not the cache)
+    minus_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=q.device)
+    qf = qg.float()  # scores from fp32 products (as before): an fp16/bf16 drafter then drafts what fp32 drafts
+    a_blk = torch.matmul(qf, k_blk.float().permute(0, 2, 3, 1)) * scale  # [B, H_kv, gQ, Q] fp32
+    a_blk = torch.where(valid[..., T:], a_blk, minus_inf)
+    m = a_blk.amax(-1, keepdim=True)  # [B, H_kv, gQ, 1]
+    if T:
+        a_ctx = torch.matmul(qf, ctx_k.float().transpose(2, 3)) * scale  # [B, H_kv, gQ, T] fp32 (fp32: no cast)
+        a_ctx = torch.where(valid[..., :T], a_ctx, minus_inf)
+        m = torch.maximum(m, a_ctx.amax(-1, keepdim=True))
+    e_blk = torch.exp(a_blk - m)
+    z = e_blk.sum(-1, keepdim=True)
+    if T:
+        e_ctx = torch.exp(a_ctx - m)
+        z = z + e_ctx.sum(-1, keepdim=True)
+    out = torch.matmul((e_blk / z).to(dtype), v_blk.transpose(1, 2))  # [B, H_kv, gQ, D]
+    if T:
+        out = out + torch.matmul((e_ctx / z).to(dtype), ctx_v)
+    return out.reshape(B, H, Q, D).transpose(1, 2)  # [B, Q, H, D]
+
+
 class DSparkAttention(nn.Module):
     """Block queries attend to the cached context K/V and to the block slots, as ``key_valid`` allows."""
 
@@ -91,24 +138,17 @@ class DSparkAttention(nn.Module):
         self,
         x: torch.Tensor,  # [B, Q, d] normed block input
         positions: torch.Tensor,  # [B, Q] int64
-        ctx_k: torch.Tensor,  # [B, T, H_kv, D] cached context keys (RoPE applied)
-        ctx_v: torch.Tensor,  # [B, T, H_kv, D]
+        ctx_k: torch.Tensor,  # [B, H_kv, T, D] cached context keys (RoPE applied), heads first
+        ctx_v: torch.Tensor,  # [B, H_kv, T, D]
         key_valid: torch.Tensor,  # [B, Q or 1, T + Q] bool (block_attention_mask)
     ) -> torch.Tensor:
         B, Q, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, Q, self.heads, self.head_dim))
         cos, sin = rope_tables(positions, self.head_dim, self.theta, x.dtype)
         q = apply_rope(q, cos, sin)  # [B, Q, H, D]
-        k_blk, v_blk = self.key_value(x, positions)
-        k = torch.cat((ctx_k.to(x.dtype), k_blk), dim=1).transpose(1, 2)  # [B, H_kv, T+Q, D]
-        v = torch.cat((ctx_v.to(x.dtype), v_blk), dim=1).transpose(1, 2)
-        groups = self.heads // self.kv_heads
-        k = k.repeat_interleave(groups, dim=1)  # [B, H, T+Q, D]: query head h uses kv head h // groups
-        v = v.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q.transpose(1, 2).float(), k.float().transpose(-1, -2)) * self.head_dim**-0.5
-        scores = scores.masked_fill(~key_valid[:, None], float("-inf"))  # [B, H, Q, T+Q]
-        probs = torch.softmax(scores, dim=-1).to(x.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(B, Q, self.heads * self.head_dim)
+        k_blk, v_blk = self.key_value(x, positions)  # [B, Q, H_kv, D]
+        out = two_part_attention(q, ctx_k, ctx_v, k_blk, v_blk, key_valid, self.head_dim ** -0.5)  # [B, Q, H, D]
+        out = out.reshape(B, Q, self.heads * self.head_dim)
         return self.o_proj(out)
 
 

@@ -490,11 +490,11 @@ class _Run:
                 first = torch.where(torch.tensor(resumed, device=dev), last, first)
             if self.speculative:
                 Bn = len(requests)
-                cap = int(lens.max()) + max(r.max_new for r in requests) + c.num_draft_tokens + 2
+                cap = int(lens.max()) + c.num_draft_tokens + 2  # the prompt and a round: a bucket ≥ that, grown later
                 kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(Bn, -1))
                 self.monitor.context(pre.taps, kv[0], kv[1], lens, [r.id for r in requests])
                 state = DrafterState(c.num_hidden_layers, Bn, cap, c.num_key_value_heads, c.head_dim,
-                                     dtype=kv[0].dtype, device=kv[0].device)
+                                     dtype=kv[0].dtype, device=kv[0].device, limit=self.dec.max_context)
                 state.append(kv[0], kv[1], lens)
                 self.state = self.state.join(state) if joining else state
         self.requests.update((r.id, r) for r in requests)

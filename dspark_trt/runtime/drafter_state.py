@@ -15,59 +15,92 @@ After verification of ``[a, d_1 … d_n]`` with ``acc`` drafts accepted, the tar
 context grows to ``p+acc+1`` and the emitted token becomes the anchor at that position. Rows past
 ``ctx_len`` (a rejected draft's taps) are left in the buffer but masked by ``ctx_len`` and overwritten next
 round — that is the drafter's rollback.
+
+The cache lies **heads first**, ``[L, B, H_kv, capacity, D]``, so one layer's ``[B, H_kv, capacity, D]`` is a
+contiguous block: ``context()`` hands out views of the whole capacity (``[L, B, capacity, H_kv, D]``, the
+backends' layout; each layer's heads-first view is the block itself), the draft graph reads them in place
+and masks slots past ``ctx_len`` (``reference/layers.py: two_part_attention``), and ``append`` writes only
+the new rows. A round therefore costs O(new tokens) of cache bookkeeping, whatever the context; slicing the
+used prefix instead would hand the backends a non-contiguous tensor (a copy per round). Capacities are the
+target cache's buckets (``export/kv_capacity.py``: 128, 160, 192, 224, 256, 320, …, four per octave): the
+draft round attends over at most 25 % more slots than it needs (plus a round's headroom), and growing (a
+copy of the cache into bigger buffers) happens once per bucket, O(1) rows per generated token amortised.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..export.kv_capacity import capacity_bucket
+
 __all__ = ["DrafterState"]
 
 
 class DrafterState:
-    """Context K/V ``[L, B, T_cap, H_kv, D]`` per request (right-padded), ``ctx_len [B]`` and ``anchor [B]``."""
+    """Context K/V ``[L, B, H_kv, capacity, D]`` per request (right-padded, heads first), ``ctx_len [B]`` and
+    ``anchor [B]``. ``capacity`` is the first bucket ≥ the slots asked for (at most ``limit``, the export's
+    ``max_context``, when that is enough)."""
 
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (num_layers, batch, capacity, kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, T_cap, H_kv, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+                 dtype: torch.dtype, device: torch.device, limit: int | None = None):
+        self.limit = limit
+        self.allocations = 0  # cache buffers allocated so far (tests, benchmarks)
+        shape = (num_layers, batch, kv_heads, self._bucket(capacity), head_dim)
+        self.k = self._zeros(shape, dtype, device)  # [L, B, H_kv, capacity, D]
+        self.v = self._zeros(shape, dtype, device)
         self.ctx_len = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] = anchor position p
         self.anchor = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] target id at position p
 
+    def _zeros(self, shape, dtype, device) -> torch.Tensor:
+        self.allocations += 1
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def _bucket(self, slots: int) -> int:
+        cap = capacity_bucket(max(int(slots), 1))
+        return min(cap, self.limit) if self.limit is not None and slots <= self.limit else cap
+
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
     def append(self, k: torch.Tensor, v: torch.Tensor, count: torch.Tensor) -> None:
-        """Write ``k, v`` [L, B, Q, H_kv, D] at rows ``ctx_len … ctx_len+Q-1``; advance ``ctx_len`` by ``count`` [B]."""
+        """Write ``k, v`` [L, B, Q, H_kv, D] at rows ``ctx_len … ctx_len+Q-1``; advance ``ctx_len`` by ``count`` [B].
+        Writes the B·Q new rows only (one indexed store), growing to the next bucket first when they do not fit."""
         L, B, Q = k.shape[:3]
         need = int(self.ctx_len.max()) + Q if B else 0
         if need > self.capacity:
-            self._grow(max(need, 2 * self.capacity))
+            self._grow(need)
         rows = self.ctx_len.view(B, 1) + torch.arange(Q, device=self.k.device)  # [B, Q]
         batch = torch.arange(B, device=self.k.device).view(B, 1).expand(B, Q)
-        self.k[:, batch, rows] = k.to(self.k.dtype)
-        self.v[:, batch, rows] = v.to(self.v.dtype)
+        # indices on dims 1 and 3 around a slice: the value is [B, Q, L, H_kv, D]
+        self.k[:, batch, :, rows] = k.to(self.k.dtype).permute(1, 2, 0, 3, 4)
+        self.v[:, batch, :, rows] = v.to(self.v.dtype).permute(1, 2, 0, 3, 4)
         self.ctx_len = self.ctx_len + count.to(self.ctx_len.device, torch.int64)
 
     def context(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the used part of the cache, [L, B, max(ctx_len), H_kv, D] (no copy)."""
-        t = int(self.ctx_len.max()) if self.ctx_len.numel() else 0
-        return self.k[:, :, :t], self.v[:, :, :t]
+        """The whole cache as ``[L, B, capacity, H_kv, D]`` views (no copy; rows past ``ctx_len`` are masked by
+        the draft round). ``ctx_k[l].transpose(1, 2)`` is layer l's contiguous ``[B, H_kv, capacity, D]`` block."""
+        return self.k.transpose(2, 3), self.v.transpose(2, 3)
+
+    def layers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer contiguous blocks ``[B, H_kv, capacity, D]`` (views: what the draft graph reads)."""
+        return list(self.k.unbind(0)), list(self.v.unbind(0))
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the requests at ``rows``."""
         rows = rows.to(self.k.device, torch.int64)
         self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.allocations += 2
         self.ctx_len, self.anchor = self.ctx_len[rows], self.anchor[rows]
 
-    def _grow(self, capacity: int) -> None:
-        pad = capacity - self.capacity
+    def _grow(self, slots: int) -> None:
+        """Buffers of the first bucket ≥ ``slots``, holding the rows used so far (once per bucket)."""
+        used = int(self.ctx_len.max()) if self.ctx_len.numel() else 0
         shape = list(self.k.shape)
-        shape[2] = pad
-        self.k = torch.cat((self.k, self.k.new_zeros(shape)), dim=2)
-        self.v = torch.cat((self.v, self.v.new_zeros(shape)), dim=2)
+        shape[3] = self._bucket(slots)
+        k, v = self._zeros(shape, self.k.dtype, self.k.device), self._zeros(shape, self.v.dtype, self.v.device)
+        k[:, :, :, :used], v[:, :, :, :used] = self.k[:, :, :, :used], self.v[:, :, :, :used]
+        self.k, self.v = k, v
 
     def join(self, other: "DrafterState") -> "DrafterState":
         """This batch followed by ``other``'s requests (new requests joining at a round boundary)."""
@@ -76,6 +109,7 @@ class DrafterState:
             if s.capacity < cap:
                 s._grow(cap)
         self.k, self.v = torch.cat((self.k, other.k), dim=1), torch.cat((self.v, other.v), dim=1)
+        self.allocations += 2
         self.ctx_len = torch.cat((self.ctx_len, other.ctx_len.to(self.ctx_len.device)))
         self.anchor = torch.cat((self.anchor, other.anchor.to(self.anchor.device)))
         return self

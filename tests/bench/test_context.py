@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from dspark_trt.bench.context import cache_bytes, context_prompt, filler_tokens, goals, step_costs, tables
+from dspark_trt.bench.context import (cache_bytes, context_prompt, draft_round_costs, filler_tokens, goals, step_costs,
+                                      tables)
 from dspark_trt.errors import DSparkTrtError
 
 
@@ -70,6 +71,10 @@ def test_context_bench_runs_on_the_tiny_export(qwen3_topk_export, capsys, tmp_pa
     assert report["goals"]["greedy_tokens_equal_transformers"] == {"16": True, "40": True}
     assert (tmp_path / "context.json").is_file() and "| context S |" in (tmp_path / "context.md").read_text()
     assert json.loads((tmp_path / "context.json").read_text())["goals"] == report["goals"]
+    rounds = report["draft_rounds"]["in place"]  # the drafter's rounds at every S, batch 1 and 4
+    assert set(rounds) == {"1", "4"} and all(set(r) == {"16", "40"} and min(r.values()) > 0 for r in rounds.values())
+    assert set(report["goals"]["draft_round_long_over_short"]["in place"]) == {"1", "4"}
+    assert "Draft round" in (tmp_path / "context.md").read_text()
     with pytest.raises(SystemExit):
         main(["bench", "context"])  # --export is required
 
@@ -98,6 +103,32 @@ def test_tables_and_goals_from_a_saved_report():
     assert g["greedy_tokens_equal_transformers"] == {128: True, 4096: False}
     text = tables({**report, "goals": g})
     assert "| 4096 | 90.0 ms | 2.25× |" in text and "greedy tokens equal transformers' at every S | NO" in text
+    report["draft_rounds"] = {"in place": {"1": {"128": 0.02, "4096": 0.03}, "4": {"128": 0.04, "4096": 0.08}},
+                              "before": {"1": {"128": 0.02, "4096": 0.05}, "4": {"128": 0.04, "4096": 0.2}}}
+    g = goals(report)
+    assert g["draft_round_long_over_short"] == {"in place": {"1": pytest.approx(1.5), "4": pytest.approx(2.0)},
+                                                "before": {"1": pytest.approx(2.5), "4": pytest.approx(5.0)}}
+    text = tables({**report, "goals": g})
+    assert "| 4096 | 30.0 ms (1.50×) | 50.0 ms (2.50×) | 80.0 ms (2.00×) | 200.0 ms (5.00×) |" in text
+    assert "| draft round at S = 4096 ÷ S = 128 (before) | B = 1: 2.50×, B = 4: 5.00× |" in text
+
+
+def test_draft_round_costs_take_turns():
+    log = []
+    runners = {n: (lambda B, S, n=n: (lambda: log.append((n, B, S)))) for n in ("in place", "before")}
+    costs = draft_round_costs(runners, [16, 64], [1, 4], repeats=2)
+    assert set(costs) == {"in place", "before"} and set(costs["before"][4]) == {16, 64}
+    assert len(log) == 3 * 8 and log[:8] != log[8:16] and sorted(log[:8]) == sorted(log[8:16])
+
+
+@pytest.mark.onnx
+def test_draft_before_needs_a_stacked_draft_graph(qwen3_topk_export):
+    from dspark_trt.bench.context import draft_runners
+    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+    backend = OnnxRuntimeDrafterBackend.from_export(qwen3_topk_export)
+    with pytest.raises(DSparkTrtError, match="no stacked ctx_k input"):
+        draft_runners(backend, topk=16, before_dir=qwen3_topk_export / "onnx")
 
 
 def test_cache_bytes_of_both_targets():

@@ -172,7 +172,9 @@ def test_dynamic_batch_and_bounded_context(tiny_pair, onnx_export):
     path = onnx_export(tiny_pair, "fp32", 16)
     model = onnx.load(str(path / "draft.onnx"), load_external_data=False)
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
-    assert dims["anchor"] == ["B"] and dims["ctx_k"] == [2, "B", "T", 2, 16]
+    assert dims["anchor"] == ["B"] and "ctx_k" not in dims
+    assert dims["ctx_key_0"] == dims["ctx_value_1"] == ["B", 2, "T", 16]  # per layer, heads first
+    assert [v.name for v in model.graph.input][:5] == ["anchor", "ctx_key_0", "ctx_key_1", "ctx_value_0", "ctx_value_1"]
     outs = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.output}
     assert outs == {"draft_tokens": ["B", 7], "cand_ids": ["B", 7, 16], "cand_logits": ["B", 7, 16],
                     "confidence": ["B", 7]}

@@ -143,7 +143,7 @@ def test_decoder_layer_matches_transformers_qwen3(causal):
     B, Q = 2, 5
     x = torch.randn(B, Q, c.hidden_size)
     positions = torch.arange(3, 3 + Q).expand(B, Q)
-    empty = torch.zeros(B, 0, c.num_key_value_heads, c.head_dim)
+    empty = torch.zeros(B, c.num_key_value_heads, 0, c.head_dim)  # [B, H_kv, T = 0, D]
     ours = model.layers[0](x, positions, empty, empty, block_attention_mask(torch.zeros(B), 0, Q, None, causal))
     additive = torch.zeros(B, 1, Q, Q)
     if causal:

@@ -23,8 +23,10 @@ from dspark_trt.runtime.tensorrt_engine import (TENSOR_ALIGNMENT, TORCH_DTYPES, 
 
 DRAFT_IO = {
     "inputs": [{"name": "anchor", "dtype": "int32", "shape": ["B"]},
-               {"name": "ctx_k", "dtype": "bfloat16", "shape": [2, "B", "T", 2, 16]},
-               {"name": "ctx_v", "dtype": "bfloat16", "shape": [2, "B", "T", 2, 16]},
+               {"name": "ctx_key_0", "dtype": "bfloat16", "shape": ["B", 2, "T", 16]},  # per layer, heads first
+               {"name": "ctx_key_1", "dtype": "bfloat16", "shape": ["B", 2, "T", 16]},
+               {"name": "ctx_value_0", "dtype": "bfloat16", "shape": ["B", 2, "T", 16]},
+               {"name": "ctx_value_1", "dtype": "bfloat16", "shape": ["B", 2, "T", 16]},
                {"name": "ctx_len", "dtype": "int32", "shape": ["B"]},
                {"name": "temperature", "dtype": "float32", "shape": ["B"]},
                {"name": "seed", "dtype": "int32", "shape": ["B"]}],
@@ -87,7 +89,7 @@ def test_engine_entry_finds_drafter_and_target_engines():
 # ------------------------------------------------------------------------------------------- buffer plans
 def test_buffer_plan_of_the_draft_graph():
     plan = plan_io(io_tensors(DRAFT_IO), {"B": 4, "T": 256})
-    assert plan["ctx_k"] == ((2, 4, 256, 2, 16), torch.bfloat16)
+    assert plan["ctx_key_1"] == ((4, 2, 256, 16), torch.bfloat16)
     assert plan["anchor"] == ((4,), torch.int32)
     assert plan["cand_logits"] == ((4, 7, 512), torch.float32)
 
@@ -130,8 +132,10 @@ def test_a_padded_draft_graph_round_gives_the_unpadded_results(onnx_export, tiny
     runner = GraphRunner(lambda x, key: graph.run(x), input_specs(tensors, "B", "T"), role="draft", device="cpu",
                          output_batch_dims=output_batch_dims(tensors))
     g = torch.Generator().manual_seed(0)
-    ck = torch.randn(2, 3, 11, 2, 16, generator=g)  # [L, B, T, H_kv, D]
-    feeds = {"anchor": torch.tensor([5, 7, 9], dtype=torch.int32), "ctx_k": ck, "ctx_v": torch.randn_like(ck),
+    ck = torch.randn(2, 3, 2, 11, 16, generator=g)  # [L, B, H_kv, T, D]
+    cv = torch.randn_like(ck)
+    feeds = {**{f"ctx_key_{i}": ck[i] for i in range(2)}, **{f"ctx_value_{i}": cv[i] for i in range(2)},
+             "anchor": torch.tensor([5, 7, 9], dtype=torch.int32),
              "ctx_len": torch.tensor([11, 4, 1], dtype=torch.int32), "temperature": torch.tensor([0.0, 1.0, 0.6]),
              "seed": torch.tensor([1, 2, 3], dtype=torch.int32)}
     plan = BucketPolicy(max_batch=8, max_context=64, smallest_context=16).plan(3, 11)
@@ -186,7 +190,7 @@ def test_an_engine_with_the_manifests_io_is_accepted():
 @pytest.mark.parametrize("changes, message", [
     ({"cand_logits": {"dtype": "float16"}}, "cand_logits is float16, the manifest says float32"),
     ({"logits": {"dtype": "bfloat16"}}, "logits is bfloat16, the manifest says float32"),
-    ({"ctx_k": {"shape": (-1, -1, 2, 16)}}, r"ctx_k has rank 4, the manifest's shape \[2, 'B', 'T', 2, 16\] rank 5"),
+    ({"ctx_key_0": {"shape": (-1, 2, -1)}}, r"ctx_key_0 has rank 3, the manifest's shape \['B', 2, 'T', 16\] rank 4"),
     ({"draft_tokens": {"shape": (-1, 8)}}, "draft_tokens dimension 1 is 8, the manifest says 7"),
     ({"cand_ids": None}, "the manifest's output cand_ids is missing"),
     ({"seed": {"is_input": False}}, "seed is an output, the manifest has an input"),
@@ -417,3 +421,21 @@ def test_from_export_with_tensorrt_generates_the_onnxruntime_tokens(tiny_pair, t
     got = trt_dec.generate(prompts, max_new_tokens=24, topk=16)
     assert got.tokens == want.tokens
     assert any(e.graph is not None for e in trt_dec.backend._graphs["draft"].runner.entries.values())
+
+
+def test_the_tensorrt_drafter_reads_its_context_dimension_from_the_per_layer_inputs():
+    """The draft engine's context dimension is axis 2 of ctx_key_0 [B, H_kv, T, D]; an engine of the older
+    stacked ctx_k [L, B, T, H_kv, D] graph is refused in one line (re-export), before any buffer is sized."""
+    from dspark_trt.export.graphs import check_draft_interface
+    from dspark_trt.runtime.backends.tensorrt_backend import _context_symbol
+
+    tensors = io_tensors(DRAFT_IO)
+    assert _context_symbol(tensors) == "T"
+    specs = {s.name: s for s in input_specs(tensors, "B", "T")}
+    assert (specs["ctx_key_1"].batch_dim, specs["ctx_key_1"].context_dim) == (0, 2)
+    check_draft_interface([t.name for t in tensors], "OUT")
+    old = {**DRAFT_IO, "inputs": [{"name": "ctx_k", "dtype": "bfloat16", "shape": [2, "B", "T", 2, 16]}]
+           + [t for t in DRAFT_IO["inputs"] if not t["name"].startswith(("ctx_key", "ctx_value"))]}
+    with pytest.raises(DSparkTrtError, match="stacked ctx_k") as e:
+        check_draft_interface([t.name for t in io_tensors(old)], "OUT")
+    assert "\n" not in str(e.value)

@@ -137,8 +137,12 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         from ...export.ort_session import OrtGraph
 
         if self._graphs is None:
-            self._graphs = {name: OrtGraph(file, providers=self._providers, threads=self._threads)
-                            for name, file in self._files.items()}
+            from ...export.graphs import check_draft_interface
+
+            graphs = {name: OrtGraph(file, providers=self._providers, threads=self._threads)
+                      for name, file in self._files.items()}
+            check_draft_interface(graphs["draft"].inputs, str(self.export_dir))  # older stacked ctx_k: re-export
+            self._graphs = graphs
 
     def deactivate(self) -> None:
         self._graphs = None
@@ -163,7 +167,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
             self._switch_topk(topk, markov_topm)
         check_export_variant("this ONNX export", have_topk=self.topk, have_markov_topm=self.markov_topm, topk=topk,
                              markov_topm=markov_topm)
-        self._check_context(ctx_k.shape[2])
+        self._check_context(ctx_k.shape[2])  # the cache's capacity: its per-layer blocks are fed as they lie
         return run_draft(self._graph("draft"), anchor, ctx_k, ctx_v, ctx_len, temperature, seed,
                          draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm)
 

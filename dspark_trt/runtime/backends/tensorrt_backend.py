@@ -75,6 +75,10 @@ class TensorRTDrafterBackend(DrafterBackend):
         for graph, entry in entries.items():
             engine = TensorRTEngine(self.export_dir / entry["file"], entry, device=self.device, name=graph)
             io = io_tensors(manifest["graphs"][graph])
+            if graph == "draft":
+                from ...export.graphs import check_draft_interface
+
+                check_draft_interface([t.name for t in io], str(self.export_dir))
             if graph == "context":
                 self._graphs[graph] = TensorRTGraph(engine, io, max_batch=max_batch, role="draft", graphs=graphs,
                                                     device=self.device, bucketed=False)
@@ -127,8 +131,8 @@ class TensorRTDrafterBackend(DrafterBackend):
 
 
 def _context_symbol(io) -> str | None:
-    """The symbolic context-length dimension of the draft graph: axis 2 of ``ctx_k`` [L, B, T, H_kv, D]."""
-    ctx_k = next((t for t in io if t.name == "ctx_k"), None)
-    if ctx_k is None or len(ctx_k.shape) != 5 or isinstance(ctx_k.shape[2], int):
+    """The symbolic context-length dimension of the draft graph: axis 2 of ``ctx_key_0`` [B, H_kv, T, D]."""
+    ctx_k = next((t for t in io if t.name == "ctx_key_0"), None)
+    if ctx_k is None or len(ctx_k.shape) != 4 or isinstance(ctx_k.shape[2], int):
         return None
     return ctx_k.shape[2]

@@ -88,7 +88,9 @@ class TorchDrafterBackend(DrafterBackend):
         B, T = anchor.shape[0], ctx_k.shape[2]
         if self.graphs != "off" and B <= self.policy.max_batch and T <= self.policy.max_context:
             zeros = torch.zeros(B, device=self.device)
-            inputs = {"anchor": anchor, "ctx_k": ctx_k, "ctx_v": ctx_v, "ctx_len": ctx_len,
+            # heads first [L, B, H_kv, T, D]: the static buffers keep each layer's block contiguous (as the cache)
+            inputs = {"anchor": anchor, "ctx_k": ctx_k.transpose(2, 3), "ctx_v": ctx_v.transpose(2, 3),
+                      "ctx_len": ctx_len,
                       "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
                       "seed": zeros.to(torch.int64) if seed is None else seed}
             return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk, markov_topm))
@@ -104,17 +106,20 @@ class TorchDrafterBackend(DrafterBackend):
     # -- CUDA graphs -------------------------------------------------------------------------------------
     def input_specs(self) -> tuple[InputSpec, ...]:
         """The round's static inputs: padded requests get anchor 0, context 0 (nothing to attend to but their
-        own block), greedy temperature and seed 0; padded context slots are zeros beyond ``ctx_len``."""
+        own block), greedy temperature and seed 0; padded context slots are zeros beyond ``ctx_len``. The context
+        is heads first, ``[L, B, H_kv, T, D]`` (``DrafterState``'s layout: its rows are copied into the bucket's
+        buffers once per round, each layer's block staying contiguous for the attention products)."""
         c = self.config
-        kv = (c.num_hidden_layers, 0, 0, c.num_key_value_heads, c.head_dim)
-        return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 2),
-                InputSpec("ctx_v", kv, self.dtype, 1, 2), InputSpec("ctx_len", (0,), torch.int64),
+        kv = (c.num_hidden_layers, 0, c.num_key_value_heads, 0, c.head_dim)
+        return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 3),
+                InputSpec("ctx_v", kv, self.dtype, 1, 3), InputSpec("ctx_len", (0,), torch.int64),
                 InputSpec("temperature", (0,), torch.float32), InputSpec("seed", (0,), torch.int64))
 
     def _graph_runner(self) -> GraphRunner:
         if self._runner is None:
             def round_fn(x: dict[str, torch.Tensor], key) -> MarkovWalkResult:
-                return self._round(x["anchor"], x["ctx_k"], x["ctx_v"], x["ctx_len"], topk=key.variant[0],
+                return self._round(x["anchor"], x["ctx_k"].transpose(2, 3), x["ctx_v"].transpose(2, 3), x["ctx_len"],
+                                   topk=key.variant[0],
                                    markov_topm=key.variant[1],
                                    temperature=x["temperature"], seed=x["seed"])
 
