@@ -182,13 +182,13 @@ def _source(args, work: Path) -> tuple[Path, Path | None]:
     source = Path(args.source)
     if source.is_dir():
         return source, None
-    from ..cli.common import import_optional
     from ..errors import DSparkTrtError
+    from ..testing import preset_checkpoint as presets
+    from ..testing.presets import PRESETS
 
-    presets = import_optional("dspark_trt.testing.preset_checkpoint")
-    if presets is None:
-        raise DSparkTrtError(f"{args.source} is neither a checkpoint directory nor a preset this version knows; "
-                             f"pass a directory")
+    if args.source not in PRESETS:
+        raise DSparkTrtError(f"{args.source} is neither a checkpoint directory nor a preset ({', '.join(PRESETS)}): "
+                             f"pass a checkpoint directory or a preset name")
     dest = work / args.source
     if not (dest / "config.json").is_file():
         presets.write_preset(args.source, dest, progress=sys.stderr.isatty())

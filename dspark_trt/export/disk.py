@@ -110,6 +110,17 @@ def check_free_disk(out_dir: str | Path, estimate: DiskEstimate, *, what: str = 
                              f"a larger disk (--engine none skips the engines' share)")
 
 
+def _errno_of_a_failed_write() -> OSError:
+    """The likely cause of a write that failed without an errno: the file-size limit when one is set, else a full
+    disk."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return OSError(errno.EFBIG, "File too large")
+    return OSError(errno.ENOSPC, "No space left on device")
+
+
 def _disk_error(exc: BaseException) -> OSError | None:
     """The OSError (ENOSPC, EDQUOT, EFBIG) behind ``exc``, following its cause/context chain."""
     seen = set()
@@ -119,6 +130,8 @@ def _disk_error(exc: BaseException) -> OSError | None:
             return exc
         if "No space left on device" in str(exc):  # a library that re-raised it as its own type
             return OSError(errno.ENOSPC, "No space left on device")
+        if isinstance(exc, OSError) and exc.errno is None and "problem writing" in str(exc):
+            return _errno_of_a_failed_write()  # numpy's ``tofile`` drops the errno ("problem writing element N")
         exc = exc.__cause__ or exc.__context__
     return None
 
