@@ -16,7 +16,7 @@ import sys
 __all__ = ["collect_env", "format_env", "tensorrt_status"]
 
 PACKAGES = ("torch", "transformers", "safetensors", "numpy", "onnx", "onnxscript", "onnxruntime",
-            "onnx-graphsurgeon", "polygraphy", "triton", "numba", "tensorrt", "tensorrt-rtx", "matplotlib")
+            "polygraphy", "triton", "numba", "tensorrt", "tensorrt-rtx", "matplotlib")
 
 
 def _version(dist: str) -> str | None:

@@ -25,7 +25,6 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "onnxscript": ("onnxscript", None),
     "onnx_ir": ("onnx-ir", None),
     "onnxruntime": ("onnxruntime", None),
-    "onnx_graphsurgeon": ("onnx-graphsurgeon", None),
     "polygraphy": ("polygraphy", "onnx"),
     "triton": ("triton", "kernels"),
     "numba": ("numba", "cpu"),

@@ -136,9 +136,9 @@ class EngineBuildConfig:
 
 def onnx_inputs(onnx_path: str | Path) -> dict[str, list[int | str]]:
     """Graph inputs (not initializers) → dims, symbolic dims as their names (reads the header only)."""
-    import onnx
+    from .external_data import load_graph_only
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = load_graph_only(onnx_path)
     inits = {i.name for i in model.graph.initializer}
     out = {}
     for value in model.graph.input:
@@ -301,15 +301,14 @@ def check_version_compatible(version_compatible: bool, plugin_op: str | None) ->
 
 def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:
     """Refuse, in one line, an ONNX graph this flavor cannot build: TensorRT-RTX and the candidate-union node."""
-    import onnx
-
     from ..plugins.contract import OP_DOMAIN, UNION_OP_NAME
+    from .external_data import load_graph_only
 
     if flavor != "tensorrt-rtx":
         return
     try:
-        model = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception:  # not readable as ONNX: the parser reports it (one line) in build_engine
+        model = load_graph_only(onnx_path)
+    except DSparkTrtError:  # not readable as ONNX: the parser reports it (one line) in build_engine
         return
     node = next((n for n in model.graph.node if n.domain == OP_DOMAIN and n.op_type == UNION_OP_NAME), None)
     if node is not None:

@@ -35,9 +35,9 @@ _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: 
 
 def graph_io(onnx_path: str | Path) -> dict[str, list[dict[str, Any]]]:
     """{"inputs": [...], "outputs": [...]} with name, dtype and dims (symbolic dims by name)."""
-    import onnx
+    from .external_data import load_graph_only
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = load_graph_only(onnx_path)
     inits = {i.name for i in model.graph.initializer}
 
     def describe(value) -> dict[str, Any]:

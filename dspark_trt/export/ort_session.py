@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DSparkTrtError
+from .external_data import external_refs, load_graph_only
 
 __all__ = ["OrtGraph", "model_proto"]
 
@@ -47,9 +48,7 @@ def _has_bf16(proto) -> bool:
 
 
 def _has_external(proto) -> bool:
-    import onnx
-
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+    return bool(external_refs(proto))
 
 
 def _twin_beside(proto, original: Path) -> str:
@@ -101,13 +100,13 @@ class OrtGraph:
             import onnx
 
             if proto is None:  # types only: the weights stay on disk unless there is bf16 to emulate
+                proto = load_graph_only(source)
                 try:
-                    proto = onnx.load(source, load_external_data=False)
                     if not _has_bf16(proto):
                         proto = None
                     elif not _has_external(proto):  # small: emulate in memory
                         proto = model_proto(source)
-                except Exception as e:  # truncated or corrupt file (protobuf DecodeError, missing external data)
+                except Exception as e:  # a file that cannot be read whole
                     first = (str(e).splitlines() or [type(e).__name__])[0]
                     raise DSparkTrtError(f"cannot read {source} ({first or type(e).__name__}); the file is damaged "
                                          f"or incomplete: re-export it") from None

@@ -186,14 +186,13 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
     k, else layer k - 1), written to ``work_dir`` and removed afterwards. The report's title says which."""
     import shutil
 
-    import onnx
-
     from ..loader import resolve_dtype
+    from .external_data import load_graph_only
     from .streaming import Placeholders
     from .target_onnx import build_target_model, export_target_onnx
 
     torch_dtype = resolve_dtype(dtype)
-    proto = onnx.load(str(onnx_path), load_external_data=False)
+    proto = load_graph_only(onnx_path)
     sizes = {i.name: _nbytes(i) for i in proto.graph.initializer}
     total, largest = sum(sizes.values()), max(sizes.values(), default=0)
     scale = 4 // torch.empty((), dtype=torch_dtype).element_size()
