@@ -89,7 +89,7 @@ def test_engine_tensorrt_without_tensorrt_is_refused(tiny_pair, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-FAST = ["--topk", "off", "--dtype", "fp32", "--engine", "none", "--no-validate"]
+FAST = ["--topk", "off", "--dtype", "fp32", "--engine", "none", "--no-validate", "--skip-target"]
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ def _both(drafter, target, tmp_path, **options):
     return streamed, memory
 
 
-@pytest.mark.parametrize("dtype, topk, markov_topm", [("fp32", 16, 0), ("bf16", 16, 4), ("fp16", "off", 0)])
+@pytest.mark.parametrize("dtype, topk, markov_topm", [("bf16", 16, 4)])  # fp32: the speculators test below
 def test_streamed_graphs_equal_in_memory(tiny_pair, tmp_path, dtype, topk, markov_topm):
     streamed, memory = _both(tiny_pair.drafter, tiny_pair.target, tmp_path, dtype=dtype, topk=topk,
                              markov_topm=markov_topm)
