@@ -110,43 +110,71 @@ def _compare(name: str, got: torch.Tensor, ref: torch.Tensor, tol, depths: Seque
     return _close(name, got, ref, tol, mask=mask)
 
 
+#: the scenario after the prefill: (tokens verified, tokens kept per request) per verify step
+_VERIFY_STEPS = ((4, (3, 1)), (3, (3, 3)))
+
+
+def _play(target, layer_ids: Sequence[int], vocab_size: int, seed: int) -> dict:
+    """Run the scenario on ``target`` (``HFTarget`` or ``OnnxRuntimeTarget``) and keep copies of what it returned:
+    ``steps`` [(logits, taps)] for the prefill ([B, V], [B, T, m·d]) and each verify ([B, Q, V], [B, Q, m·d]),
+    ``lengths`` (committed per request) and ``valid`` ([B, T] prefill slots holding a prompt token, or None)."""
+    target.set_taps(layer_ids)
+    gen = torch.Generator().manual_seed(seed)  # the same prompts and tokens on both sides
+    prompts = [torch.randint(0, vocab_size, (n,), generator=gen) for n in (7, 3)]
+    out = target.prefill(prompts)
+    steps = [(out.logits.float().clone(), out.taps.clone())]
+    valid = getattr(target, "valid", None)
+    valid = None if valid is None else valid.clone()
+    for Q, keep in _VERIFY_STEPS:
+        out = target.verify(torch.randint(0, vocab_size, (2, Q), generator=gen))
+        steps.append((out.logits.float().clone(), out.taps.clone()))
+        target.commit(torch.tensor(keep))
+    return {"steps": steps, "lengths": target.lengths.tolist(), "valid": valid}
+
+
 def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int], *, dtype: str, seed: int = 0,
                          raise_on_failure: bool = True) -> ValidationReport:
     """Run ``onnx_path`` (``OnnxRuntimeTarget``) and ``model`` (``HFTarget``) through prefill, verify, rollback,
-    verify; compare logits and taps of ``layer_ids`` (the drafter's DeepSeek ids)."""
+    verify; compare logits and taps of ``layer_ids`` (the drafter's DeepSeek ids).
+
+    ``model`` is the transformers model, or a function that builds it: then the reference runs first and is
+    dropped before onnxruntime maps the graph, so the two never hold their weights at once (a validation's peak
+    memory is one copy of the weights, not two)."""
+    import gc
+
     from ..runtime.ort_target import OnnxRuntimeTarget
     from ..runtime.target import HFTarget
     from .target_graph import target_shape
 
+    build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
+    if build is not None:
+        model = build()
     shape = target_shape(model.config)
     tol = TARGET_TOLERANCES[dtype]
     report = ValidationReport(dtype, tol, title="target validation: onnxruntime vs transformers, prefill + verify + "
                                                 "rollback + verify")
-    ref = HFTarget(model)
-    got = OnnxRuntimeTarget(onnx_path, num_layers=shape.num_layers, num_key_value_heads=shape.num_key_value_heads,
-                            head_dim=shape.head_dim, hidden_size=shape.hidden_size, vocab_size=shape.vocab_size,
-                            layer_ids=layer_ids, dtype=dtype, low_memory=True)
-    ref.set_taps(layer_ids)
-    got.set_taps(layer_ids)
-    gen = torch.Generator().manual_seed(seed)
-    V = shape.vocab_size
-    prompts = [torch.randint(0, V, (n,), generator=gen) for n in (7, 3)]
-    r, g = ref.prefill(prompts), got.prefill(prompts)
-    valid = ref.valid.clone()  # [B, T]: padding slots are not compared
+    ref = _play(HFTarget(model), layer_ids, shape.vocab_size, seed)
+    if build is not None:
+        del model
+        gc.collect()  # the reference's weights are gone before the graph's are mapped
+    got = _play(OnnxRuntimeTarget(onnx_path, num_layers=shape.num_layers,
+                                  num_key_value_heads=shape.num_key_value_heads, head_dim=shape.head_dim,
+                                  hidden_size=shape.hidden_size, vocab_size=shape.vocab_size, layer_ids=layer_ids,
+                                  dtype=dtype, low_memory=True), layer_ids, shape.vocab_size, seed)
     tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
     logit_depths = [shape.num_layers + 1]  # every layer, then the lm_head
-    report.checks += [_compare("prefill logits [B, V]", g.logits, r.logits.float(), tol, logit_depths),
-                      _compare("prefill taps [B, T, m·d]", g.taps, r.taps, tol, tap_depths, mask=valid)]
-    for step, (Q, keep) in enumerate(((4, (3, 1)), (3, (3, 3)))):
-        tokens = torch.randint(0, V, (2, Q), generator=gen)
-        r, g = ref.verify(tokens), got.verify(tokens)
-        label = f"verify {step + 1} (Q={Q}{', after a rollback' if step else ''})"
-        report.checks += [_compare(f"{label} logits [B, Q, V]", g.logits, r.logits.float(), tol, logit_depths),
-                          _compare(f"{label} taps [B, Q, m·d]", g.taps, r.taps, tol, tap_depths)]
-        ref.commit(torch.tensor(keep))
-        got.commit(torch.tensor(keep))
-    report.checks.append(Check("committed lengths", got.lengths.tolist() == ref.lengths.tolist(),
-                               f"{got.lengths.tolist()} vs transformers {ref.lengths.tolist()}"))
+    labels = ["prefill"] + [f"verify {step + 1} (Q={Q}{', after a rollback' if step else ''})"
+                            for step, (Q, _) in enumerate(_VERIFY_STEPS)]
+    for step, (label, (g_logits, g_taps), (r_logits, r_taps)) in enumerate(zip(labels, got["steps"], ref["steps"])):
+        if step == 0:  # padding slots of the prefill are not compared
+            report.checks += [_compare("prefill logits [B, V]", g_logits, r_logits, tol, logit_depths),
+                              _compare("prefill taps [B, T, m·d]", g_taps, r_taps, tol, tap_depths,
+                                       mask=ref["valid"])]
+        else:
+            report.checks += [_compare(f"{label} logits [B, Q, V]", g_logits, r_logits, tol, logit_depths),
+                              _compare(f"{label} taps [B, Q, m·d]", g_taps, r_taps, tol, tap_depths)]
+    report.checks.append(Check("committed lengths", got["lengths"] == ref["lengths"],
+                               f"{got['lengths']} vs transformers {ref['lengths']}"))
     for line in report.lines():
         log.info(line)
     if raise_on_failure and not report.ok:
@@ -159,7 +187,7 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     return report
 
 
-# -- at size: the full graph when it fits in memory next to its reference, else a subset of its layers --------
+# -- at size: the full graph when its validation fits in memory, else a subset of its layers -----------------
 def memory_available() -> int:
     """Bytes the kernel reports available (``MemAvailable``), or a large number where it does not say."""
     try:
@@ -172,18 +200,19 @@ def memory_available() -> int:
 
 
 def validation_need(weight_bytes: int, largest_fp32_bytes: int) -> int:
-    """Resident bytes a validation needs: the reference's weights, onnxruntime's (the same bytes, external data
-    mapped), the bf16 twin's per-run fp32 cast of its largest weight (twice: cast and GEMM operand) and 1 GB of
-    activations and libraries."""
-    return 2 * weight_bytes + 2 * largest_fp32_bytes + (1 << 30)
+    """Resident bytes a validation needs: one copy of the weights (the reference runs first and is dropped, then
+    onnxruntime maps the graph's external data), the bf16 twin's per-run fp32 cast of its largest weight (twice:
+    cast and GEMM operand) and 1 GB of activations and libraries."""
+    return weight_bytes + 2 * largest_fp32_bytes + (1 << 30)
 
 
 def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_ids: Sequence[int], *, dtype: str,
                           work_dir: str | Path, available: int | None = None) -> ValidationReport:
     """Validate the written target graph against transformers with the checkpoint's weights: the full graph when
-    reference + graph fit in 90 % of the available memory, else the same export of the first k decoder layers
-    (the most that fit, at least 2; embeddings, final norm and lm_head included; taps: the drafter's ids below
-    k, else layer k - 1), written to ``work_dir`` and removed afterwards. The report's title says which."""
+    its validation (``validation_need``) fits in 90 % of the available memory, else the same export of the first
+    k decoder layers (the most that fit in memory and in 90 % of the free disk, at least 2; embeddings, final
+    norm and lm_head included; taps: the drafter's ids below k, else layer k - 1), written to ``work_dir`` and
+    removed afterwards. The report's title says which."""
     import shutil
 
     from ..loader import resolve_dtype
@@ -201,27 +230,29 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
     layers = int(next((int(p.value) for p in proto.metadata_props if p.key == "dspark.num_layers"), 0)) or \
         _count_layers(proto)
     if need <= budget:
-        model = build_target_model(target_dir, torch_dtype)
-        report = validate_target_onnx(onnx_path, model, layer_ids, dtype=dtype)
+        report = validate_target_onnx(onnx_path, lambda: build_target_model(target_dir, torch_dtype), layer_ids,
+                                      dtype=dtype)
         report.title += f" — the full graph ({layers} layers; needs ~{need / 1e9:.1f} GB, {budget / 1e9:.1f} GB usable)"
         return report
     outside, per_layer = _checkpoint_split(target_dir, torch_dtype, layers)
     fixed = validation_need(outside, largest * scale)
-    k = max(2, min(layers - 1, (budget - fixed) // (2 * per_layer)))
-    ids = [i for i in layer_ids if i < k] or [k - 1]
     work = Path(work_dir)
+    disk = int(0.9 * _disk_free(work)) - outside  # the subset graph is written to work_dir, then removed
+    k = max(2, min(layers - 1, (budget - fixed) // per_layer, disk // per_layer))
+    bound = "free disk" if disk < budget - fixed else "memory"
+    ids = [i for i in layer_ids if i < k] or [k - 1]
     try:
         placeholders = Placeholders()
         sub = export_target_onnx(build_target_model(target_dir, torch_dtype, placeholders=placeholders, num_layers=k),
                                  ids, work / "target-subset.onnx", placeholders=placeholders)
-        model = build_target_model(target_dir, torch_dtype, num_layers=k)
-        report = validate_target_onnx(sub, model, ids, dtype=dtype, raise_on_failure=False)
+        report = validate_target_onnx(sub, lambda: build_target_model(target_dir, torch_dtype, num_layers=k), ids,
+                                      dtype=dtype, raise_on_failure=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report.title += (f" — a subset: the same export of decoder layers 0..{k - 1} of {layers} (the checkpoint's weights; "
-                     f"embeddings, final norm, lm_head included; taps {ids}), since the full graph needs "
-                     f"~{need / 1e9:.1f} GB next to its reference and {budget / 1e9:.1f} GB are usable; the full graph's "
-                     f"initializers were written from the same tensors")
+                     f"embeddings, final norm, lm_head included; taps {ids}), since the full graph's "
+                     f"validation needs ~{need / 1e9:.1f} GB and {budget / 1e9:.1f} GB are usable (k bounded by "
+                     f"{bound}); the full graph's initializers were written from the same tensors")
     log.info(report.title)
     if not report.ok:
         from ..errors import ValidationMismatch
@@ -231,6 +262,16 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
                                  f"{len(report.checks)} checks, layer subset): {bad[0].name}: {bad[0].detail}; "
                                  f"re-export, or report a bug if it persists")
     return report
+
+
+def _disk_free(path: Path) -> int:
+    """Free bytes on the file system that will hold ``path`` (its nearest existing ancestor)."""
+    import shutil
+
+    for parent in (path, *path.parents):
+        if parent.exists():
+            return shutil.disk_usage(parent).free
+    return 1 << 62
 
 
 def _nbytes(tensor) -> int:

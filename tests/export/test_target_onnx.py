@@ -83,6 +83,38 @@ def test_taps_shifted_by_one_layer_fail_the_validation(qwen3_topk_export, random
     assert [c.name for c in failed.checks if not c.ok] == [c.name for c in failed.checks if "taps" in c.name]
 
 
+def test_a_model_builder_is_dropped_before_the_graph_opens(qwen3_topk_export, random_pair, monkeypatch):
+    """Given a function that builds the reference, validation runs it first and frees it before onnxruntime maps the
+    graph (one copy of the weights at a time), and the serial comparison still fails a shifted tap."""
+    import gc
+    import weakref
+
+    import dspark_trt.runtime.ort_target as ort_target
+    from dspark_trt.export.target_onnx import load_target_model
+    from dspark_trt.export.validate_target import validate_target_onnx
+
+    built, alive_at_open = [], []
+    real = ort_target.OnnxRuntimeTarget
+
+    def build():
+        model = load_target_model(random_pair.target, torch.float32)
+        built.append(weakref.ref(model))
+        return model
+
+    def opened(*args, **kwargs):
+        gc.collect()
+        alive_at_open.append(built[-1]() is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort_target, "OnnxRuntimeTarget", opened)
+    path = qwen3_topk_export / "onnx" / "target.onnx"
+    report = validate_target_onnx(path, build, [1, 2, 4], dtype="fp32")
+    assert report.ok and len(report.checks) == 7 and alive_at_open == [False]
+    failed = validate_target_onnx(path, build, [0, 1, 3], dtype="fp32", raise_on_failure=False)
+    assert alive_at_open == [False, False]
+    assert [c.name for c in failed.checks if not c.ok] == [c.name for c in failed.checks if "taps" in c.name]
+
+
 def test_the_last_layer_tap_is_pre_norm_in_the_graph(llama_dense_export, speculators_llama_pair):
     """Llama target, taps (0, 3, 5) of 6 layers: the third tap is layer 5's output before the final norm."""
     from dspark_trt.export.ort_session import OrtGraph
