@@ -290,7 +290,7 @@ class OnnxFromCheckpoint(OnnxFromDrafter):
         graph_bytes = sum((out / f"{f}.data").stat().st_size for f in GRAPH_FILES.values() if (out / f"{f}.data").is_file())
         layers, largest, layer_bytes = _drafter_sizes(self.model_dir, self.target_dir, self.dtype)
         scale = 4 // torch.empty((), dtype=self.dtype).element_size()
-        need = validation_need(graph_bytes, largest * scale)  # reference ≈ the graphs' bytes
+        need = validation_need(graph_bytes, largest * scale, copies=2)  # reference ≈ the graphs' bytes
         budget = int(0.9 * (memory_available() if available is None else available))
         k = layers
         if need > budget:

@@ -199,11 +199,12 @@ def memory_available() -> int:
     return 1 << 62
 
 
-def validation_need(weight_bytes: int, largest_fp32_bytes: int) -> int:
-    """Resident bytes a validation needs: one copy of the weights (the reference runs first and is dropped, then
-    onnxruntime maps the graph's external data), the bf16 twin's per-run fp32 cast of its largest weight (twice:
-    cast and GEMM operand) and 1 GB of activations and libraries."""
-    return weight_bytes + 2 * largest_fp32_bytes + (1 << 30)
+def validation_need(weight_bytes: int, largest_fp32_bytes: int, *, copies: int = 1) -> int:
+    """Resident bytes a validation needs: ``copies`` of the weights (1 for the target: the reference runs first and
+    is dropped, then onnxruntime maps the graph's external data; 2 for the drafter, whose reference and graphs run
+    side by side), the bf16 twin's per-run fp32 cast of its largest weight (twice: cast and GEMM operand) and 1 GB
+    of activations and libraries."""
+    return copies * weight_bytes + 2 * largest_fp32_bytes + (1 << 30)
 
 
 def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_ids: Sequence[int], *, dtype: str,
