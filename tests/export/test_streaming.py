@@ -173,6 +173,31 @@ def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair
     assert not (tmp_path / "w").exists()
 
 
+def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, tmp_path, monkeypatch):
+    """The reference runs before the graph is mapped, so the full graph validates once one copy of the weights (+ the
+    bf16 casts + 1 GB) fits; below that a subset, whose size free disk bounds too (the title says which bound)."""
+    import dspark_trt.export.validate_target as vt
+    from dspark_trt.export.external_data import load_graph_only
+    from dspark_trt.export.target_onnx import build_target_model, export_target_onnx
+
+    ph = streaming.Placeholders()
+    a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
+                           tmp_path / "s" / "target.onnx", placeholders=ph)
+    sizes = [vt._nbytes(i) for i in load_graph_only(a).graph.initializer]
+    need = vt.validation_need(sum(sizes), 2 * max(sizes))
+    assert need == sum(sizes) + 4 * max(sizes) + (1 << 30)
+    fits = vt.validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w",
+                                    available=int(need / 0.9) + 2)
+    assert fits.ok and "the full graph (6 layers" in fits.title
+    short = vt.validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w",
+                                     available=int(need / 0.9) - 2)
+    assert short.ok and "a subset" in short.title and "bounded by memory" in short.title
+    monkeypatch.setattr(vt, "_disk_free", lambda path: 0)
+    tight = vt.validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w",
+                                     available=int(need / 0.9) - 2)
+    assert tight.ok and "decoder layers 0..1 of 6" in tight.title and "bounded by free disk" in tight.title
+
+
 def test_drafter_validation_at_size_full_or_subset(tiny_pair, tmp_path):
     """The written drafter graphs validate in full when they fit beside the reference, else the same export of
     its first draft layers; the report's first line says which."""
