@@ -162,6 +162,17 @@ def measure_export(source: Path, out: Path, export_args: list[str], *, interval:
             "last_lines": lines[-8:], "stopped": stopped[0] if stopped else None}
 
 
+def validation_titles(export_dir: Path) -> list[str]:
+    """What the export validated: the first line of each validation report in its manifest (the drafter's, the
+    target's; each says full graphs or which layer subset, and why); [] without a manifest or validation."""
+    try:
+        manifest = json.loads((Path(export_dir) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return []
+    reports = [manifest.get("validation"), (manifest.get("target") or {}).get("validation")]
+    return [r[0] for r in reports if isinstance(r, list) and r]
+
+
 def _kill_tree(pid: int) -> None:
     import signal
 
@@ -212,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         exported_target = "--target" in export_args and "--skip-target" not in export_args
         target = export_args[export_args.index("--target") + 1] if exported_target else None
         result = measure_export(source, work / "export", export_args, interval=args.interval, max_rss=max_rss)
+        result["validation"] = validation_titles(work / "export")
     finally:
         if not args.keep:
             shutil.rmtree(work / "export", ignore_errors=True)
@@ -263,4 +275,5 @@ def table(r: dict) -> str:
         ratio = f"{p['peak'] / ck:.2f}" if ck else "—"
         rows.append(f"| {p['name']} | {p['seconds']:.1f} | {p['peak'] / gb:.2f} ({p['peak_anon'] / gb:.2f} + "
                     f"{p['peak_file'] / gb:.2f}) | {ratio} | {p['bytes_written'] / gb:.2f} |")
-    return head + "\n\n" + "\n".join(rows)
+    checked = [f"- {line}" for line in r.get("validation") or []]
+    return head + "\n\n" + "\n".join(rows) + ("\n\nValidated:\n" + "\n".join(checked) if checked else "")

@@ -34,3 +34,6 @@ def test_bench_export_tiny(tiny_pair, tmp_path, capsys):
     assert all(p["seconds"] >= 0 for p in report["phases"])
     assert "| write ONNX weights |" in (tmp_path / "out" / "export.md").read_text() == table(report) + "\n"
     assert "peak RSS" in capsys.readouterr().out
+    titles = report["validation"]  # what was validated, read from the export's manifest before it is removed
+    assert len(titles) == 1 and titles[0].startswith("validation") and "the full graphs" in titles[0], titles
+    assert f"- {titles[0]}" in table(report)
