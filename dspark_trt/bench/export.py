@@ -165,9 +165,12 @@ def measure_export(source: Path, out: Path, export_args: list[str], *, interval:
 def validation_titles(export_dir: Path) -> list[str]:
     """What the export validated: the first line of each validation report in its manifest (the drafter's, the
     target's; each says full graphs or which layer subset, and why); [] without a manifest or validation."""
+    from ..errors import DSparkTrtError
+    from ..export.manifest import read_manifest
+
     try:
-        manifest = json.loads((Path(export_dir) / "manifest.json").read_text())
-    except (OSError, ValueError):
+        manifest = read_manifest(export_dir)
+    except DSparkTrtError:  # the export failed before its manifest
         return []
     reports = [manifest.get("validation"), (manifest.get("target") or {}).get("validation")]
     return [r[0] for r in reports if isinstance(r, list) and r]

@@ -163,16 +163,12 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
                                   dtype=dtype, low_memory=True), layer_ids, shape.vocab_size, seed)
     tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
     logit_depths = [shape.num_layers + 1]  # every layer, then the lm_head
-    labels = ["prefill"] + [f"verify {step + 1} (Q={Q}{', after a rollback' if step else ''})"
-                            for step, (Q, _) in enumerate(_VERIFY_STEPS)]
-    for step, (label, (g_logits, g_taps), (r_logits, r_taps)) in enumerate(zip(labels, got["steps"], ref["steps"])):
-        if step == 0:  # padding slots of the prefill are not compared
-            report.checks += [_compare("prefill logits [B, V]", g_logits, r_logits, tol, logit_depths),
-                              _compare("prefill taps [B, T, m·d]", g_taps, r_taps, tol, tap_depths,
-                                       mask=ref["valid"])]
-        else:
-            report.checks += [_compare(f"{label} logits [B, Q, V]", g_logits, r_logits, tol, logit_depths),
-                              _compare(f"{label} taps [B, Q, m·d]", g_taps, r_taps, tol, tap_depths)]
+    steps = [("prefill", "[B, V]", "[B, T, m·d]", ref["valid"])] + [  # the prefill's padding slots are not compared
+        (f"verify {i + 1} (Q={Q}{', after a rollback' if i else ''})", "[B, Q, V]", "[B, Q, m·d]", None)
+        for i, (Q, _) in enumerate(_VERIFY_STEPS)]
+    for (label, logits, taps, mask), (g_logits, g_taps), (r_logits, r_taps) in zip(steps, got["steps"], ref["steps"]):
+        report.checks += [_compare(f"{label} logits {logits}", g_logits, r_logits, tol, logit_depths),
+                          _compare(f"{label} taps {taps}", g_taps, r_taps, tol, tap_depths, mask=mask)]
     report.checks.append(Check("committed lengths", got["lengths"] == ref["lengths"],
                                f"{got['lengths']} vs transformers {ref['lengths']}"))
     for line in report.lines():
@@ -217,6 +213,7 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
     import shutil
 
     from ..loader import resolve_dtype
+    from .disk import free_bytes
     from .external_data import load_graph_only
     from .streaming import Placeholders
     from .target_onnx import build_target_model, export_target_onnx
@@ -238,7 +235,7 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
     outside, per_layer = _checkpoint_split(target_dir, torch_dtype, layers)
     fixed = validation_need(outside, largest * scale)
     work = Path(work_dir)
-    disk = int(0.9 * _disk_free(work)) - outside  # the subset graph is written to work_dir, then removed
+    disk = int(0.9 * free_bytes(work)[0]) - outside  # the subset graph is written to work_dir, then removed
     k = max(2, min(layers - 1, (budget - fixed) // per_layer, disk // per_layer))
     bound = "free disk" if disk < budget - fixed else "memory"
     ids = [i for i in layer_ids if i < k] or [k - 1]
@@ -263,16 +260,6 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
                                  f"{len(report.checks)} checks, layer subset): {bad[0].name}: {bad[0].detail}; "
                                  f"re-export, or report a bug if it persists")
     return report
-
-
-def _disk_free(path: Path) -> int:
-    """Free bytes on the file system that will hold ``path`` (its nearest existing ancestor)."""
-    import shutil
-
-    for parent in (path, *path.parents):
-        if parent.exists():
-            return shutil.disk_usage(parent).free
-    return 1 << 62
 
 
 def _nbytes(tensor) -> int:

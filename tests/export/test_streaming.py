@@ -192,7 +192,7 @@ def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, tmp_p
     short = vt.validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w",
                                      available=int(need / 0.9) - 2)
     assert short.ok and "a subset" in short.title and "bounded by memory" in short.title
-    monkeypatch.setattr(vt, "_disk_free", lambda path: 0)
+    monkeypatch.setattr("dspark_trt.export.disk.free_bytes", lambda path: (0, path))
     tight = vt.validate_target_files(a, tiny_pair.target, [1, 2, 4], dtype="bf16", work_dir=tmp_path / "w",
                                      available=int(need / 0.9) - 2)
     assert tight.ok and "decoder layers 0..1 of 6" in tight.title and "bounded by free disk" in tight.title
