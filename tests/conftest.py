@@ -166,6 +166,16 @@ def tiny_causal_pair(tmp_path_factory):
         out, seed=4, format="speculators", layer_types=("sliding_attention", "full_attention"), sliding_window=4))
 
 
+@pytest.fixture(scope="session")
+def tiny_windowed_pair(tmp_path_factory):
+    """The recipe's pattern (``dspark distill --context-window``): both layers ``sliding_attention`` with window
+    4 over the context and bidirectional in the block (DeepSeek format)."""
+    from dspark_trt.testing import write_tiny_checkpoint
+
+    return build_once(tmp_path_factory, "tiny-windowed", lambda out: write_tiny_checkpoint(
+        out, seed=6, layer_types=("sliding_attention",) * 2, sliding_window=4, sliding_window_non_causal=True))
+
+
 #: exports the ONNX tests use: (pair fixture, dtype, topk), split between xdist workers up front (below)
 STANDARD_ONNX_EXPORTS = [("tiny_pair", "fp32", 16), ("tiny_pair", "fp32", "off"), ("tiny_pair", "fp16", 16),
                          ("tiny_pair", "bf16", 16), ("tiny_pair", "fp32", 2500), ("tiny_odd_pair", "fp32", 1)]

@@ -1,7 +1,7 @@
 """Distil a DSpark drafter for a Hugging Face target on the CPU or a GPU (DeepSpec's recipe at small scale).
 
   dspark distill --target OUT/target -o OUT/drafter --minutes 30
-  dspark distill --target TARGET -o DRAFTER --steps 400 --seed 1 --layers 1 --markov-rank 64
+  dspark distill --target TARGET -o DRAFTER --steps 400 --seed 1 --layers 1 --markov-rank 64 --context-window 0
   dspark distill --target OUT/target -o MORE --init-from OUT/drafter --bank-prompts 2000 --minutes 40
   dspark distill --target OUT/target -o OUT/drafter-gpu --device cuda      # the GPU preset (≤ 8 min on an H200)
 
@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=None, help="drafter decoder layers (default 1)")
     p.add_argument("--block-size", type=int, default=None, help="draft slots N (default 7)")
     p.add_argument("--markov-rank", type=int, default=None, help="Markov head rank (default 64)")
+    p.add_argument("--context-window", type=int, default=None, metavar="W",
+                   help="context rows each draft layer reads, the last W (default 256; 0 = the whole context)")
     p.add_argument("--taps", default=None, metavar="I,J,K", help="target layer ids (DeepSeek convention)")
     p.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default: the target's)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens the target writes per prompt (default 128)")
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 SHAPE_OPTIONS = {"layers": "--layers", "block_size": "--block-size", "markov_rank": "--markov-rank", "taps": "--taps",
-                 "draft_vocab": "--draft-vocab"}
+                 "draft_vocab": "--draft-vocab", "context_window": "--context-window"}
 
 
 def _shape(args: argparse.Namespace):
@@ -121,5 +123,9 @@ def _shape(args: argparse.Namespace):
         except ValueError:
             raise DSparkTrtError(f"--taps {args.taps!r}: expected layer ids like 2,15,28") from None
     chosen = {"num_layers": args.layers, "markov_rank": args.markov_rank, "block_size": args.block_size}
-    return DrafterShape(target_layer_ids=taps, draft_vocab_size=args.draft_vocab,
-                        **{k: v for k, v in chosen.items() if v is not None})
+    chosen = {k: v for k, v in chosen.items() if v is not None}
+    if args.context_window is not None:
+        if args.context_window < 0:
+            raise DSparkTrtError(f"--context-window {args.context_window}: use W >= 1 context rows, or 0 for all")
+        chosen["context_window"] = args.context_window or None  # 0: the whole context
+    return DrafterShape(target_layer_ids=taps, draft_vocab_size=args.draft_vocab, **chosen)

@@ -145,6 +145,28 @@ def test_causal_windowed_draft_graph_matches_reference(tiny_causal_pair, onnx_ex
     assert (base - other).abs().amax(dim=(1, 2)).min() > 1e-3  # every request: the mask matters
 
 
+def test_bidirectional_windowed_draft_graph_matches_reference(tiny_windowed_pair, onnx_export):
+    """The recipe's context window (every layer reads the last W = 4 context rows, the block bidirectional):
+    ORT = reference, and both differ from full attention where a request's context is longer than W."""
+    drafter = _drafter(tiny_windowed_pair, "fp32")
+    c = drafter.config
+    assert all(c.layer_attention(i) == (4, False) for i in range(2))
+    _, draft = _graphs(onnx_export(tiny_windowed_pair, "fp32", 16))
+    inputs = round_inputs(drafter, 3, seed=11, sampled=False)
+    inputs["ctx_len"] = torch.tensor([15, 3, 9])  # T = 15: rows dropped for requests 0 and 2, none for 1
+    got, ref = run_both(drafter, draft, inputs, 16)
+    assert torch.equal(got.tokens, ref.tokens)
+    torch.testing.assert_close(by_id(got.cand_ids, got.cand_logits, V_D), by_id(ref.cand_ids, ref.cand_logits, V_D),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.confidence, ref.confidence, atol=1e-6, rtol=1e-6)
+    full = type(drafter)(c.replace(layer_types=("full_attention",) * 2, sliding_window=None))
+    full.load_state_dict(drafter.state_dict())
+    args = (inputs["anchor"], inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_len"])
+    diff = (drafter.base_logits(drafter.block_hidden(*args)) - full.base_logits(full.block_hidden(*args))).abs()
+    per_request = diff.amax(dim=(1, 2))  # [B]
+    assert per_request[0] > 1e-3 and per_request[2] > 1e-3 and per_request[1] < 1e-5  # only past the window
+
+
 @pytest.mark.parametrize("B", [1, 3])
 def test_odd_checkpoint_k1(tiny_odd_pair, onnx_export, B):
     """k = 1 on the awkward pair: reduced vocab (d2t), logit_scale 0.5, bonus-anchor layout (N = 4), no

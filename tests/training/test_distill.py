@@ -197,6 +197,56 @@ def test_init_from_with_another_shape_is_refused(peaky_pair, first_run, tmp_path
 
 
 
+def test_a_context_window_wider_than_the_text_trains_like_full_attention(peaky_pair, first_run, tmp_path):
+    """The recipe's window (256 rows by default) is wider than every training context here (≤ 22 tokens), so
+    the weights equal full attention's; a window of 2 rows changes them. The config says which is which, and
+    ``shape_of`` reads the window back (``--init-from`` keeps it)."""
+    from dataclasses import replace
+
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.training.drafter_init import shape_of
+
+    full = distill(peaky_pair.target, tmp_path / "full", shape=replace(SHAPE, context_window=None),
+                   settings=settings(), progress=False)
+    narrow = distill(peaky_pair.target, tmp_path / "narrow", shape=replace(SHAPE, context_window=2),
+                     settings=settings(), progress=False)
+    a, f, n = weights(first_run), weights(full), weights(narrow)
+    assert a.keys() == f.keys() and all(torch.equal(a[k], f[k]) for k in a)
+    assert not torch.equal(a["fc.weight"], n["fc.weight"])
+    windowed, whole = DSparkConfig.from_pretrained(first_run), DSparkConfig.from_pretrained(full)
+    assert all(windowed.layer_attention(i) == (256, False) for i in range(windowed.num_hidden_layers))
+    assert whole.bidirectional_full_attention and not windowed.bidirectional_full_attention
+    assert shape_of(windowed).context_window == 256 and shape_of(whole).context_window is None
+    assert shape_of(DSparkConfig.from_pretrained(narrow)).context_window == 2
+
+
+def test_shape_of_refuses_a_pattern_the_recipe_does_not_train(tiny_causal_pair):
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.training.drafter_init import shape_of
+
+    with pytest.raises(DSparkTrtError, match="not the recipe's pattern"):
+        shape_of(DSparkConfig.from_pretrained(tiny_causal_pair.drafter))
+
+
+def test_cli_context_window(peaky_pair, tmp_path, capsys):
+    """--context-window 0 = the whole context, W = W rows, a negative W is refused in one line."""
+    import argparse
+
+    from dspark_trt.cli import distill as cli
+    from dspark_trt.cli.main import main
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    base = ["--target", str(peaky_pair.target), "-o", str(tmp_path / "x")]
+    assert cli._shape(p.parse_args(base)).context_window == 256
+    assert cli._shape(p.parse_args(base + ["--context-window", "0"])).context_window is None
+    assert cli._shape(p.parse_args(base + ["--context-window", "64"])).context_window == 64
+    code = main(["distill"] + base + ["--context-window", "-3"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--context-window -3" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_trained_prompts_are_the_prompts_the_target_continued(peaky_pair, tmp_path, monkeypatch):
     data_module = importlib.import_module("dspark_trt.training.data")
     seen = []
