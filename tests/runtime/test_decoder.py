@@ -334,6 +334,19 @@ def test_causal_windowed_speculators_drafter_is_lossless(tiny_causal_pair):
     assert default.generate(prompts, 10, topk=16).tokens == dec.generate(prompts, 10, draft=False).tokens
 
 
+def test_context_window_drafter_is_lossless(tiny_windowed_pair):
+    """The recipe's context window (every layer reads the last 4 context rows here, bidirectional in the block):
+    greedy speculation = the target alone over contexts several windows long (that the window changes the drafts
+    is tests/export/test_graphs.py's)."""
+    from tests.runtime.runtime_helpers import make_decoder, random_prompts
+
+    dec = make_decoder(tiny_windowed_pair)
+    assert dec.config.layer_attention(0) == (4, False)
+    prompts = random_prompts(2, 2499, seed=7, min_len=9, max_len=14)
+    spec = dec.generate(prompts, 12, topk=16)
+    assert spec.stats.rounds > 0 and spec.tokens == dec.generate(prompts, 12, draft=False).tokens
+
+
 # -- the KV bound of an export ------------------------------------------------------------------------------------
 def bounded_decoder(export, bound):
     """The export's decoder (onnxruntime target + drafter) with both graphs' KV bound set to ``bound`` (None: the

@@ -117,14 +117,18 @@ def test_decode_rounds_match_reference(backend_and_topk, tiny_pair, temperature)
         torch.testing.assert_close(round_got.confidence, round_ref.confidence, atol=1e-6, rtol=1e-6)
 
 
-def test_causal_windowed_drafter_decodes_like_the_reference(tiny_causal_pair, onnx_export, onnx_cache_dir):
-    """speculators' causal sliding-window layer through the backend, over rounds whose contexts outgrow the window."""
+@pytest.mark.parametrize("pair_name, pattern", [("tiny_causal_pair", (4, True)), ("tiny_windowed_pair", (4, False))],
+                         ids=["causal", "bidirectional"])
+def test_windowed_drafter_decodes_like_the_reference(pair_name, pattern, onnx_export, onnx_cache_dir, request):
+    """Sliding-window layers through the backend — speculators' causal one, and the recipe's context window
+    (bidirectional in the block) — over rounds whose contexts outgrow the window."""
     from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
 
-    onnx_export(tiny_causal_pair, "fp32", 16)  # cache hit below
-    drafter = reference(tiny_causal_pair)
-    assert drafter.config.layer_attention(0) == (4, True)
-    with OnnxRuntimeDrafterBackend.from_pretrained(tiny_causal_pair.drafter, target_dir=tiny_causal_pair.target,
+    pair = request.getfixturevalue(pair_name)
+    onnx_export(pair, "fp32", 16)  # cache hit below
+    drafter = reference(pair)
+    assert drafter.config.layer_attention(0) == pattern
+    with OnnxRuntimeDrafterBackend.from_pretrained(pair.drafter, target_dir=pair.target,
                                                    dtype="fp32", topk=16, cache_dir=onnx_cache_dir) as backend:
         temperature = torch.tensor([0.0, 1.0, 0.6])
         got = simulate(backend, drafter, 4, B=3, topk=16, temperature=temperature)
