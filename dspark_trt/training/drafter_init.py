@@ -44,6 +44,11 @@ class DrafterShape:
     context_window: int | None = 256  # W: the context rows each draft layer reads (None: all of them)
     extra: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.context_window is not None and self.context_window < 1:
+            raise DSparkTrtError(f"context window {self.context_window}: use W >= 1 context rows, or None (0 on the "
+                                 f"command line) for all")
+
 
 def spread_taps(num_target_layers: int) -> tuple[int, ...]:
     """Three DeepSeek layer ids: about 1/10, 1/2 and the layer before last."""
@@ -63,10 +68,10 @@ def context_window_of(config: DSparkConfig) -> int | None:
     """W when every draft layer is a bidirectional sliding-window layer of window W (the recipe's pattern), None
     when every layer attends fully; any other pattern is not the recipe's."""
     patterns = {config.layer_attention(i) for i in range(config.num_hidden_layers)}
-    if patterns == {(None, False)}:
-        return None
-    if len(patterns) == 1 and not next(iter(patterns))[1]:
-        return next(iter(patterns))[0]
+    if len(patterns) == 1:
+        (window, causal), = patterns
+        if not causal:
+            return window  # None: every layer attends fully
     raise DSparkTrtError(f"draft layers {list(config.layer_types)} (window {config.sliding_window}, causal "
                          f"{not config.sliding_window_non_causal}) are not the recipe's pattern (all full, or all "
                          f"bidirectional with one window); train from a drafter of the recipe's pattern")
@@ -93,8 +98,6 @@ def drafter_config(target_config: dict, shape: DrafterShape) -> DSparkConfig:
     d = int(target_config["hidden_size"])
     rope = target_config.get("rope_parameters") or {}
     W = shape.context_window
-    if W is not None and W < 1:
-        raise DSparkTrtError(f"context window {W}: use W >= 1 context rows, or None (0 on the command line) for all")
     window = {} if W is None else dict(layer_types=("sliding_attention",) * shape.num_layers, sliding_window=int(W),
                                        sliding_window_non_causal=True)
     return DSparkConfig(
