@@ -169,6 +169,13 @@ class DSparkConfig:
         return self.sliding_window, not self.sliding_window_non_causal
 
     @property
+    def context_window(self) -> int | None:
+        """W when every draft layer reads only the last W context rows (a sliding cache of them suffices:
+        ``runtime/drafter_state.py``), else None (some layer reads the whole context)."""
+        windows = {self.layer_attention(i)[0] for i in range(self.num_hidden_layers)}
+        return windows.pop() if len(windows) == 1 and None not in windows else None
+
+    @property
     def bidirectional_full_attention(self) -> bool:
         """True when every draft layer sees the whole context and the whole block (DeepSeek's architecture)."""
         return all(self.layer_attention(i) == (None, False) for i in range(self.num_hidden_layers))

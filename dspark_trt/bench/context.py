@@ -145,12 +145,14 @@ def draft_round_costs(runners: dict, contexts: list[int], batches: list[int], re
 
 def draft_runners(backend, *, topk, before_dir: str | Path | None = None, threads: int | None = None,
                   headroom: int = 74, seed: int = 0) -> dict:
-    """``{"in place": make(B, S)}`` (and ``"before"`` with ``before_dir``): ``make(B, S)`` fills a context of S
-    rows per request (random K/V of the drafter's shape and dtype; the round's cost does not depend on the
-    values) and returns a callable running one greedy draft round over it.
+    """``{"in place": make(B, S)}`` (``"sliding"`` for a windowed drafter, ``"before"`` with ``before_dir``):
+    ``make(B, S)`` fills a context of S rows per request (random K/V of the drafter's shape and dtype; the
+    round's cost does not depend on the values) and returns a callable running one greedy draft round over it.
 
-    *in place*: a ``DrafterState`` (capacity bucket of S + a round) handed to ``backend.draft`` as the runtime
-    does. *before*: the older runtime's round — the stacked draft graph fed ``[L, B, :S]`` of a
+    *in place*: a ``DrafterState`` holding every row (capacity bucket of S + a round) handed to ``backend.draft``
+    as the runtime does for a drafter reading the whole context. *sliding*: the ``DrafterState`` the runtime
+    keeps for a drafter whose layers all read a window of W rows (``DSparkConfig.context_window``): at most
+    bucket(W + W/2) rows, ``ctx_start`` telling the round which position its row 0 holds. *before*: the older runtime's round — the stacked draft graph fed ``[L, B, :S]`` of a
     ``[L, B, S + headroom, H_kv, D]`` buffer (its capacity: prompt + new tokens + a round), as ``OrtGraph`` got it."""
     import torch
 
@@ -165,19 +167,21 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
         anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
         return anchor, torch.full((B,), S, dtype=torch.int64), torch.zeros(B), torch.zeros(B, dtype=torch.int64)
 
-    def in_place(B, S):
+    def in_place(B, S, window=None):
         state = DrafterState(L, B, S + c.num_draft_tokens + 2, H, D, dtype=dtype, device=torch.device("cpu"),
-                             limit=getattr(backend, "max_context", None))
+                             limit=getattr(backend, "max_context", None), window=window)
         k = torch.randn(L, B, S, H, D, generator=gen).to(dtype)
         state.append(k, -k, torch.full((B,), S))
         anchor, ctx_len, temp, seeds = inputs(B, S)
 
         def go():
             ck, cv = state.context()
-            backend.draft(anchor, ck, cv, ctx_len, topk=topk, temperature=temp, seed=seeds)
+            backend.draft(anchor, ck, cv, ctx_len, topk=topk, temperature=temp, seed=seeds, ctx_start=state.start)
         return go
 
     runners = {"in place": in_place}
+    if c.context_window is not None:  # the runtime's cache for a windowed drafter: the last rows only
+        runners["sliding"] = lambda B, S: in_place(B, S, c.context_window)
     if before_dir is not None:
         from ..export.ort_session import OrtGraph
 
@@ -199,6 +203,24 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
             return go
         runners["before"] = before
     return runners
+
+
+def drafter_cache_bytes(config, prompt: int, new_tokens: int, dtype) -> int:
+    """Bytes of one request's drafter context K/V after a ``prompt``-token prefill and ``new_tokens`` more, as the
+    runtime holds it (``DrafterState`` with the decoder's arguments: sliding when every layer is windowed)."""
+    import torch
+
+    from ..runtime.drafter_state import DrafterState
+
+    c, N = config, config.num_draft_tokens
+    shape = (c.num_hidden_layers, 1, 0, c.num_key_value_heads, c.head_dim)
+    state = DrafterState(shape[0], 1, prompt + N + 2, shape[3], shape[4], dtype=dtype, device=torch.device("cpu"),
+                         window=c.context_window)
+    rows = lambda n: torch.zeros(shape[:2] + (n,) + shape[3:], dtype=dtype)  # noqa: E731  [L, 1, n, H_kv, D]
+    state.append(rows(prompt), rows(prompt), torch.tensor([prompt]))
+    for _ in range(0, new_tokens, N + 1):  # rounds accepting everything: the most rows per round
+        state.append(rows(N + 1), rows(N + 1), torch.tensor([N + 1]))
+    return 2 * state.k.numel() * state.k.element_size()
 
 
 def cache_bytes(target) -> int:
@@ -301,6 +323,9 @@ def run(args: argparse.Namespace) -> int:
         backend = OnnxRuntimeDrafterBackend(onnx_dir, threads=args.threads)
         N = backend.config.num_draft_tokens
         report.update(num_draft_tokens=N, verify_tokens=N + 1)
+        report["drafter_cache_bytes"] = {S: drafter_cache_bytes(backend.config, S, args.max_new_tokens,
+                                                                getattr(backend, "dtype", torch.float32))
+                                         for S in contexts}
     else:
         backend = _steps_and_e2e(args, contexts, skip, report)
     if "draft" not in skip:
@@ -376,13 +401,7 @@ def _steps_and_e2e(args, contexts: list[int], skip: set[str], report: dict):
                            for p, by_s in costs.items()}
         report["target_cache_bytes"] = memory
         del targets
-    c = dec.config
-    drafter_row = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim  # K and V elements per token
-    size = torch.empty((), dtype=target.dtype).element_size()  # the export's dtype (drafter and target alike)
-    from ..export.kv_capacity import capacity_bucket
-
-    # the drafter's cache: a capacity bucket of the prompt + a round, grown with the context (runtime/drafter_state.py)
-    report["drafter_cache_bytes"] = {S: drafter_row * capacity_bucket(S + args.max_new_tokens + N + 2) * size
+    report["drafter_cache_bytes"] = {S: drafter_cache_bytes(dec.config, S, args.max_new_tokens, target.dtype)
                                      for S in contexts}
     if "e2e" not in skip:
         options = {"max_new_tokens": args.max_new_tokens}

@@ -8,7 +8,8 @@
 ``draft`` — one draft round (``block_hidden`` → ``confidence_parts`` / ``base_logits`` → Markov walk)::
 
     anchor [B] int32, ctx_key_<l>, ctx_value_<l> [B, H_kv, T, D] per layer l (heads first),
-    ctx_len [B] int32 (= anchor position p: valid context), temperature [B] fp32 (< 1e-5 greedy), seed [B] int32 (>= 0)
+    ctx_len [B] int32 (= anchor position p: valid context), ctx_start [B] int32 (the position of context row 0),
+    temperature [B] fp32 (< 1e-5 greedy), seed [B] int32 (>= 0)
       →  draft_tokens [B, N] int32 (target ids), cand_ids [B, N, k] int32 (draft ids; top-k only),
          cand_logits [B, N, k] fp32 (corrected, before temperature), confidence [B, N] fp32 (with a head)
 
@@ -25,8 +26,11 @@ Dense (``topk=None``): the reference walk itself, inlined (no custom node; ``can
 The context is read in place (``DRAFT_KV_INTERFACE``): one input per layer, so that each is a contiguous block
 of the runtime's heads-first ``[L, B, H_kv, capacity, D]`` cache (``runtime/drafter_state.py``; T = its
 capacity, rows past ``ctx_len`` masked), and the attention never concatenates it with the block or repeats
-its heads (``reference/layers.py: two_part_attention``). Older exports took one stacked ``ctx_k [L, B, T, H_kv,
-D]``; the runtimes refuse them in one line (``check_draft_interface``).
+its heads (``reference/layers.py: two_part_attention``). Row r holds position ``ctx_start + r``: a drafter
+whose layers read only the last W rows keeps a sliding cache of them (``DrafterState``'s ``start``), and the
+mask, not the keys (RoPE'd at their own positions), follows the offset. Older exports took one stacked
+``ctx_k [L, B, T, H_kv, D]`` (v0) or no ``ctx_start`` (v1); the runtimes refuse them in one line
+(``check_draft_interface``).
 
 Shapes: batch B is dynamic; N is fixed (the checkpoint's block); the context length T is dynamic but
 **bounded** by ``max_context``. Bounded rather than static because a static T would make every round attend
@@ -63,9 +67,9 @@ __all__ = [
 
 CONTEXT_INPUTS = ("taps", "positions")
 CONTEXT_OUTPUTS = ("ctx_k", "ctx_v")
-DRAFT_INPUTS = ("anchor", "ctx_key_<l>", "ctx_value_<l>", "ctx_len", "temperature", "seed")  # per layer l
-#: the draft graph's context interface (per-layer heads-first inputs read in place)
-DRAFT_KV_INTERFACE = "per-layer-heads-first-v1"
+DRAFT_INPUTS = ("anchor", "ctx_key_<l>", "ctx_value_<l>", "ctx_len", "ctx_start", "temperature", "seed")  # l: layer
+#: the draft graph's context interface (per-layer heads-first inputs read in place, row 0 at ``ctx_start``)
+DRAFT_KV_INTERFACE = "per-layer-heads-first-v2"
 
 
 def ctx_names(num_layers: int) -> tuple[list[str], list[str]]:
@@ -75,18 +79,21 @@ def ctx_names(num_layers: int) -> tuple[list[str], list[str]]:
 
 def draft_input_names(num_layers: int) -> list[str]:
     keys, values = ctx_names(num_layers)
-    return ["anchor", *keys, *values, "ctx_len", "temperature", "seed"]
+    return ["anchor", *keys, *values, "ctx_len", "ctx_start", "temperature", "seed"]
 
 
 def check_draft_interface(input_names, where: str) -> None:
-    """One line refusing a draft graph (or engine) with the older stacked ``ctx_k [L, B, T, H_kv, D]`` input."""
-    if "ctx_k" in set(input_names) or "ctx_key_0" not in set(input_names):
+    """One line refusing a draft graph (or engine) of an older interface: the stacked ``ctx_k [L, B, T, H_kv, D]``
+    input, or per-layer inputs without ``ctx_start``."""
+    names = set(input_names)
+    if "ctx_k" in names or "ctx_key_0" not in names or "ctx_start" not in names:
         from ..errors import DSparkTrtError
 
-        raise DSparkTrtError(f"the draft graph of {where} takes its context as one stacked ctx_k [L, B, T, H_kv, D] "
-                             f"(an older export); this dspark-trt runs {DRAFT_KV_INTERFACE} (ctx_key_<l> / "
-                             f"ctx_value_<l>): re-export the drafter (dspark-export DRAFTER --target TARGET -o OUT "
-                             f"--force)")
+        older = ("one stacked ctx_k [L, B, T, H_kv, D]" if "ctx_key_0" not in names
+                 else "per-layer ctx_key_<l> without ctx_start")
+        raise DSparkTrtError(f"the draft graph of {where} takes its context as {older} (an older export); this "
+                             f"dspark-trt runs {DRAFT_KV_INTERFACE} (ctx_key_<l> / ctx_value_<l>, ctx_start): "
+                             f"re-export the drafter (dspark-export DRAFTER --target TARGET -o OUT --force)")
 
 
 def draft_outputs(topk: int | None, has_confidence: bool) -> tuple[str, ...]:
@@ -118,15 +125,16 @@ class DraftGraph(torch.nn.Module):
                                      "or --markov-topm 0")
             self.register_buffer("union_table", drafter.union_table(self.markov_topm).to(torch.int32).clone())
 
-    def forward(self, anchor, ctx_k, ctx_v, ctx_len, temperature, seed):  # ctx_k/v: L × [B, H_kv, T, D]
+    def forward(self, anchor, ctx_k, ctx_v, ctx_len, ctx_start, temperature, seed):  # ctx_k/v: L × [B, H_kv, T, D]
         d, c = self.drafter, self.drafter.config
         if self.topk is None:  # dense: the reference round, unchanged
-            r = d.draft(anchor, ctx_k, ctx_v, ctx_len, topk=None, temperature=temperature, seed=seed)
+            r = d.draft(anchor, ctx_k, ctx_v, ctx_len, topk=None, temperature=temperature, seed=seed,
+                        ctx_start=ctx_start)
             extra = () if r.confidence is None else (r.confidence,)
             return (r.tokens.to(torch.int32), r.cand_logits) + extra
         from .topk_op import topk_markov
 
-        hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len)  # [B, N, d]
+        hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len, ctx_start)  # [B, N, d]
         B, N = hidden.shape[:2]
         conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r] fp32 (or None)
         base = d.base_logits(hidden)  # [B, N, V_d] fp32
@@ -202,7 +210,8 @@ def export_draft(drafter, info: GraphInfo):
     values = [v.transpose(1, 2).contiguous() for v in ctx_v]
     example = (
         torch.tensor([5, 7, 11], dtype=torch.int32) % c.vocab_size, keys, values,
-        torch.tensor([T, 4, 9], dtype=torch.int32), torch.tensor([0.0, 1.0, 0.5]),
+        torch.tensor([T, 4, 9], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32),
+        torch.tensor([0.0, 1.0, 0.5]),
         torch.tensor([1, 2, 3], dtype=torch.int32),
     )
     Bd = torch.export.Dim("B")
@@ -218,7 +227,7 @@ def export_draft(drafter, info: GraphInfo):
     program = torch_onnx_export(
         DraftGraph(drafter, info.topk, info.markov_topm), example, input_names=draft_input_names(c.num_hidden_layers),
         output_names=list(draft_outputs(info.topk, has_conf)),
-        dynamic_shapes=({0: Bd}, kv, kv, {0: Bd}, {0: Bd}, {0: Bd}),
+        dynamic_shapes=({0: Bd}, kv, kv, {0: Bd}, {0: Bd}, {0: Bd}, {0: Bd}),
         custom_translation_table=table,
     )
     model = program.model
@@ -261,7 +270,8 @@ def run_context(graph, taps: torch.Tensor, positions: torch.Tensor):
     return out["ctx_k"], out["ctx_v"]
 
 
-def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int, union_width: int = 0):
+def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int, union_width: int = 0,
+              ctx_start: torch.Tensor | None = None):
     """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them; ``union_width`` = the export's
     M: the last M candidates are union ids, −inf there = a masked duplicate).
 
@@ -269,6 +279,7 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
     as its heads-first view, which is the cache's own memory when the tensor is a ``DrafterState.context()``
     view (no copy), and a copy otherwise.
 
+    ``ctx_start`` [B] (None: zeros) is the position of context row 0 (a sliding ``DrafterState``'s ``start``).
     ``temperature=None`` drafts greedily (fed as zeros); seeds are reduced modulo the hash prime, which the
     noise hash does first anyway, so any non-negative int64 seed fits the graph's int32 input.
     """
@@ -283,7 +294,8 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
 
     L = ctx_k.shape[0] if isinstance(ctx_k, torch.Tensor) else len(ctx_k)
     keys, values = ctx_names(L)
-    feeds = {"anchor": anchor, "ctx_len": ctx_len, "temperature": temperature.to(torch.float32),
+    start = torch.zeros_like(ctx_len) if ctx_start is None else ctx_start  # [B]: row 0 holds this position
+    feeds = {"anchor": anchor, "ctx_len": ctx_len, "ctx_start": start, "temperature": temperature.to(torch.float32),
              "seed": seed % HASH_PRIME}
     empty = context_length(ctx_k) == 0  # the graph reads at least one slot: a masked one stands for none
     for i in range(L):

@@ -319,12 +319,14 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
         anchor = torch.randint(0, c.vocab_size, (B,), generator=gen)
         seeds = torch.randint(0, 2**31 - 1, (B,), generator=gen)
         temps = torch.tensor([0.0, 0.8, 1.3])[torch.arange(B) % 3] if B > 1 else torch.tensor([0.9])
-        for mode, temperature in (("greedy", None), ("sampled", temps)):
+        # sampled: row 0 at a random position ≤ p (a sliding cache's offset: runtime/drafter_state.py)
+        offset = (torch.rand(B, generator=gen) * (ctx_len + 1)).to(torch.int64)  # [B] in [0, p]
+        for mode, temperature, start in (("greedy", None, None), ("sampled", temps, offset)):
             ref = drafter.draft(anchor, ref_k, ref_v, ctx_len, topk=topk, temperature=temperature, seed=seeds,
-                                markov_topm=markov_topm)
-            base = drafter.base_logits(drafter.block_hidden(anchor, ref_k, ref_v, ctx_len))  # [B, N, V_d]
+                                markov_topm=markov_topm, ctx_start=start)
+            base = drafter.base_logits(drafter.block_hidden(anchor, ref_k, ref_v, ctx_len, start))  # [B, N, V_d]
             got = run_draft(draft, anchor, ref_k, ref_v, ctx_len, temperature, seeds,
-                            draft_vocab=c.draft_vocab_size, union_width=markov_topm)
+                            draft_vocab=c.draft_vocab_size, union_width=markov_topm, ctx_start=start)
             report.checks += compare_draft(got, ref, tol, vocab=c.draft_vocab_size, d2t=drafter.d2t_or_none,
                                            temperature=temperature, seed=seeds, positions=ctx_len + 1,
                                            base_logits=base, label=f"{label} {mode} draft")

@@ -104,9 +104,11 @@ class DSparkDrafter(nn.Module):
         ctx_k: torch.Tensor | Sequence[torch.Tensor],  # [L, B, T, H_kv, D], or L × [B, H_kv, T, D] heads first
         ctx_v: torch.Tensor | Sequence[torch.Tensor],  # the same
         ctx_len: torch.Tensor,  # [B] int64: valid context tokens per request (rest is padding)
+        ctx_start: torch.Tensor | None = None,  # [B] int64: the position of context row 0 (None = 0)
     ) -> torch.Tensor:
         """Final-normed hidden states of every block slot, [B, Q, d]; each layer masked as its config says
-        (``DSparkConfig.layer_attention``: bidirectional and full, or causal/windowed).
+        (``DSparkConfig.layer_attention``: bidirectional and full, or causal/windowed). Context row r holds
+        position ``ctx_start + r`` (a sliding cache: ``runtime/drafter_state.py``); ``ctx_len`` is a position.
 
         The context is ``[L, B, T, H_kv, D]`` (each layer read as its heads-first view ``[B, H_kv, T, D]``:
         no copy when the tensor is a view of heads-first storage, as ``runtime/drafter_state.py``'s is) or a
@@ -117,7 +119,7 @@ class DSparkDrafter(nn.Module):
         for i, layer in enumerate(self.layers):
             pattern = self.config.layer_attention(i)
             if pattern not in masks:
-                masks[pattern] = block_attention_mask(ctx_len, T, Q, *pattern)
+                masks[pattern] = block_attention_mask(ctx_len, T, Q, *pattern, ctx_start)
             x = layer(x, positions, layer_context(ctx_k, i), layer_context(ctx_v, i), masks[pattern])
         return self.norm(x)
 
@@ -127,10 +129,11 @@ class DSparkDrafter(nn.Module):
         ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
         ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
         ctx_len: torch.Tensor,  # [B] int64: p
+        ctx_start: torch.Tensor | None = None,  # [B] int64: the position of context row 0 (None = 0)
     ) -> torch.Tensor:
         """Final-normed hidden states of the N prediction slots, [B, N, d] (layout handled here)."""
         ids, positions = self.block_ids(anchor, ctx_len)
-        h = self.block_forward(ids, positions, ctx_k, ctx_v, ctx_len)
+        h = self.block_forward(ids, positions, ctx_k, ctx_v, ctx_len, ctx_start)
         return h if self.config.sample_from_anchor else h[:, 1:]
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -160,6 +163,7 @@ class DSparkDrafter(nn.Module):
         walk: Callable[..., MarkovWalkResult] = walk_candidates,
         select: Callable[..., tuple[torch.Tensor, torch.Tensor | None]] = select_candidates,
         markov_topm: int = 0,
+        ctx_start: torch.Tensor | None = None,  # [B] int64: the position of context row 0 (None = 0)
     ) -> MarkovWalkResult:
         """Draft N tokens per request: backbone, base logits, candidates (top-k or all), Markov walk, confidence.
 
@@ -167,7 +171,7 @@ class DSparkDrafter(nn.Module):
         let an executor swap in native kernels. ``markov_topm`` M > 0 adds the candidate union
         (``union_table``; the walk then also gets ``union_table`` and ``base_logits``).
         """
-        hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len)
+        hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len, ctx_start)
         conf_base, conf_w = self.confidence_parts(hidden)
         base = self.base_logits(hidden)  # [B, N, V_d]
         cand_vals, cand_ids = select(base, topk)  # [B, N, k]

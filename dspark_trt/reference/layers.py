@@ -51,11 +51,16 @@ def block_attention_mask(
     Q: int,  # block slots
     window: int | None,  # sliding window W: context rows p-W … p-1 only; None = all rows < p
     causal: bool,  # block slot i sees slots 0 … i only (else every slot)
+    ctx_start: torch.Tensor | None = None,  # [B] int: the position held by context row 0 (None = 0)
 ) -> torch.Tensor:
     """Which keys ``[context rows ; block slots]`` each block query sees: [B, Q, T+Q] bool ([B, 1, T+Q] when
-    no query differs), the speculators training mask (``create_anchor_block_mask_mod``) for one anchor."""
+    no query differs), the speculators training mask (``create_anchor_block_mask_mod``) for one anchor.
+    Context row r holds position ``ctx_start + r`` (a sliding cache, ``runtime/drafter_state.py``, drops the
+    rows a window no longer reads; their keys keep the RoPE of their positions, so only the mask moves)."""
     B = ctx_len.shape[0]
     rows = torch.arange(T, device=ctx_len.device).view(1, T)
+    if ctx_start is not None:
+        rows = rows + ctx_start.view(B, 1).to(rows.dtype)  # [B, T] positions
     p = ctx_len.view(B, 1)
     ctx = rows < p  # [B, T]
     if window is not None:

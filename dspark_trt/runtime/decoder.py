@@ -494,7 +494,8 @@ class _Run:
                 kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(Bn, -1))
                 self.monitor.context(pre.taps, kv[0], kv[1], lens, [r.id for r in requests])
                 state = DrafterState(c.num_hidden_layers, Bn, cap, c.num_key_value_heads, c.head_dim,
-                                     dtype=kv[0].dtype, device=kv[0].device, limit=self.dec.max_context)
+                                     dtype=kv[0].dtype, device=kv[0].device, limit=self.dec.max_context,
+                                     window=c.context_window)  # sliding when every layer is windowed: O(W)
                 state.append(kv[0], kv[1], lens)
                 self.state = self.state.join(state) if joining else state
         self.requests.update((r.id, r) for r in requests)
@@ -542,7 +543,7 @@ class _Run:
             ctx_k, ctx_v = state.context()
             ctx_len = state.ctx_len  # [B] anchor position p
             res = backend.draft(anchor.to(state.k.device), ctx_k, ctx_v, ctx_len, topk=self.topk,
-                                temperature=self.temp, seed=self.seed, **self.union)
+                                temperature=self.temp, seed=self.seed, ctx_start=state.start, **self.union)
             self.monitor.draft(res, self.rows)  # non-finite inputs or logits: one warning per request
         with self.clock("verify"):
             drafts = res.tokens.to(target.device)  # [B, N]

@@ -25,6 +25,16 @@ used prefix instead would hand the backends a non-contiguous tensor (a copy per 
 target cache's buckets (``export/kv_capacity.py``: 128, 160, 192, 224, 256, 320, …, four per octave): the
 draft round attends over at most 25 % more slots than it needs (plus a round's headroom), and growing (a
 copy of the cache into bigger buffers) happens once per bucket, O(1) rows per generated token amortised.
+
+**Sliding** (a drafter whose every layer reads only the last W context rows, ``DSparkConfig.context_window``:
+``dspark distill --context-window``). Then rows older than ``p - W`` are never read again, and the cache
+holds at most ``most = bucket(W + W/2)`` rows, whatever the context. Buffer row r holds position
+``start + r`` (``start [B]``, per request); when the rows kept would pass ``most``, that request's rows
+``p' - W … p - 1`` (``p'`` its new length) move to the front — W rows copied once every ~W/2 tokens — and
+``start`` becomes ``p' - W``. A long prompt writes only its last W rows; rows past ``p'`` (a round's
+rejected drafts, a right-padded prompt's padding) only where they fit, being never read. The keys keep the RoPE of their positions, so only the mask moves: the draft round takes
+``ctx_start = start`` (``reference/layers.py: block_attention_mask``) and reads ``most`` rows at most, and
+a request's drafter memory stays O(W) at any context (the TensorRT backend's static buffers too).
 """
 
 from __future__ import annotations
@@ -37,25 +47,31 @@ __all__ = ["DrafterState"]
 
 
 class DrafterState:
-    """Context K/V ``[L, B, H_kv, capacity, D]`` per request (right-padded, heads first), ``ctx_len [B]`` and
-    ``anchor [B]``. ``capacity`` is the first bucket ≥ the slots asked for (at most ``limit``, the export's
-    ``max_context``, when that is enough)."""
+    """Context K/V ``[L, B, H_kv, capacity, D]`` per request (right-padded, heads first), ``ctx_len [B]``,
+    ``anchor [B]`` and ``start [B]`` (the position of buffer row 0; 0 unless sliding). ``capacity`` is the first
+    bucket ≥ the slots asked for (at most ``limit``, the export's ``max_context``, when that is enough; at most
+    ``most`` with a ``window``)."""
 
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype, device: torch.device, limit: int | None = None):
-        self.limit = limit
+                 dtype: torch.dtype, device: torch.device, limit: int | None = None, window: int | None = None):
+        self.limit, self.window = limit, window
+        # the most rows a sliding cache holds (None: it grows with the context)
+        self.most = None if window is None else capacity_bucket(window + max(window // 2, 1))
         self.allocations = 0  # cache buffers allocated so far (tests, benchmarks)
         shape = (num_layers, batch, kv_heads, self._bucket(capacity), head_dim)
         self.k = self._zeros(shape, dtype, device)  # [L, B, H_kv, capacity, D]
         self.v = self._zeros(shape, dtype, device)
         self.ctx_len = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] = anchor position p
         self.anchor = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] target id at position p
+        self.start = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] position of buffer row 0
 
     def _zeros(self, shape, dtype, device) -> torch.Tensor:
         self.allocations += 1
         return torch.zeros(shape, dtype=dtype, device=device)
 
     def _bucket(self, slots: int) -> int:
+        if self.most is not None:
+            slots = min(int(slots), self.most)
         cap = capacity_bucket(max(int(slots), 1))
         return min(cap, self.limit) if self.limit is not None and slots <= self.limit else cap
 
@@ -64,18 +80,47 @@ class DrafterState:
         return self.k.shape[3]
 
     def append(self, k: torch.Tensor, v: torch.Tensor, count: torch.Tensor) -> None:
-        """Write ``k, v`` [L, B, Q, H_kv, D] at rows ``ctx_len … ctx_len+Q-1``; advance ``ctx_len`` by ``count`` [B].
-        Writes the B·Q new rows only (one indexed store), growing to the next bucket first when they do not fit."""
+        """Write ``k, v`` [L, B, Q, H_kv, D] at positions ``ctx_len … ctx_len+Q-1``; advance ``ctx_len`` by ``count``
+        [B]. Writes the B·Q new rows only (one indexed store), growing to the next bucket first when they do not
+        fit — or, sliding, dropping the rows the window no longer reads (a long prompt's first rows among them;
+        rows past the new length, padding or rejected drafts, are written only where they fit)."""
         L, B, Q = k.shape[:3]
-        need = int(self.ctx_len.max()) + Q if B else 0
+        count = count.to(self.ctx_len.device, torch.int64)
+        if not B:
+            return
+        new_len = self.ctx_len + count  # [B]
+        if self.most is not None and int((new_len - self.start).max()) > self.most:
+            self._slide(new_len)
+        need = int(((new_len if self.most is not None else self.ctx_len + Q) - self.start).max())
         if need > self.capacity:
             self._grow(need)
-        rows = self.ctx_len.view(B, 1) + torch.arange(Q, device=self.k.device)  # [B, Q]
+        rows = self.ctx_len.view(B, 1) + torch.arange(Q, device=self.k.device) - self.start.view(B, 1)  # [B, Q]
         batch = torch.arange(B, device=self.k.device).view(B, 1).expand(B, Q)
-        # indices on dims 1 and 3 around a slice: the value is [B, Q, L, H_kv, D]
-        self.k[:, batch, :, rows] = k.to(self.k.dtype).permute(1, 2, 0, 3, 4)
-        self.v[:, batch, :, rows] = v.to(self.v.dtype).permute(1, 2, 0, 3, 4)
-        self.ctx_len = self.ctx_len + count.to(self.ctx_len.device, torch.int64)
+        fits = (rows >= 0) & (rows < self.capacity)  # sliding: positions left behind or past the cache are skipped
+        if self.most is not None and not bool(fits.all()):
+            batch, step = fits.nonzero(as_tuple=True)  # [M] each
+            # indices on dims 1 and 3 around a slice: the value is [M, L, H_kv, D]
+            self.k[:, batch, :, rows[batch, step]] = k[:, batch, step].to(self.k.dtype).transpose(0, 1)
+            self.v[:, batch, :, rows[batch, step]] = v[:, batch, step].to(self.v.dtype).transpose(0, 1)
+        else:  # indices on dims 1 and 3 around a slice: the value is [B, Q, L, H_kv, D]
+            self.k[:, batch, :, rows] = k.to(self.k.dtype).permute(1, 2, 0, 3, 4)
+            self.v[:, batch, :, rows] = v.to(self.v.dtype).permute(1, 2, 0, 3, 4)
+        self.ctx_len = new_len
+
+    def _slide(self, new_len: torch.Tensor) -> None:
+        """For each request whose kept rows would pass ``most``: keep positions ``new_len - W … ctx_len - 1`` (what
+        its next rounds read of the rows held), moved to the front of its buffer in place (the same storage:
+        bound addresses stay), and start its rows at ``new_len - W``."""
+        W = int(self.window)
+        for b in ((new_len - self.start) > self.most).nonzero().view(-1).tolist():
+            start, held = int(self.start[b]), int(self.ctx_len[b])
+            first = max(start, int(new_len[b]) - W)
+            keep = max(0, held - first)  # rows already held that stay (positions first … held-1)
+            if keep:
+                shift = first - start
+                self.k[:, b, :, :keep] = self.k[:, b, :, shift:shift + keep].clone()
+                self.v[:, b, :, :keep] = self.v[:, b, :, shift:shift + keep].clone()
+            self.start[b] = first
 
     def context(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole cache as ``[L, B, capacity, H_kv, D]`` views (no copy; rows past ``ctx_len`` are masked by
@@ -91,11 +136,11 @@ class DrafterState:
         rows = rows.to(self.k.device, torch.int64)
         self.k, self.v = self.k[:, rows], self.v[:, rows]
         self.allocations += 2
-        self.ctx_len, self.anchor = self.ctx_len[rows], self.anchor[rows]
+        self.ctx_len, self.anchor, self.start = self.ctx_len[rows], self.anchor[rows], self.start[rows]
 
     def _grow(self, slots: int) -> None:
         """Buffers of the first bucket ≥ ``slots``, holding the rows used so far (once per bucket)."""
-        used = int(self.ctx_len.max()) if self.ctx_len.numel() else 0
+        used = max(0, int((self.ctx_len - self.start).max())) if self.ctx_len.numel() else 0
         shape = list(self.k.shape)
         shape[3] = self._bucket(slots)
         k, v = self._zeros(shape, self.k.dtype, self.k.device), self._zeros(shape, self.v.dtype, self.v.device)
@@ -112,4 +157,5 @@ class DrafterState:
         self.allocations += 2
         self.ctx_len = torch.cat((self.ctx_len, other.ctx_len.to(self.ctx_len.device)))
         self.anchor = torch.cat((self.anchor, other.anchor.to(self.anchor.device)))
+        self.start = torch.cat((self.start, other.start.to(self.start.device)))
         return self

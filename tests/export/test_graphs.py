@@ -167,6 +167,41 @@ def test_bidirectional_windowed_draft_graph_matches_reference(tiny_windowed_pair
     assert per_request[0] > 1e-3 and per_request[2] > 1e-3 and per_request[1] < 1e-5  # only past the window
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_sliding_context_drafts_what_the_whole_context_drafts(tiny_windowed_pair, onnx_export, sampled):
+    """The runtime's sliding cache for a windowed drafter: each request's rows from ``ctx_start`` on, moved to
+    row 0 (what ``DrafterState`` keeps), and ``ctx_start`` telling the graph their position. The exported graph
+    over the slid rows = the reference over the whole context; the offset matters (fed without it, the mask
+    reads the wrong rows and the drafts change)."""
+    from dspark_trt.export.graphs import run_draft
+
+    drafter = _drafter(tiny_windowed_pair, "fp32")
+    _, draft = _graphs(onnx_export(tiny_windowed_pair, "fp32", 16))
+    inputs = round_inputs(drafter, 3, seed=5, sampled=sampled)
+    inputs["ctx_len"] = torch.tensor([15, 3, 9])  # T = 15, W = 4
+    start = torch.tensor([11, 0, 2])  # request 0 kept its last 4 rows, request 1 everything, request 2 rows 2 …
+    ref = drafter.draft(inputs["anchor"], inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_len"], topk=16,
+                        temperature=inputs["temperature"], seed=inputs["seed"])
+    slid = {}
+    noise = torch.Generator().manual_seed(6)
+    for name in ("ctx_k", "ctx_v"):  # [L, B, T, H_kv, D]: rows start … moved to the front, other rows noise
+        x = torch.randn(inputs[name].shape, generator=noise).to(inputs[name].dtype)
+        for b, s in enumerate(start.tolist()):
+            x[:, b, : x.shape[2] - s] = inputs[name][:, b, s:]
+        slid[name] = x
+    got = run_draft(draft, **{**inputs, **slid}, ctx_start=start, draft_vocab=V_D)
+    assert torch.equal(got.tokens, ref.tokens)
+    torch.testing.assert_close(by_id(got.cand_ids, got.cand_logits, V_D), by_id(ref.cand_ids, ref.cand_logits, V_D),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.confidence, ref.confidence, atol=1e-6, rtol=1e-6)
+    ours = drafter.draft(inputs["anchor"], slid["ctx_k"], slid["ctx_v"], inputs["ctx_len"], topk=16,
+                         temperature=inputs["temperature"], seed=inputs["seed"], ctx_start=start)
+    assert torch.equal(ours.tokens, ref.tokens)  # the reference itself, over the slid rows
+    blind = run_draft(draft, **{**inputs, **slid}, draft_vocab=V_D)  # the offset left out
+    diff = (blind.cand_logits - ref.cand_logits).abs().amax(dim=(1, 2))  # [B] (candidates sorted by logit)
+    assert torch.isfinite(diff).all() and diff[[0, 2]].min() > 1e-3 and diff[1] < 1e-5  # the slid ones change
+
+
 @pytest.mark.parametrize("B", [1, 3])
 def test_odd_checkpoint_k1(tiny_odd_pair, onnx_export, B):
     """k = 1 on the awkward pair: reduced vocab (d2t), logit_scale 0.5, bonus-anchor layout (N = 4), no

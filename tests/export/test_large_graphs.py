@@ -68,7 +68,7 @@ def big_draft(small_draft, tmp_path_factory) -> Path:
 
 def _feeds(session):
     rng = np.random.default_rng(0)
-    shapes = {"anchor": [3], "ctx_len": [3], "temperature": [3], "seed": [3]}
+    shapes = {"anchor": [3], "ctx_len": [3], "ctx_start": [3], "temperature": [3], "seed": [3]}
     feeds = {}
     for i in session.get_inputs():
         if i.name.startswith(("ctx_key_", "ctx_value_")):  # one layer's context, heads first [B, H_kv, T, D]

@@ -85,7 +85,8 @@ def test_save_read_back_and_refuse_to_overwrite(tiny_pair, onnx_export, tmp_path
     manifest = json.loads((out / "onnx_export.json").read_text())
     assert manifest["num_draft_tokens"] == 7 and manifest["spec"]["topk"] == 16
     assert [i["name"] for i in manifest["graphs"]["draft"]["inputs"]] == [
-        "anchor", "ctx_key_0", "ctx_key_1", "ctx_value_0", "ctx_value_1", "ctx_len", "temperature", "seed"]
+        "anchor", "ctx_key_0", "ctx_key_1", "ctx_value_0", "ctx_value_1", "ctx_len", "ctx_start", "temperature",
+        "seed"]
     names = sorted(p.name for p in out.iterdir())
     again = OnnxFromDir(out)()
     assert again.config == exported.config and again.spec == exported.spec

@@ -47,14 +47,14 @@ def test_run_onnxrt_matches_saved_reference_outputs(tiny_pair, onnx_export, tmp_
     g = torch.Generator().manual_seed(3)
     taps = torch.randn(B, T, c.num_taps * c.hidden_size, generator=g)
     ctx_k, ctx_v = drafter.context_kv(taps, torch.arange(T).expand(B, T))
-    feeds = {"anchor": torch.tensor([17, 2030]), "ctx_len": torch.tensor([6, 3]),
+    feeds = {"anchor": torch.tensor([17, 2030]), "ctx_len": torch.tensor([6, 3]), "ctx_start": torch.tensor([2, 0]),
              "temperature": torch.tensor([0.0, 1.0]), "seed": torch.tensor([5, 77])}
     for layer in range(c.num_hidden_layers):  # the draft graph's per-layer heads-first context [B, H_kv, T, D]
         feeds[f"ctx_key_{layer}"] = ctx_k[layer].transpose(1, 2).contiguous()
         feeds[f"ctx_value_{layer}"] = ctx_v[layer].transpose(1, 2).contiguous()
     ref = drafter.draft(feeds["anchor"], ctx_k, ctx_v, feeds["ctx_len"], topk=16, temperature=feeds["temperature"],
-                        seed=feeds["seed"])
-    int32 = {"anchor", "ctx_len", "seed"}
+                        seed=feeds["seed"], ctx_start=feeds["ctx_start"])
+    int32 = {"anchor", "ctx_len", "ctx_start", "seed"}
     save_json([{k: (v.to(torch.int32) if k in int32 else v).numpy() for k, v in feeds.items()}], tmp_path / "in.json")
 
     def save_reference(file, tokens):
@@ -79,7 +79,7 @@ def test_run_onnxrt_matches_saved_reference_outputs(tiny_pair, onnx_export, tmp_
 def test_run_onnxrt_random_inputs(tiny_pair, onnx_export):
     """Polygraphy's own random inputs through the top-k and dense draft graphs, outputs finite."""
     kv = [f"ctx_{kind}_{layer}:[3,2,9,16]" for kind in ("key", "value") for layer in range(2)]  # [B, H_kv, T, D]
-    shapes = ["anchor:[3]", *kv, "ctx_len:[3]", "temperature:[3]", "seed:[3]"]
+    shapes = ["anchor:[3]", *kv, "ctx_len:[3]", "ctx_start:[3]", "temperature:[3]", "seed:[3]"]
     for topk in (16, "off"):
         result = polygraphy("run", onnx_export(tiny_pair, "fp32", topk) / "draft.onnx", "--onnxrt", "--validate",
                             "--input-shapes", *shapes)

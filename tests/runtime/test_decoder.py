@@ -347,6 +347,55 @@ def test_context_window_drafter_is_lossless(tiny_windowed_pair):
     assert spec.stats.rounds > 0 and spec.tokens == dec.generate(prompts, 12, draft=False).tokens
 
 
+def _recorded_drafts(dec, prompts, monkeypatch, *, sliding: bool, **options):
+    """Tokens, and every round's draft tokens, of ``dec.generate`` with the drafter's cache sliding or whole."""
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.runtime.drafter_state import DrafterState
+
+    if not sliding:  # the cache every drafter had before: every context row, the window applied by the mask alone
+        monkeypatch.setattr(DSparkConfig, "context_window", property(lambda self: None))
+    slides, drafts = [], []
+    slide, draft = DrafterState._slide, dec.backend.draft
+    monkeypatch.setattr(DrafterState, "_slide", lambda self, n: slides.append(n.tolist()) or slide(self, n))
+
+    def recorded(*args, **kwargs):
+        result = draft(*args, **kwargs)
+        drafts.append(result.tokens.tolist())
+        return result
+
+    monkeypatch.setattr(dec.backend, "draft", recorded)
+    out = dec.generate(prompts, **options)
+    monkeypatch.undo()
+    return out.tokens, drafts, slides
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_sliding_drafter_cache_drafts_what_the_whole_cache_drafts(tiny_windowed_pair, monkeypatch, sampled,
+                                                                     backend, request):
+    """Past ``most`` = bucket(W + W/2) = 128 context rows the windowed drafter's cache slides (keeps its last W
+    rows, ``ctx_start`` the offset): every round drafts exactly what the cache holding every row drafts, for
+    two requests of different lengths, greedy and sampled, in the reference (torch) and through the exported
+    draft graph (onnxruntime); the output is the target's (lossless)."""
+    from tests.runtime.runtime_helpers import make_decoder, random_prompts
+
+    dec = make_decoder(tiny_windowed_pair)
+    if backend == "onnxruntime":
+        from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+        dec = SpeculativeDecoder(dec.target, OnnxRuntimeDrafterBackend.from_pretrained(
+            tiny_windowed_pair.drafter, target_dir=tiny_windowed_pair.target, dtype="fp32", topk=16,
+            cache_dir=request.getfixturevalue("onnx_cache_dir")))
+    prompts = random_prompts(2, 2499, seed=8, min_len=110, max_len=150)
+    options = dict(max_new_tokens=40, topk=16, **({"temperature": 0.8, "seed": 3} if sampled else {}))
+    tokens, drafts, slides = _recorded_drafts(dec, prompts, monkeypatch, sliding=True, **options)
+    whole_tokens, whole_drafts, none = _recorded_drafts(dec, prompts, monkeypatch, sliding=False, **options)
+    assert slides and not none  # the cache slid (the prompts alone pass 128 rows, or rounds take them there)
+    assert len(drafts) > 5 and drafts == whole_drafts and tokens == whole_tokens
+    if not sampled:
+        assert tokens == dec.generate(prompts, 40, draft=False).tokens
+
+
 # -- the KV bound of an export ------------------------------------------------------------------------------------
 def bounded_decoder(export, bound):
     """The export's decoder (onnxruntime target + drafter) with both graphs' KV bound set to ``bound`` (None: the

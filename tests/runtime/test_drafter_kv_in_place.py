@@ -108,11 +108,14 @@ def test_onnxruntime_drafter_feeds_the_cache_to_the_session_in_place(distilled_p
 
 
 @pytest.mark.onnx
-def test_an_export_with_the_stacked_context_is_refused_in_one_line(tmp_path):
+def test_an_export_of_an_older_context_interface_is_refused_in_one_line(tmp_path):
     from dspark_trt.errors import DSparkTrtError
-    from dspark_trt.export.graphs import check_draft_interface
+    from dspark_trt.export.graphs import check_draft_interface, draft_input_names
 
-    check_draft_interface(["anchor", "ctx_key_0", "ctx_value_0", "ctx_len", "temperature", "seed"], "x")
+    check_draft_interface(draft_input_names(1), "x")
     with pytest.raises(DSparkTrtError, match=r"stacked ctx_k .*re-export the drafter") as e:
         check_draft_interface(["anchor", "ctx_k", "ctx_v", "ctx_len", "temperature", "seed"], "OUT")
+    assert "\n" not in str(e.value)
+    with pytest.raises(DSparkTrtError, match=r"without ctx_start .*re-export the drafter") as e:  # v1: no offset
+        check_draft_interface(["anchor", "ctx_key_0", "ctx_value_0", "ctx_len", "temperature", "seed"], "OUT")
     assert "\n" not in str(e.value)

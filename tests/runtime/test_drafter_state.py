@@ -88,3 +88,77 @@ def test_capacity_stops_at_the_limit():
     assert s.capacity == 300  # bucket 320 > the export's bound: the bound itself
     s = DrafterState(1, 1, 300, 1, 1, dtype=torch.float32, device=torch.device("cpu"), limit=4096)
     assert s.capacity == 320
+
+
+def _window_rows(state: DrafterState, b: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K/V rows request b's next round reads (positions max(0, p - W) … p - 1), found through ``start``."""
+    p, start = int(state.ctx_len[b]), int(state.start[b])
+    first = max(0, p - window)
+    ck, cv = state.context()
+    return ck[:, b, first - start:p - start], cv[:, b, first - start:p - start]
+
+
+def test_a_sliding_cache_holds_every_row_its_window_reads_in_bounded_memory():
+    """With a window W every request keeps at least its last W rows at ``start``-relative rows, whatever the
+    context: a long prefill (longer than the cache), rounds writing rejected rows past what they keep, requests
+    at different lengths; the buffer never exceeds ``most`` = bucket(W + W/2 + headroom) rows and, once there,
+    stays the same storage (what a bound engine input needs). Odd shapes: 2 layers, 3 heads, D = 5, W = 37.
+    ``most`` = bucket(W + W/2)."""
+    L, B, H, D, W, N = 2, 2, 3, 5, 37, 7
+    gen = torch.Generator().manual_seed(1)
+    full_k = torch.randn(L, B, 900, H, D, generator=gen)
+    full_v = torch.randn(L, B, 900, H, D, generator=gen)
+    s = DrafterState(L, B, 300, H, D, dtype=torch.float32, device=torch.device("cpu"), window=W)
+    assert s.most == 128 and s.capacity == 128  # bucket(37 + 18): the prompt's 300 rows do not need more
+    lens = torch.tensor([300, 45])
+    s.append(full_k[:, :, :300], full_v[:, :, :300], lens)  # request 1 right-padded: its rows 45 … are garbage
+    assert s.start.tolist() == [300 - W, 0]
+    ptr = s.k.data_ptr()
+    for step in range(60):
+        pos = s.ctx_len.view(B, 1) + torch.arange(N + 1)  # [B, N + 1] the round's rows, some rejected
+        idx = pos.view(1, B, N + 1, 1, 1).expand(L, B, N + 1, H, D)
+        accept = torch.tensor([step % (N + 1) + 1, (5 * step) % (N + 1) + 1])
+        s.append(full_k.gather(2, idx), full_v.gather(2, idx), accept)
+        assert s.capacity <= s.most
+        for b in range(B):
+            p = int(s.ctx_len[b])
+            k, v = _window_rows(s, b, W)
+            torch.testing.assert_close(k, full_k[:, b, max(0, p - W):p])
+            torch.testing.assert_close(v, full_v[:, b, max(0, p - W):p])
+            assert int(s.start[b]) <= max(0, p - W)
+    assert s.k.data_ptr() == ptr and s.allocations == 2  # slid in place, never grown: one storage all along
+    assert int(s.start.min()) > 0  # both requests slid
+
+
+def test_sliding_survives_select_and_join():
+    L, H, D, W = 1, 1, 2, 16
+    gen = torch.Generator().manual_seed(2)
+    full = torch.randn(L, 3, 400, H, D, generator=gen)
+    a = DrafterState(L, 2, 10, H, D, dtype=torch.float32, device=torch.device("cpu"), window=W)
+    a.append(full[:, :2, :200], -full[:, :2, :200], torch.tensor([200, 150]))
+    b = DrafterState(L, 1, 10, H, D, dtype=torch.float32, device=torch.device("cpu"), window=W)
+    b.append(full[:, 2:, :5], -full[:, 2:, :5], torch.tensor([5]))
+    a.join(b)  # a slid request, a short one and a fresh one
+    a.select(torch.tensor([2, 1]))
+    assert a.ctx_len.tolist() == [5, 150]
+    for row, (src, p) in enumerate(((2, 5), (1, 150))):
+        k, v = _window_rows(a, row, W)
+        torch.testing.assert_close(k, full[:, src, max(0, p - W):p])
+        torch.testing.assert_close(v, -full[:, src, max(0, p - W):p])
+
+
+def test_rows_past_the_new_length_need_no_room():
+    """A write of many more rows than it keeps (a right-padded prompt, a round's rejected drafts) fits a sliding
+    cache smaller than the write: only the kept rows must be held."""
+    W = 100
+    gen = torch.Generator().manual_seed(3)
+    full = torch.randn(1, 1, 600, 1, 2, generator=gen)
+    s = DrafterState(1, 1, 10, 1, 2, dtype=torch.float32, device=torch.device("cpu"), window=W)
+    assert s.most == 160
+    s.append(full[:, :, :150], -full[:, :, :150], torch.tensor([150]))
+    s.append(full[:, :, 150:500], -full[:, :, 150:500], torch.tensor([10]))  # 350 rows written, 10 kept
+    s.append(full[:, :, 160:161], -full[:, :, 160:161], torch.tensor([1]))
+    assert s.capacity == 160 and int(s.ctx_len) == 161
+    k, v = _window_rows(s, 0, W)
+    torch.testing.assert_close(k, full[:, 0, 61:161])
+    torch.testing.assert_close(v, -full[:, 0, 61:161])

@@ -140,5 +140,6 @@ class DrafterBackend(abc.ABC):
         topk: int | None,
         temperature: torch.Tensor | None,  # [B] fp32
         seed: torch.Tensor | None,  # [B] int64
+        ctx_start: torch.Tensor | None = None,  # [B] int64 position of context row 0 (a sliding DrafterState)
     ) -> MarkovWalkResult:
         ...

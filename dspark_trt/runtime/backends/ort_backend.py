@@ -160,7 +160,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         return run_context(self._graph("context"), taps, positions)  # K, V [L, B, T, H_kv, D] model dtype
 
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed,
-              markov_topm: int = 0) -> MarkovWalkResult:
+              markov_topm: int = 0, ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
         from ...export.graphs import run_draft
 
         if (topk, int(markov_topm)) != (self.topk, self.markov_topm) and self._rebuild is not None:
@@ -169,7 +169,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
                              markov_topm=markov_topm)
         self._check_context(ctx_k.shape[2])  # the cache's capacity: its per-layer blocks are fed as they lie
         return run_draft(self._graph("draft"), anchor, ctx_k, ctx_v, ctx_len, temperature, seed,
-                         draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm)
+                         draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm, ctx_start=ctx_start)
 
     def _check_context(self, length: int) -> None:
         if length > self.max_context:

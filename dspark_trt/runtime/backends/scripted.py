@@ -61,7 +61,7 @@ class ScriptedDrafterBackend(DrafterBackend):
         shape = (c.num_hidden_layers, B, T, c.num_key_value_heads, c.head_dim)
         return torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device)
 
-    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed) -> MarkovWalkResult:
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, ctx_start=None) -> MarkovWalkResult:
         c, N = self.config, self.config.num_draft_tokens
         B = anchor.shape[0]
         tokens = torch.zeros(B, N, dtype=torch.int64)

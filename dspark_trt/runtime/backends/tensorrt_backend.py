@@ -115,8 +115,8 @@ class TensorRTDrafterBackend(DrafterBackend):
 
         return run_context(self._graphs["context"], taps.to(self.device), positions.to(self.device))
 
-    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0
-              ) -> MarkovWalkResult:
+    def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0,
+              ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
         from ...export.graphs import run_draft
 
         check_export_variant("these engines", have_topk=self.topk, have_markov_topm=self.markov_topm, topk=topk,
@@ -127,7 +127,8 @@ class TensorRTDrafterBackend(DrafterBackend):
         dev = self.device
         return run_draft(self._graphs["draft"], anchor.to(dev), ctx_k.to(dev), ctx_v.to(dev), ctx_len.to(dev),
                          None if temperature is None else temperature.to(dev), None if seed is None else seed.to(dev),
-                         draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm)
+                         draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm,
+                         ctx_start=None if ctx_start is None else ctx_start.to(dev))
 
 
 def _context_symbol(io) -> str | None:

@@ -84,43 +84,44 @@ class TorchDrafterBackend(DrafterBackend):
 
     @torch.inference_mode()
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed,
-              markov_topm: int = 0) -> MarkovWalkResult:
+              markov_topm: int = 0, ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
         B, T = anchor.shape[0], ctx_k.shape[2]
+        start = torch.zeros_like(ctx_len) if ctx_start is None else ctx_start
         if self.graphs != "off" and B <= self.policy.max_batch and T <= self.policy.max_context:
             zeros = torch.zeros(B, device=self.device)
             # heads first [L, B, H_kv, T, D]: the static buffers keep each layer's block contiguous (as the cache)
             inputs = {"anchor": anchor, "ctx_k": ctx_k.transpose(2, 3), "ctx_v": ctx_v.transpose(2, 3),
-                      "ctx_len": ctx_len,
+                      "ctx_len": ctx_len, "ctx_start": start,
                       "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
                       "seed": zeros.to(torch.int64) if seed is None else seed}
             return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk, markov_topm))
         return self._round(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
-                           markov_topm=markov_topm)
+                           markov_topm=markov_topm, ctx_start=start)
 
-    def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0
-               ) -> MarkovWalkResult:
+    def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0,
+               ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
         impl = self._auto_impl(topk, markov_topm) if self.walk_fn is None else REFERENCE._replace(walk=self.walk_fn)
         return self.drafter.draft(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
-                                  walk=impl.walk, select=impl.select, markov_topm=markov_topm)
+                                  walk=impl.walk, select=impl.select, markov_topm=markov_topm, ctx_start=ctx_start)
 
     # -- CUDA graphs -------------------------------------------------------------------------------------
     def input_specs(self) -> tuple[InputSpec, ...]:
         """The round's static inputs: padded requests get anchor 0, context 0 (nothing to attend to but their
-        own block), greedy temperature and seed 0; padded context slots are zeros beyond ``ctx_len``. The context
+        own block), greedy temperature, seed and ``ctx_start`` 0; padded context slots are zeros beyond ``ctx_len``. The context
         is heads first, ``[L, B, H_kv, T, D]`` (``DrafterState``'s layout: its rows are copied into the bucket's
         buffers once per round, each layer's block staying contiguous for the attention products)."""
         c = self.config
         kv = (c.num_hidden_layers, 0, c.num_key_value_heads, 0, c.head_dim)
         return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 3),
                 InputSpec("ctx_v", kv, self.dtype, 1, 3), InputSpec("ctx_len", (0,), torch.int64),
-                InputSpec("temperature", (0,), torch.float32), InputSpec("seed", (0,), torch.int64))
+                InputSpec("ctx_start", (0,), torch.int64), InputSpec("temperature", (0,), torch.float32), InputSpec("seed", (0,), torch.int64))
 
     def _graph_runner(self) -> GraphRunner:
         if self._runner is None:
             def round_fn(x: dict[str, torch.Tensor], key) -> MarkovWalkResult:
                 return self._round(x["anchor"], x["ctx_k"].transpose(2, 3), x["ctx_v"].transpose(2, 3), x["ctx_len"],
                                    topk=key.variant[0],
-                                   markov_topm=key.variant[1],
+                                   markov_topm=key.variant[1], ctx_start=x["ctx_start"],
                                    temperature=x["temperature"], seed=x["seed"])
 
             self._runner = GraphRunner(round_fn, self.input_specs(), role="draft", device=self.device,
