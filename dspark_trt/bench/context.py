@@ -496,7 +496,7 @@ def _size(n: float) -> str:
 
 
 def plot(r: dict, out: Path) -> Path | None:
-    """context.png: per-step cost vs S (left), decode tokens/s vs S (right)."""
+    """context.png, one panel per part measured: per-step target cost vs S, decode tokens/s vs S, draft round vs S."""
     try:
         import matplotlib
 
@@ -510,17 +510,33 @@ def plot(r: dict, out: Path) -> Path | None:
     S = [str(s) for s in r["contexts"]]
     x = [int(s) for s in S]
     w = str(r["verify_tokens"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    panels = []  # (title, ylabel, [(label, style, ys)])
+    steps, e2e = r.get("steps") or {}, r.get("e2e") or {}
+    lines = []
     for p, style in (("exported", "-"), ("transformers", "--")):
-        rows = (r.get("steps") or {}).get(p)
-        if rows:
-            a.plot(x, [rows[s]["1"] * 1e3 for s in S], "o" + style, label=f"{p}: 1-token step")
-            a.plot(x, [rows[s][w] * 1e3 for s in S], "s" + style, label=f"{p}: verify of {w}")
-        e = (r.get("e2e") or {}).get(p)
-        if e:
-            b.plot(x, [e[s]["speculative_decode_tokens_per_second"] for s in S], "o" + style, label=f"{p}: speculative")
-            b.plot(x, [e[s]["target_only_decode_tokens_per_second"] for s in S], "s" + style, label=f"{p}: target only")
-    for ax, title, ylabel in ((a, "target step cost vs context", "ms"), (b, "decode tokens/s vs context", "tokens/s")):
+        if steps.get(p):
+            lines.append((f"{p}: 1-token step", "o" + style, [steps[p][s]["1"] * 1e3 for s in S]))
+            lines.append((f"{p}: verify of {w}", "s" + style, [steps[p][s][w] * 1e3 for s in S]))
+    if lines:
+        panels.append(("target step cost vs context", "ms", lines))
+    lines = []
+    for p, style in (("exported", "-"), ("transformers", "--")):
+        if e2e.get(p):
+            lines.append((f"{p}: speculative", "o" + style,
+                          [e2e[p][s]["speculative_decode_tokens_per_second"] for s in S]))
+            lines.append((f"{p}: target only", "s" + style, [e2e[p][s]["target_only_decode_tokens_per_second"] for s in S]))
+    if lines:
+        panels.append(("decode tokens/s vs context", "tokens/s", lines))
+    lines = [(f"{name}, B = {B}", ("o-" if i % 2 == 0 else "s--"), [by_s[s] * 1e3 for s in S])
+             for i, (name, by_b) in enumerate((r.get("draft_rounds") or {}).items()) for B, by_s in by_b.items()]
+    if lines:
+        panels.append(("draft round vs context", "ms", lines))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (title, ylabel, series) in zip(axes[0], panels):
+        for label, style, ys in series:
+            ax.plot(x, ys, style, label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(x, S)
         ax.set_xlabel("context S (prompt tokens)")

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from dspark_trt.bench.context import (cache_bytes, context_prompt, draft_round_costs, filler_tokens, goals, step_costs,
-                                      tables)
+from dspark_trt.bench.context import (cache_bytes, context_prompt, draft_round_costs, draft_runners, filler_tokens,
+                                      goals, step_costs, tables)
 from dspark_trt.errors import DSparkTrtError
 
 
@@ -145,3 +145,39 @@ def test_cache_bytes_of_both_targets():
 
     assert cache_bytes(WithCache()) == 123
     assert cache_bytes(HFLike()) == 2 * 2 * 80 * 4
+
+
+def test_a_windowed_drafters_cache_stays_bounded_and_the_other_grows():
+    """``drafter_cache_bytes`` holds a ``DrafterState`` as the runtime does: a drafter of the 8B-class preset's
+    shape (5 layers, 8 K/V heads of 128, bf16) grows with the context; the same with a 256-row window holds
+    bucket(256 + 128) = 384 rows at any context."""
+    import torch
+
+    from dspark_trt.bench.context import drafter_cache_bytes
+    from dspark_trt.testing.presets import get_preset
+
+    full = get_preset("dspark_qwen3_8b_block7").config()
+    windowed = full.replace(layer_types=("sliding_attention",) * full.num_hidden_layers, sliding_window=256,
+                            sliding_window_non_causal=True)
+    assert full.context_window is None and windowed.context_window == 256
+    row = 5 * 2 * 8 * 128 * 2  # bytes of K and V per context row
+    for S in (1000, 8192):
+        assert drafter_cache_bytes(windowed, S, 64, torch.bfloat16) == 384 * row
+    assert drafter_cache_bytes(full, 8192, 64, torch.bfloat16) == 10240 * row  # bucket(8192 + 64 + a round)
+    assert drafter_cache_bytes(full, 100, 10, torch.bfloat16) == 128 * row
+
+
+@pytest.mark.onnx
+def test_a_windowed_drafter_gets_a_sliding_round_beside_the_in_place_one(tiny_windowed_pair, onnx_export, tmp_path):
+    from dspark_trt.bench.context import plot
+    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+    with OnnxRuntimeDrafterBackend(onnx_export(tiny_windowed_pair, "fp32", 16)) as backend:
+        runners = draft_runners(backend, topk=16)
+        assert set(runners) == {"in place", "sliding"}
+        costs = draft_round_costs(runners, [16, 300], [1, 2], repeats=1)
+    assert all(t > 0 for by_b in costs.values() for by_s in by_b.values() for t in by_s.values())
+    report = {"contexts": [16, 300], "verify_tokens": 8,
+              "draft_rounds": {n: {str(B): {str(S): t for S, t in by_s.items()} for B, by_s in by_b.items()}
+                               for n, by_b in costs.items()}}
+    assert plot(report, tmp_path).is_file()  # a rounds-only report: one panel
