@@ -491,12 +491,16 @@ class _Run:
             if self.speculative:
                 Bn = len(requests)
                 cap = int(lens.max()) + c.num_draft_tokens + 2  # the prompt and a round: a bucket ≥ that, grown later
-                kv = backend.context_kv(pre.taps, torch.arange(pre.taps.shape[1]).expand(Bn, -1))
-                self.monitor.context(pre.taps, kv[0], kv[1], lens, [r.id for r in requests])
+                W = c.context_window  # windowed: prompt rows before min(len) - W are read by no request's round
+                skip = max(0, int(lens.min()) - W) if W is not None else 0
+                taps = pre.taps[:, skip:]  # [Bn, T - skip, m·d]
+                kv = backend.context_kv(taps, torch.arange(skip, pre.taps.shape[1]).expand(Bn, -1))
+                self.monitor.context(taps, kv[0], kv[1], lens - skip, [r.id for r in requests])
                 state = DrafterState(c.num_hidden_layers, Bn, cap, c.num_key_value_heads, c.head_dim,
                                      dtype=kv[0].dtype, device=kv[0].device, limit=self.dec.max_context,
-                                     window=c.context_window)  # sliding when every layer is windowed: O(W)
-                state.append(kv[0], kv[1], lens)
+                                     window=W)  # sliding when every layer is windowed: O(W)
+                state.begin_at(skip)
+                state.append(kv[0], kv[1], lens - skip)
                 self.state = self.state.join(state) if joining else state
         self.requests.update((r.id, r) for r in requests)
         self.rows = torch.cat((self.rows, torch.tensor([r.id for r in requests], dtype=torch.int64)))

@@ -32,7 +32,8 @@ holds at most ``most = bucket(W + W/2)`` rows, whatever the context. Buffer row 
 ``start + r`` (``start [B]``, per request); when the rows kept would pass ``most``, that request's rows
 ``p' - W … p - 1`` (``p'`` its new length) move to the front — W rows copied once every ~W/2 tokens — and
 ``start`` becomes ``p' - W``. A long prompt writes only its last W rows; rows past ``p'`` (a round's
-rejected drafts, a right-padded prompt's padding) only where they fit, being never read. The keys keep the RoPE of their positions, so only the mask moves: the draft round takes
+rejected drafts, a right-padded prompt's padding) only where they fit, being never read; and the decoder
+computes the K/V of a long prompt's last rows only (``begin_at``: from min(prompt length) - W on). The keys keep the RoPE of their positions, so only the mask moves: the draft round takes
 ``ctx_start = start`` (``reference/layers.py: block_attention_mask``) and reads ``most`` rows at most, and
 a request's drafter memory stays O(W) at any context (the TensorRT backend's static buffers too).
 """
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import DSparkTrtInternalError
 from ..export.kv_capacity import capacity_bucket
 
 __all__ = ["DrafterState"]
@@ -106,6 +108,14 @@ class DrafterState:
             self.k[:, batch, :, rows] = k.to(self.k.dtype).permute(1, 2, 0, 3, 4)
             self.v[:, batch, :, rows] = v.to(self.v.dtype).permute(1, 2, 0, 3, 4)
         self.ctx_len = new_len
+
+    def begin_at(self, position: int) -> None:
+        """Start every request's rows at ``position`` (empty, sliding: a long prompt's rows that no window will
+        read are never computed; the first ``append`` writes position ``position`` on)."""
+        if position and (self.most is None or bool((self.ctx_len != 0).any())):
+            raise DSparkTrtInternalError(f"begin_at({position}) needs an empty sliding DrafterState")
+        self.ctx_len.fill_(int(position))
+        self.start.fill_(int(position))
 
     def _slide(self, new_len: torch.Tensor) -> None:
         """For each request whose kept rows would pass ``most``: keep positions ``new_len - W … ctx_len - 1`` (what

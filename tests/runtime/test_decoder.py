@@ -354,8 +354,8 @@ def _recorded_drafts(dec, prompts, monkeypatch, *, sliding: bool, **options):
 
     if not sliding:  # the cache every drafter had before: every context row, the window applied by the mask alone
         monkeypatch.setattr(DSparkConfig, "context_window", property(lambda self: None))
-    slides, drafts = [], []
-    slide, draft = DrafterState._slide, dec.backend.draft
+    slides, drafts, rows = [], [], []
+    slide, draft, context_kv = DrafterState._slide, dec.backend.draft, dec.backend.context_kv
     monkeypatch.setattr(DrafterState, "_slide", lambda self, n: slides.append(n.tolist()) or slide(self, n))
 
     def recorded(*args, **kwargs):
@@ -364,9 +364,10 @@ def _recorded_drafts(dec, prompts, monkeypatch, *, sliding: bool, **options):
         return result
 
     monkeypatch.setattr(dec.backend, "draft", recorded)
+    monkeypatch.setattr(dec.backend, "context_kv", lambda taps, pos: rows.append(pos[0].tolist()) or context_kv(taps, pos))
     out = dec.generate(prompts, **options)
     monkeypatch.undo()
-    return out.tokens, drafts, slides
+    return out.tokens, drafts, (slides, rows[0])
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
@@ -386,14 +387,18 @@ def test_a_sliding_drafter_cache_drafts_what_the_whole_cache_drafts(tiny_windowe
         dec = SpeculativeDecoder(dec.target, OnnxRuntimeDrafterBackend.from_pretrained(
             tiny_windowed_pair.drafter, target_dir=tiny_windowed_pair.target, dtype="fp32", topk=16,
             cache_dir=request.getfixturevalue("onnx_cache_dir")))
-    prompts = random_prompts(2, 2499, seed=8, min_len=110, max_len=150)
-    options = dict(max_new_tokens=40, topk=16, **({"temperature": 0.8, "seed": 3} if sampled else {}))
-    tokens, drafts, slides = _recorded_drafts(dec, prompts, monkeypatch, sliding=True, **options)
-    whole_tokens, whole_drafts, none = _recorded_drafts(dec, prompts, monkeypatch, sliding=False, **options)
+    prompts = (random_prompts(1, 2499, seed=8, min_len=40, max_len=40)
+               + random_prompts(1, 2499, seed=9, min_len=150, max_len=150))  # the longer one's rows slide
+    options = dict(max_new_tokens=48, topk=16, **({"temperature": 0.8, "seed": 3} if sampled else {}))
+    tokens, drafts, (slides, prefill) = _recorded_drafts(dec, prompts, monkeypatch, sliding=True, **options)
+    whole_tokens, whole_drafts, (none, whole) = _recorded_drafts(dec, prompts, monkeypatch, sliding=False, **options)
     assert slides and not none  # the cache slid (the prompts alone pass 128 rows, or rounds take them there)
+    shortest, longest = min(map(len, prompts)), max(map(len, prompts))
+    assert whole == list(range(longest))  # the prefill's context K/V: every prompt row …
+    assert prefill == list(range(shortest - 4, longest))  # … or, sliding, from the shortest prompt's window on
     assert len(drafts) > 5 and drafts == whole_drafts and tokens == whole_tokens
     if not sampled:
-        assert tokens == dec.generate(prompts, 40, draft=False).tokens
+        assert tokens == dec.generate(prompts, 48, draft=False).tokens
 
 
 # -- the KV bound of an export ------------------------------------------------------------------------------------

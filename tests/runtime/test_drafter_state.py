@@ -162,3 +162,23 @@ def test_rows_past_the_new_length_need_no_room():
     k, v = _window_rows(s, 0, W)
     torch.testing.assert_close(k, full[:, 0, 61:161])
     torch.testing.assert_close(v, -full[:, 0, 61:161])
+
+
+def test_begin_at_starts_a_sliding_cache_past_a_long_prompts_first_rows():
+    import pytest
+
+    from dspark_trt.errors import DSparkTrtInternalError
+
+    gen = torch.Generator().manual_seed(4)
+    full = torch.randn(1, 2, 500, 1, 2, generator=gen)
+    s = DrafterState(1, 2, 500, 1, 2, dtype=torch.float32, device=torch.device("cpu"), window=16)
+    s.begin_at(300 - 16)  # prompts of 300 and 420 tokens: rows before 284 are read by no round
+    s.append(full[:, :, 284:420], -full[:, :, 284:420], torch.tensor([300 - 284, 420 - 284]))
+    assert s.ctx_len.tolist() == [300, 420]
+    for b, p in enumerate((300, 420)):
+        k, v = _window_rows(s, b, 16)
+        torch.testing.assert_close(k, full[:, b, p - 16:p])
+    with pytest.raises(DSparkTrtInternalError):  # only an empty cache can start later
+        s.begin_at(5)
+    with pytest.raises(DSparkTrtInternalError):  # and only a sliding one (the whole cache holds every row)
+        DrafterState(1, 1, 8, 1, 1, dtype=torch.float32, device=torch.device("cpu")).begin_at(3)
