@@ -152,7 +152,8 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
     *in place*: a ``DrafterState`` holding every row (capacity bucket of S + a round) handed to ``backend.draft``
     as the runtime does for a drafter reading the whole context. *sliding*: the ``DrafterState`` the runtime
     keeps for a drafter whose layers all read a window of W rows (``DSparkConfig.context_window``): at most
-    bucket(W + W/2) rows, ``ctx_start`` telling the round which position its row 0 holds. *before*: the older runtime's round — the stacked draft graph fed ``[L, B, :S]`` of a
+    bucket(W + W/2) rows, ``ctx_start`` telling the round which position its row 0 holds.
+    *before*: the older runtime's round — the stacked draft graph fed ``[L, B, :S]`` of a
     ``[L, B, S + headroom, H_kv, D]`` buffer (its capacity: prompt + new tokens + a round), as ``OrtGraph`` got it."""
     import torch
 
@@ -524,7 +525,8 @@ def plot(r: dict, out: Path) -> Path | None:
         if e2e.get(p):
             lines.append((f"{p}: speculative", "o" + style,
                           [e2e[p][s]["speculative_decode_tokens_per_second"] for s in S]))
-            lines.append((f"{p}: target only", "s" + style, [e2e[p][s]["target_only_decode_tokens_per_second"] for s in S]))
+            lines.append((f"{p}: target only", "s" + style,
+                          [e2e[p][s]["target_only_decode_tokens_per_second"] for s in S]))
     if lines:
         panels.append(("decode tokens/s vs context", "tokens/s", lines))
     lines = [(f"{name}, B = {B}", ("o-" if i % 2 == 0 else "s--"), [by_s[s] * 1e3 for s in S])

@@ -33,9 +33,10 @@ holds at most ``most = bucket(W + W/2)`` rows, whatever the context. Buffer row 
 ``p' - W … p - 1`` (``p'`` its new length) move to the front — W rows copied once every ~W/2 tokens — and
 ``start`` becomes ``p' - W``. A long prompt writes only its last W rows; rows past ``p'`` (a round's
 rejected drafts, a right-padded prompt's padding) only where they fit, being never read; and the decoder
-computes the K/V of a long prompt's last rows only (``begin_at``: from min(prompt length) - W on). The keys keep the RoPE of their positions, so only the mask moves: the draft round takes
-``ctx_start = start`` (``reference/layers.py: block_attention_mask``) and reads ``most`` rows at most, and
-a request's drafter memory stays O(W) at any context (the TensorRT backend's static buffers too).
+computes the K/V of a long prompt's last rows only (``begin_at``: from min(prompt length) - W on). The keys
+keep the RoPE of their positions, so only the mask moves: the draft round takes ``ctx_start = start``
+(``reference/layers.py: block_attention_mask``) and reads ``most`` rows at most, and a request's drafter
+memory stays O(W) at any context (the TensorRT backend's static buffers too).
 """
 
 from __future__ import annotations

@@ -364,7 +364,8 @@ def _recorded_drafts(dec, prompts, monkeypatch, *, sliding: bool, **options):
         return result
 
     monkeypatch.setattr(dec.backend, "draft", recorded)
-    monkeypatch.setattr(dec.backend, "context_kv", lambda taps, pos: rows.append(pos[0].tolist()) or context_kv(taps, pos))
+    monkeypatch.setattr(dec.backend, "context_kv",
+                        lambda taps, pos: rows.append(pos[0].tolist()) or context_kv(taps, pos))
     out = dec.generate(prompts, **options)
     monkeypatch.undo()
     return out.tokens, drafts, (slides, rows[0])

@@ -137,7 +137,8 @@ def test_a_padded_draft_graph_round_gives_the_unpadded_results(onnx_export, tiny
     cv = torch.randn_like(ck)
     feeds = {**{f"ctx_key_{i}": ck[i] for i in range(2)}, **{f"ctx_value_{i}": cv[i] for i in range(2)},
              "anchor": torch.tensor([5, 7, 9], dtype=torch.int32),
-             "ctx_len": torch.tensor([11, 4, 1], dtype=torch.int32), "ctx_start": torch.tensor([2, 0, 0], dtype=torch.int32),
+             "ctx_len": torch.tensor([11, 4, 1], dtype=torch.int32),
+             "ctx_start": torch.tensor([2, 0, 0], dtype=torch.int32),
              "temperature": torch.tensor([0.0, 1.0, 0.6]),
              "seed": torch.tensor([1, 2, 3], dtype=torch.int32)}
     plan = BucketPolicy(max_batch=8, max_context=64, smallest_context=16).plan(3, 11)

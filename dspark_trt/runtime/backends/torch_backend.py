@@ -107,14 +107,16 @@ class TorchDrafterBackend(DrafterBackend):
     # -- CUDA graphs -------------------------------------------------------------------------------------
     def input_specs(self) -> tuple[InputSpec, ...]:
         """The round's static inputs: padded requests get anchor 0, context 0 (nothing to attend to but their
-        own block), greedy temperature, seed and ``ctx_start`` 0; padded context slots are zeros beyond ``ctx_len``. The context
-        is heads first, ``[L, B, H_kv, T, D]`` (``DrafterState``'s layout: its rows are copied into the bucket's
-        buffers once per round, each layer's block staying contiguous for the attention products)."""
+        own block), greedy temperature, seed and ``ctx_start`` 0; padded context slots are zeros beyond
+        ``ctx_len``. The context is heads first, ``[L, B, H_kv, T, D]`` (``DrafterState``'s layout: its rows are
+        copied into the bucket's buffers once per round, each layer's block staying contiguous for the
+        attention products; a sliding cache's rows are at most bucket(W + W/2))."""
         c = self.config
         kv = (c.num_hidden_layers, 0, c.num_key_value_heads, 0, c.head_dim)
         return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 3),
                 InputSpec("ctx_v", kv, self.dtype, 1, 3), InputSpec("ctx_len", (0,), torch.int64),
-                InputSpec("ctx_start", (0,), torch.int64), InputSpec("temperature", (0,), torch.float32), InputSpec("seed", (0,), torch.int64))
+                InputSpec("ctx_start", (0,), torch.int64), InputSpec("temperature", (0,), torch.float32),
+                InputSpec("seed", (0,), torch.int64))
 
     def _graph_runner(self) -> GraphRunner:
         if self._runner is None:
