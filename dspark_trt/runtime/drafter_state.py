@@ -92,15 +92,17 @@ class DrafterState:
         if not B:
             return
         new_len = self.ctx_len + count  # [B]
-        if self.most is not None and int((new_len - self.start).max()) > self.most:
+        first, kept, written = self._extent(new_len, Q)
+        if self.most is not None and kept > self.most:
             self._slide(new_len)
-        need = int(((new_len if self.most is not None else self.ctx_len + Q) - self.start).max())
+            first, kept, written = self._extent(new_len, Q)
+        need = kept if self.most is not None else written  # sliding: rows past the new length need no room
         if need > self.capacity:
             self._grow(need)
         rows = self.ctx_len.view(B, 1) + torch.arange(Q, device=self.k.device) - self.start.view(B, 1)  # [B, Q]
         batch = torch.arange(B, device=self.k.device).view(B, 1).expand(B, Q)
-        fits = (rows >= 0) & (rows < self.capacity)  # sliding: positions left behind or past the cache are skipped
-        if self.most is not None and not bool(fits.all()):
+        if first < 0 or written > self.capacity:  # sliding: positions left behind or past the cache are skipped
+            fits = (rows >= 0) & (rows < self.capacity)  # [B, Q]
             batch, step = fits.nonzero(as_tuple=True)  # [M] each
             # indices on dims 1 and 3 around a slice: the value is [M, L, H_kv, D]
             self.k[:, batch, :, rows[batch, step]] = k[:, batch, step].to(self.k.dtype).transpose(0, 1)
@@ -109,6 +111,13 @@ class DrafterState:
             self.k[:, batch, :, rows] = k.to(self.k.dtype).permute(1, 2, 0, 3, 4)
             self.v[:, batch, :, rows] = v.to(self.v.dtype).permute(1, 2, 0, 3, 4)
         self.ctx_len = new_len
+
+    def _extent(self, new_len: torch.Tensor, Q: int) -> tuple[int, int, int]:
+        """Buffer rows (relative to ``start``, over the batch, one synchronisation): the first row written (min),
+        one past the last row kept (max of ``new_len``) and one past the last row written (max of ``ctx_len + Q``)."""
+        first, kept, written = torch.stack(((self.ctx_len - self.start).min(), (new_len - self.start).max(),
+                                            (self.ctx_len + Q - self.start).max())).tolist()
+        return first, kept, written
 
     def begin_at(self, position: int) -> None:
         """Start every request's rows at ``position`` (empty, sliding: a long prompt's rows that no window will
