@@ -271,7 +271,7 @@ def run_context(graph, taps: torch.Tensor, positions: torch.Tensor):
 
 
 def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int, union_width: int = 0,
-              ctx_start: torch.Tensor | None = None):
+              ctx_start: torch.Tensor | None = None, plan=None):
     """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them; ``union_width`` = the export's
     M: the last M candidates are union ids, −inf there = a masked duplicate).
 
@@ -282,6 +282,9 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
     ``ctx_start`` [B] (None: zeros) is the position of context row 0 (a sliding ``DrafterState``'s ``start``).
     ``temperature=None`` drafts greedily (fed as zeros); seeds are reduced modulo the hash prime, which the
     noise hash does first anyway, so any non-negative int64 seed fits the graph's int32 input.
+
+    ``plan`` (a ``TensorRTGraph``'s ``PadPlan``, optional): the bucket the context is bound in (its rows may then
+    exceed B: a ``DrafterState`` of ``state_rows(B)`` rows, ``runtime/cuda_graphs.py: bound_context_plan``).
     """
     from ..reference.markov import MarkovWalkResult
     from ..reference.sampling import HASH_PRIME
@@ -303,7 +306,7 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
         if empty:
             k = v = k.new_zeros((k.shape[0], k.shape[1], 1, k.shape[3]))
         feeds[keys[i]], feeds[values[i]] = k, v
-    out = graph.run(feeds)
+    out = graph.run(feeds) if plan is None else graph.run(feeds, plan=plan)
     logits = out["cand_logits"]
     ids = out.get("cand_ids")
     ids = (torch.arange(draft_vocab).expand(logits.shape) if ids is None else ids.to(torch.int64))

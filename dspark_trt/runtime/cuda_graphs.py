@@ -46,6 +46,8 @@ __all__ = [
     "batch_buckets",
     "context_buckets",
     "choose_bucket",
+    "cache_rows",
+    "bound_context_plan",
     "BucketPolicy",
     "PadPlan",
     "InputSpec",
@@ -96,6 +98,24 @@ def choose_bucket(n: int, buckets: tuple[int, ...], what: str = "batch") -> int:
             return b
     raise DSparkTrtError(f"{what} size {n} exceeds the largest captured {what} bucket {buckets[-1]}; raise the "
                          f"maximum (max_{what}=...) or split the batch")
+
+
+def cache_rows(batch: int, max_batch: int) -> int:
+    """Rows a cache keeps for ``batch`` requests: their batch bucket (the captured graphs' batch), or exactly
+    ``batch`` past the largest bucket (those batches run eagerly)."""
+    return choose_bucket(batch, batch_buckets(max_batch)) if batch <= max_batch else batch
+
+
+def bound_context_plan(batch: int, ctx_k: torch.Tensor, ctx_v: torch.Tensor, *, batch_dim: int, context_dim: int,
+                       max_batch: int, max_context: int) -> "PadPlan | None":
+    """The bucket in which a padded drafter backend binds the context K/V by address: the tensors' own
+    (rows, capacity), when they are a ``DrafterState``'s buffers kept for this batch (``cache_rows`` rows,
+    contiguous, a capacity within ``max_context``); None when they are not (copied into a bucket instead)."""
+    rows, cap = ctx_k.shape[batch_dim], ctx_k.shape[context_dim]
+    if (batch > max_batch or not 0 < cap <= max_context or rows != cache_rows(batch, max_batch)
+            or ctx_v.shape != ctx_k.shape or not (ctx_k.is_contiguous() and ctx_v.is_contiguous())):
+        return None
+    return PadPlan(batch, rows, cap, cap)
 
 
 @dataclass(frozen=True)

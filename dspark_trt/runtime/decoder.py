@@ -498,10 +498,12 @@ class _Run:
                 self.monitor.context(taps, kv[0], kv[1], lens - skip, [r.id for r in requests])
                 state = DrafterState(c.num_hidden_layers, Bn, cap, c.num_key_value_heads, c.head_dim,
                                      dtype=kv[0].dtype, device=kv[0].device, limit=self.dec.max_context,
-                                     window=W)  # sliding when every layer is windowed: O(W)
+                                     window=W,  # sliding when every layer is windowed: O(W)
+                                     rows=None if joining else self._state_rows(Bn))
                 state.begin_at(skip)
                 state.append(kv[0], kv[1], lens - skip)
-                self.state = self.state.join(state) if joining else state
+                self.state = (self.state.join(state, self._state_rows(self.state.batch + Bn)) if joining
+                              else state)
         self.requests.update((r.id, r) for r in requests)
         self.rows = torch.cat((self.rows, torch.tensor([r.id for r in requests], dtype=torch.int64)))
         self.temp_rows = torch.cat((self.temp_rows, temp))
@@ -609,9 +611,15 @@ class _Run:
         if keep.numel():
             self.dec.target.select(keep)
             if self.speculative:
-                self.state.select(keep)
+                self.state.select(keep, self._state_rows(len(keep)))  # in place while the bucket stays
         self._notify()
         return finished
+
+    def _state_rows(self, batch: int) -> int:
+        """Rows of the drafter's cache for ``batch`` requests: a padded backend's batch bucket (its graphs bind the
+        cache by address), else ``batch``."""
+        rows = getattr(self.dec.backend, "state_rows", None)
+        return batch if rows is None else int(rows(batch))
 
     def _notify(self) -> None:
         """Optional backend hook: backends that keep per-request state learn which requests are active."""

@@ -37,6 +37,15 @@ computes the K/V of a long prompt's last rows only (``begin_at``: from min(promp
 keep the RoPE of their positions, so only the mask moves: the draft round takes ``ctx_start = start``
 (``reference/layers.py: block_attention_mask``) and reads ``most`` rows at most, and a request's drafter
 memory stays O(W) at any context (the TensorRT backend's static buffers too).
+
+**Spare rows** (``rows``: the padded backends). A backend that replays its draft round from a CUDA graph per
+(batch bucket, capacity) bucket — the torch backend with graphs, TensorRT — binds the cache's buffers to the
+graph by address, as ``TensorRTTarget`` binds the target's, instead of copying the context into the bucket's
+static buffers every round (a whole context's worth per round for a drafter that attends to all of it). It asks
+for its batch bucket of rows (``DrafterBackend.state_rows``): the buffers are ``[L, rows, H_kv, capacity, D]``
+with rows ≥ B, the real requests first; ``context()`` hands out all rows (a padded request reads its own
+stale, finite rows under ``ctx_len`` 0), ``select`` moves the kept requests forward in place while the bucket
+stays, so the bound addresses stay too.
 """
 
 from __future__ import annotations
@@ -50,18 +59,19 @@ __all__ = ["DrafterState"]
 
 
 class DrafterState:
-    """Context K/V ``[L, B, H_kv, capacity, D]`` per request (right-padded, heads first), ``ctx_len [B]``,
-    ``anchor [B]`` and ``start [B]`` (the position of buffer row 0; 0 unless sliding). ``capacity`` is the first
-    bucket ≥ the slots asked for (at most ``limit``, the export's ``max_context``, when that is enough; at most
-    ``most`` with a ``window``)."""
+    """Context K/V ``[L, rows, H_kv, capacity, D]`` (right-padded, heads first; the B requests in rows 0 … B-1,
+    ``rows`` ≥ B spare rows for a padded backend), ``ctx_len [B]``, ``anchor [B]`` and ``start [B]`` (the position
+    of buffer row 0; 0 unless sliding). ``capacity`` is the first bucket ≥ the slots asked for (at most ``limit``,
+    the export's ``max_context``, when that is enough; at most ``most`` with a ``window``)."""
 
     def __init__(self, num_layers: int, batch: int, capacity: int, kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype, device: torch.device, limit: int | None = None, window: int | None = None):
+                 dtype: torch.dtype, device: torch.device, limit: int | None = None, window: int | None = None,
+                 rows: int | None = None):
         self.limit, self.window = limit, window
         # the most rows a sliding cache holds (None: it grows with the context)
         self.most = None if window is None else capacity_bucket(window + max(window // 2, 1))
         self.allocations = 0  # cache buffers allocated so far (tests, benchmarks)
-        shape = (num_layers, batch, kv_heads, self._bucket(capacity), head_dim)
+        shape = (num_layers, max(batch, rows or 0), kv_heads, self._bucket(capacity), head_dim)
         self.k = self._zeros(shape, dtype, device)  # [L, B, H_kv, capacity, D]
         self.v = self._zeros(shape, dtype, device)
         self.ctx_len = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] = anchor position p
@@ -81,6 +91,16 @@ class DrafterState:
     @property
     def capacity(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def batch(self) -> int:
+        """Requests held (B)."""
+        return self.ctx_len.shape[0]
+
+    @property
+    def rows(self) -> int:
+        """Buffer rows (≥ B: a padded backend's batch bucket)."""
+        return self.k.shape[1]
 
     def append(self, k: torch.Tensor, v: torch.Tensor, count: torch.Tensor) -> None:
         """Write ``k, v`` [L, B, Q, H_kv, D] at positions ``ctx_len … ctx_len+Q-1``; advance ``ctx_len`` by ``count``
@@ -143,20 +163,35 @@ class DrafterState:
             self.start[b] = first
 
     def context(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole cache as ``[L, B, capacity, H_kv, D]`` views (no copy; rows past ``ctx_len`` are masked by
-        the draft round). ``ctx_k[l].transpose(1, 2)`` is layer l's contiguous ``[B, H_kv, capacity, D]`` block."""
+        """The whole cache as ``[L, rows, capacity, H_kv, D]`` views (no copy; rows past ``ctx_len`` are masked by
+        the draft round; spare rows past B only where a padded backend asked for them).
+        ``ctx_k[l].transpose(1, 2)`` is layer l's contiguous ``[rows, H_kv, capacity, D]`` block."""
         return self.k.transpose(2, 3), self.v.transpose(2, 3)
 
     def layers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per-layer contiguous blocks ``[B, H_kv, capacity, D]`` (views: what the draft graph reads)."""
+        """Per-layer contiguous blocks ``[rows, H_kv, capacity, D]`` (views: what the draft graph reads)."""
         return list(self.k.unbind(0)), list(self.v.unbind(0))
 
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only the requests at ``rows``."""
+    def select(self, rows: torch.Tensor, total: int | None = None) -> None:
+        """Keep only the requests at ``rows``, in buffers of ``total`` rows (default ``len(rows)``). With ``total``
+        = the current row count the kept rows move forward in place (the same buffers: bound addresses stay)."""
         rows = rows.to(self.k.device, torch.int64)
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
-        self.allocations += 2
+        total = max(len(rows), total or 0)
+        if total == self.rows:
+            self.k[:, : len(rows)] = self.k[:, rows]  # advanced indexing reads a copy first: no overlap hazard
+            self.v[:, : len(rows)] = self.v[:, rows]
+        else:
+            self.k, self.v = self._spare(self.k[:, rows], total), self._spare(self.v[:, rows], total)
+            self.allocations += 2
         self.ctx_len, self.anchor, self.start = self.ctx_len[rows], self.anchor[rows], self.start[rows]
+
+    @staticmethod
+    def _spare(t: torch.Tensor, total: int) -> torch.Tensor:
+        """``t`` [L, B, H_kv, capacity, D] followed by zero rows up to ``total`` rows."""
+        if t.shape[1] >= total:
+            return t
+        pad = t.new_zeros((t.shape[0], total - t.shape[1], *t.shape[2:]))
+        return torch.cat((t, pad), dim=1)
 
     def _grow(self, slots: int) -> None:
         """Buffers of the first bucket ≥ ``slots``, holding the rows used so far (once per bucket)."""
@@ -167,13 +202,17 @@ class DrafterState:
         k[:, :, :, :used], v[:, :, :, :used] = self.k[:, :, :, :used], self.v[:, :, :, :used]
         self.k, self.v = k, v
 
-    def join(self, other: "DrafterState") -> "DrafterState":
-        """This batch followed by ``other``'s requests (new requests joining at a round boundary)."""
+    def join(self, other: "DrafterState", total: int | None = None) -> "DrafterState":
+        """This batch followed by ``other``'s requests (new requests joining at a round boundary), in buffers of
+        ``total`` rows (default: the requests')."""
         cap = max(self.capacity, other.capacity)
         for s in (self, other):
             if s.capacity < cap:
                 s._grow(cap)
-        self.k, self.v = torch.cat((self.k, other.k), dim=1), torch.cat((self.v, other.v), dim=1)
+        B, Bo = self.batch, other.batch
+        total = max(B + Bo, total or 0)
+        self.k = self._spare(torch.cat((self.k[:, :B], other.k[:, :Bo]), dim=1), total)
+        self.v = self._spare(torch.cat((self.v[:, :B], other.v[:, :Bo]), dim=1), total)
         self.allocations += 2
         self.ctx_len = torch.cat((self.ctx_len, other.ctx_len.to(self.ctx_len.device)))
         self.anchor = torch.cat((self.anchor, other.anchor.to(self.anchor.device)))

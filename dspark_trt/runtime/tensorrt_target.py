@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ..errors import DSparkTrtError
-from .cuda_graphs import PadPlan, batch_buckets, choose_bucket
+from .cuda_graphs import PadPlan, cache_rows
 from .kv_cache import KVCache
 from .ort_target import OnnxRuntimeTarget, capacity_mask
 from .target import TargetOutput
@@ -51,12 +51,6 @@ def mask_symbol(io_tensors) -> str:
         raise DSparkTrtError("the target graph's attention_mask is not [B, P + Q] with a dynamic length; re-export "
                              "the target with this dspark-trt")
     return mask.shape[1]
-
-
-def cache_rows(batch: int, max_batch: int) -> int:
-    """Rows the cache keeps for ``batch`` requests: their batch bucket (the captured graphs' batch), or exactly
-    ``batch`` past the largest bucket (those batches run eagerly)."""
-    return choose_bucket(batch, batch_buckets(max_batch)) if batch <= max_batch else batch
 
 
 def step_plan(batch: int, used: int, new: int, capacity: int, rows: int, *, max_batch: int,

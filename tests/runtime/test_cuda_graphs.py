@@ -18,7 +18,8 @@ from dspark_trt.errors import DSparkTrtError
 from dspark_trt.reference.markov import MarkovWalkResult
 from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
 from dspark_trt.runtime.cuda_graphs import (BucketPolicy, GraphKey, GraphRunner, InputSpec, PadPlan, batch_buckets,
-                                            choose_bucket, context_buckets, loaded_library_path, unpad_tree)
+                                            bound_context_plan, cache_rows, choose_bucket, context_buckets,
+                                            loaded_library_path, unpad_tree)
 from dspark_trt.testing.walk import by_candidate_id
 
 
@@ -224,6 +225,60 @@ def test_a_padded_round_gives_the_unpadded_results(drafter, B, T, topk):
     assert torch.equal(got.cand_ids, want.cand_ids)
     torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cache_of_the_bucket_s_rows_is_bound_in_its_own_bucket():
+    k = torch.zeros(2, 4, 3, 160, 8)  # [L, rows, H_kv, capacity, D]: a DrafterState's buffers, heads first
+    plan = dict(batch_dim=1, context_dim=3, max_batch=8, max_context=512)
+    assert bound_context_plan(3, k, k.clone(), **plan) == PadPlan(3, 4, 160, 160)
+    assert bound_context_plan(4, k, k.clone(), **plan) == PadPlan(4, 4, 160, 160)
+    assert bound_context_plan(2, k, k.clone(), **plan) is None  # 2 requests keep 2 rows: not this cache
+    assert bound_context_plan(3, k, k.clone(), **{**plan, "max_context": 128}) is None  # past the buckets
+    assert bound_context_plan(3, k, k.clone(), **{**plan, "max_batch": 2}) is None
+    assert bound_context_plan(3, k, k.transpose(2, 3).contiguous().transpose(2, 3), **plan) is None  # a strided view
+    assert bound_context_plan(3, k, k[:, :, :, :128], **plan) is None  # K and V of different shapes
+    assert cache_rows(3, 8) == 4 and cache_rows(9, 8) == 9
+
+
+@pytest.mark.parametrize("B,T,topk", [(3, 9, 16), (5, 130, 2500)])
+def test_a_drafter_state_of_the_bucket_s_rows_is_bound_not_copied(drafter, B, T, topk):
+    """With graphs, a ``DrafterState`` of ``state_rows(B)`` rows is the round's context itself: the bucket is its
+    (rows, capacity), the runner's ``ctx_k``/``ctx_v`` are its buffers (the same storage: nothing copied), and the
+    drafts equal the plain round's over the caller's tensors — with the spare rows poisoned. When the cache moves
+    (it grew), the graphs bound to the old buffers are dropped and the new ones bound; a caller's own tensors
+    of B rows are still copied into a context bucket."""
+    from dspark_trt.reference.markov import walk_candidates
+    from dspark_trt.runtime.drafter_state import DrafterState
+
+    c = drafter.config
+    anchor, k, v, ctx_len, temperature, seeds = _round_inputs(drafter, B, T)
+    plain = TorchDrafterBackend(drafter, graphs="off")
+    padded = TorchDrafterBackend(drafter, graphs="eager", max_batch=8, max_context=512)
+    plain.walk_fn = padded.walk_fn = walk_candidates
+    rows = padded.state_rows(B)
+    assert rows == (4 if B == 3 else 8) and plain.state_rows(B) == B
+    state = DrafterState(c.num_hidden_layers, B, T, c.num_key_value_heads, c.head_dim, dtype=k.dtype,
+                         device=k.device, rows=rows)
+    state.append(k, v, ctx_len)
+    state.k[:, B:], state.v[:, B:] = 1e3, -1e3  # the spare rows: never a real request's context
+    kw = dict(topk=topk, temperature=temperature, seed=seeds)
+    want = by_candidate_id(plain.draft(anchor, k, v, ctx_len, **kw))
+    got = by_candidate_id(padded.draft(anchor, *state.context(), state.ctx_len, **kw))
+    assert padded._runner is None  # nothing went through the copying path
+    (entry,) = padded._bound_runner.entries.values()
+    assert (entry.key.batch, entry.key.context) == (rows, state.capacity)
+    assert entry.inputs["ctx_k"].data_ptr() == state.k.data_ptr()
+    assert entry.inputs["ctx_v"].data_ptr() == state.v.data_ptr()
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.cand_ids, want.cand_ids)
+    torch.testing.assert_close(got.cand_logits, want.cand_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.confidence, want.confidence, rtol=1e-5, atol=1e-6)
+    state._grow(state.capacity + 1)  # the cache moves to the next bucket
+    again = by_candidate_id(padded.draft(anchor, *state.context(), state.ctx_len, **kw))
+    (entry,) = padded._bound_runner.entries.values()  # the old bucket's graph is gone with the old buffers
+    assert entry.key.context == state.capacity and entry.inputs["ctx_k"].data_ptr() == state.k.data_ptr()
+    assert torch.equal(again.tokens, want.tokens)
+    padded.draft(anchor, k, v, ctx_len, **kw)
+    assert padded._runner is not None and len(padded._runner.entries) == 1
 
 
 def test_padded_greedy_round_without_temperature_matches(drafter):

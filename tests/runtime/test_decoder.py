@@ -31,6 +31,23 @@ def test_greedy_speculation_equals_target_only_greedy(distilled_decoder, batch, 
         assert spec.stats.accepted > 0  # the acceptance path was taken, not only corrections
 
 
+@pytest.mark.parametrize("batch", [3, 5])
+def test_a_padded_backend_drafts_from_the_cache_it_binds(distilled_pair, distilled_decoder, batch):
+    """The torch backend's padded path (graphs="eager": CUDA graphs' bucketing without capture): the decoder's
+    ``DrafterState`` keeps the batch bucket's rows, every round binds it by address (the copying runner is never
+    built), requests leave the batch as they finish, and the output is the target's, token for token."""
+    from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+
+    backend = TorchDrafterBackend.from_pretrained(distilled_pair.drafter, target_dir=distilled_pair.target,
+                                                  dtype="fp32", device="cpu", graphs="eager")
+    dec = SpeculativeDecoder(distilled_decoder.target, backend)
+    prompts = prompts_for(dec, batch, seed=batch + 70)
+    spec = dec.generate(prompts, 24, topk=16)
+    assert spec.tokens == dec.generate(prompts, 24, draft=False).tokens
+    assert spec.stats.accepted > 0 and backend._runner is None
+    assert backend._bound_runner is not None
+
+
 def test_greedy_with_a_random_drafter_is_lossless_too(random_pair):
     decoder = make_decoder(random_pair)
     prompts = prompts_for(decoder, 3, seed=5)

@@ -182,3 +182,44 @@ def test_begin_at_starts_a_sliding_cache_past_a_long_prompts_first_rows():
         s.begin_at(5)
     with pytest.raises(DSparkTrtInternalError):  # and only a sliding one (the whole cache holds every row)
         DrafterState(1, 1, 8, 1, 1, dtype=torch.float32, device=torch.device("cpu")).begin_at(3)
+
+
+def _request_rows(state, b, n):
+    """Request ``b``'s first ``n`` context rows, ``[L, n, H_kv, D]``."""
+    return state.context()[0][:, b, :n]
+
+
+def test_spare_rows_stay_through_growth_select_and_join():
+    """A padded backend's cache (``rows`` = its batch bucket, ``DrafterBackend.state_rows``): the requests first,
+    spare rows after, every row handed out by ``context()``. Growth keeps the rows; ``select`` within the bucket
+    moves the kept requests forward in the same buffers (bound addresses stay), out of it into new buffers;
+    ``join`` packs both batches' requests before the spare rows. Odd shapes: 2 layers, 3 heads, D = 5."""
+    L, H, D = 2, 3, 5
+    gen = torch.Generator().manual_seed(4)
+    full = torch.randn(L, 4, 320, H, D, generator=gen)  # what each request's rows must hold
+    s = DrafterState(L, 3, 10, H, D, dtype=torch.float32, device=torch.device("cpu"), rows=4)
+    assert (s.batch, s.rows, s.context()[0].shape[1]) == (3, 4, 4)
+    s.append(full[:, :3, :9], -full[:, :3, :9], torch.tensor([7, 3, 5]))
+    for _ in range(25):  # past the first bucket (128): the cache grows, its rows stay 4
+        p = s.ctx_len.tolist()
+        k = torch.stack([full[:, b, p[b]: p[b] + 8] for b in range(3)], 1)  # [L, 3, 8, H, D]
+        s.append(k, -k, torch.tensor([8, 5, 2]))
+    lens = s.ctx_len.tolist()
+    assert s.capacity > 128 and s.rows == 4 and lens == [207, 128, 55]
+    for b in range(3):
+        torch.testing.assert_close(_request_rows(s, b, lens[b]), full[:, b, :lens[b]])
+    ptr = s.k.data_ptr()
+    s.select(torch.tensor([2, 0]), total=4)  # 2 requests still round up to 4 rows … in place
+    assert s.k.data_ptr() == ptr and (s.batch, s.rows) == (2, 4) and s.ctx_len.tolist() == [55, 207]
+    torch.testing.assert_close(_request_rows(s, 0, 55), full[:, 2, :55])
+    torch.testing.assert_close(_request_rows(s, 1, 207), full[:, 0, :207])
+    s.select(torch.tensor([1]), total=1)  # … 1 request: a bucket of 1 row, new buffers
+    assert s.k.data_ptr() != ptr and (s.batch, s.rows) == (1, 1)
+    torch.testing.assert_close(_request_rows(s, 0, 207), full[:, 0, :207])
+    t = DrafterState(L, 1, 10, H, D, dtype=torch.float32, device=torch.device("cpu"), rows=4)  # a spare-row one
+    t.append(full[:, 3:, :6], -full[:, 3:, :6], torch.tensor([6]))
+    t.join(s, total=2)  # its request, then s's: the spare rows of t are not in between
+    assert (t.batch, t.rows) == (2, 2) and t.ctx_len.tolist() == [6, 207]
+    torch.testing.assert_close(_request_rows(t, 0, 6), full[:, 3, :6])
+    torch.testing.assert_close(_request_rows(t, 1, 207), full[:, 0, :207])
+    torch.testing.assert_close(t.context()[1][:, 1, :207], -full[:, 0, :207])

@@ -19,6 +19,9 @@ What ``SpeculativeDecoder`` additionally uses (all optional):
   the candidates as target ids); ``None`` for a full vocabulary;
 * ``set_active_requests(request_ids)`` — called whenever the batch changes (finished requests leave it), for
   backends that keep per-request state;
+* ``state_rows(batch)`` — the rows the runtime's ``DrafterState`` keeps for ``batch`` requests: ``batch``, or
+  a padded backend's batch bucket, whose ``draft`` then receives ``ctx_k``/``ctx_v`` with those spare rows
+  (``[L, rows, T, H_kv, D]``, rows ≥ B: requests first) and binds the cache by address instead of copying it;
 * ``supports_markov_topm`` / ``fixed_markov_topm`` — the candidate union: ``draft(..., markov_topm=M)`` walks it
   when supported; a backend running one export has that export's M fixed (``fixed_markov_topm``; any other M
   is refused by ``check_export_variant``), ``None`` where any M runs.
@@ -114,6 +117,10 @@ class DrafterBackend(abc.ABC):
     def deactivate(self) -> None:
         """Free what ``activate`` acquired. Called by ``__exit__``."""
 
+    def state_rows(self, batch: int) -> int:
+        """Rows the runtime's ``DrafterState`` keeps for ``batch`` requests (module docstring): ``batch`` here."""
+        return batch
+
     def __enter__(self) -> "DrafterBackend":
         self.activate()
         return self
@@ -133,8 +140,8 @@ class DrafterBackend(abc.ABC):
     def draft(
         self,
         anchor: torch.Tensor,  # [B] int64 target ids
-        ctx_k: torch.Tensor,  # [L, B, T, H_kv, D]
-        ctx_v: torch.Tensor,  # [L, B, T, H_kv, D]
+        ctx_k: torch.Tensor,  # [L, rows, T, H_kv, D]: rows = B, or state_rows(B) ≥ B (requests first)
+        ctx_v: torch.Tensor,  # [L, rows, T, H_kv, D]
         ctx_len: torch.Tensor,  # [B] int64 valid context per request (= anchor position)
         *,
         topk: int | None,

@@ -1,9 +1,13 @@
 """The ``tensorrt`` drafter backend: an export's TensorRT engines (``engines/context.plan``, ``engines/draft.plan``).
 
 Each engine's contexts share one scratch buffer and one stream; the engines' I/O is checked against the
-manifest at load. The draft round runs in CUDA graphs, one per (batch bucket, context-length bucket): the batch and the
-context are padded into static buffers (``runtime.tensorrt_engine.TensorRTGraph``), the top-k Markov walk
-is the AOT plugin inside the engine (no plugin registration, no Python at enqueue). The context graph runs
+manifest at load. The draft round runs in CUDA graphs, one per (batch bucket, context-length bucket), the top-k
+Markov walk is the AOT plugin inside the engine (no plugin registration, no Python at enqueue). The runtime's
+``DrafterState`` keeps the batch bucket's rows (``state_rows``), so its per-layer ``[rows, H_kv, capacity, D]``
+blocks *are* the graph's ``ctx_key_<l>`` / ``ctx_value_<l>`` inputs, bound by address like the target's cache
+(``runtime/cuda_graphs.py: bound_context_plan``): a round copies only the anchors, lengths, temperatures and
+seeds, whatever the context. A context of any other shape is padded into static buffers
+(``runtime.tensorrt_engine.TensorRTGraph``). The context graph runs
 with exact shapes (its outputs are as long as its input). Tensor names come from the manifest's I/O; the
 engines' TensorRT version is checked against the installed one before deserializing.
 
@@ -23,6 +27,7 @@ import torch
 from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
+from ..cuda_graphs import bound_context_plan, cache_rows
 from ..tensorrt_engine import engine_entry, require_tensorrt
 from .base import DrafterBackend, check_export_variant
 
@@ -71,7 +76,9 @@ class TensorRTDrafterBackend(DrafterBackend):
         entries = {g: engine_entry(manifest, g) for g in ("context", "draft")}
         profile_max = int(entries["draft"]["build"]["batch"]["max"])
         max_batch = min(max_batch or profile_max, profile_max)
+        self._max_batch = max_batch
         self._graphs = {}
+        self._bound_at: tuple[int, int] | None = None  # addresses of the context buffers the bound graphs read
         for graph, entry in entries.items():
             engine = TensorRTEngine(self.export_dir / entry["file"], entry, device=self.device, name=graph)
             io = io_tensors(manifest["graphs"][graph])
@@ -83,9 +90,13 @@ class TensorRTDrafterBackend(DrafterBackend):
                 self._graphs[graph] = TensorRTGraph(engine, io, max_batch=max_batch, role="draft", graphs=graphs,
                                                     device=self.device, bucketed=False)
             else:
-                self._graphs[graph] = TensorRTGraph(engine, io, context_dim=_context_symbol(io), max_batch=max_batch,
-                                                    max_context=self.max_context, role="draft", graphs=graphs,
-                                                    device=self.device)
+                from ...export.graphs import ctx_names
+
+                keys, values = ctx_names(self.config.num_hidden_layers)
+                for name, bound in (("draft", ()), ("draft_bound", keys + values)):  # context copied / bound
+                    self._graphs[name] = TensorRTGraph(engine, io, context_dim=_context_symbol(io),
+                                                       max_batch=max_batch, max_context=self.max_context,
+                                                       role="draft", graphs=graphs, device=self.device, bound=bound)
 
     @classmethod
     def from_export(cls, export_dir: str | Path, **options) -> "TensorRTDrafterBackend":
@@ -108,7 +119,8 @@ class TensorRTDrafterBackend(DrafterBackend):
 
     def reserved_device_memory(self) -> dict[str, int]:
         """Device memory the engines reserve for their contexts (one scratch buffer each), by name."""
-        return {f"{name} engine scratch": g.engine.reserved_bytes() for name, g in self._graphs.items()}
+        return {f"{name} engine scratch": g.engine.reserved_bytes() for name, g in self._graphs.items()
+                if name != "draft_bound"}  # the draft engine's, counted once
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from ...export.graphs import run_context
@@ -124,11 +136,27 @@ class TensorRTDrafterBackend(DrafterBackend):
         if ctx_k.shape[2] > self.max_context:
             raise DSparkTrtError(f"context length {ctx_k.shape[2]} exceeds the engines' bound of {self.max_context} "
                                  f"tokens; export again with a larger --max-context")
-        dev = self.device
-        return run_draft(self._graphs["draft"], anchor.to(dev), ctx_k.to(dev), ctx_v.to(dev), ctx_len.to(dev),
+        dev, B = self.device, anchor.shape[0]
+        ctx_k, ctx_v = ctx_k.to(dev), ctx_v.to(dev)  # [L, rows, T, H_kv, D]
+        heads_k, heads_v = ctx_k.transpose(2, 3), ctx_v.transpose(2, 3)  # [L, rows, H_kv, T, D]
+        plan = bound_context_plan(B, heads_k, heads_v, batch_dim=1, context_dim=3, max_batch=self._max_batch,
+                                  max_context=self.max_context)
+        if plan is not None:  # a DrafterState of state_rows(B) rows: its layers are the bound inputs
+            where = (heads_k.data_ptr(), heads_v.data_ptr())
+            if where != self._bound_at:  # another cache (grown, new rows): graphs bound to the old one are stale
+                self._bound_at = where
+                self._graphs["draft_bound"].forget(lambda key: True)
+            graph = self._graphs["draft_bound"]
+        else:  # copied into the bucket's static buffers: the requests' rows only
+            graph, ctx_k, ctx_v = self._graphs["draft"], ctx_k[:, :B], ctx_v[:, :B]
+        return run_draft(graph, anchor.to(dev), ctx_k, ctx_v, ctx_len.to(dev),
                          None if temperature is None else temperature.to(dev), None if seed is None else seed.to(dev),
                          draft_vocab=self.config.draft_vocab_size, union_width=self.markov_topm,
-                         ctx_start=None if ctx_start is None else ctx_start.to(dev))
+                         ctx_start=None if ctx_start is None else ctx_start.to(dev), plan=plan)
+
+    def state_rows(self, batch: int) -> int:
+        """The batch bucket: the ``DrafterState``'s buffers are then the bound draft graph's context inputs."""
+        return cache_rows(batch, self._max_batch)
 
 
 def _context_symbol(io) -> str | None:

@@ -7,8 +7,12 @@ the fused Triton DSparkTopKMarkov kernel on CUDA and the Numba kernels on the CP
 
 CUDA graphs (``graphs="auto"``, the default, on CUDA): the whole round — backbone, top-k, fused Triton walk —
 is captured once per (batch bucket, context bucket, top-k) by ``runtime.cuda_graphs.GraphRunner`` and
-replayed; a batch is padded to its bucket and the results are unpadded. ``graphs="eager"`` runs that same
-padded path without capturing (how the CPU tests check the padding), ``"off"`` the plain round.
+replayed; a batch is padded to its bucket and the results are unpadded. The runtime's ``DrafterState`` keeps
+the batch bucket's rows (``state_rows``), so its buffers *are* the bucket's context inputs: bound by address
+(``InputSpec.bound``; one graph per (rows, capacity)), never copied — only the anchors, lengths, temperatures
+and seeds are. A context of any other shape (a caller's own tensors) is copied into the bucket's static
+buffers (``context_buckets``). ``graphs="eager"`` runs those same padded paths without capturing (how the CPU
+tests check the padding and the binding), ``"off"`` the plain round.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from ...plugins.dispatch import REFERENCE, MarkovImpl, select_markov_impl
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
-from ..cuda_graphs import BucketPolicy, GraphRunner, InputSpec
+from ..cuda_graphs import BucketPolicy, GraphRunner, InputSpec, bound_context_plan, cache_rows
 from .base import DrafterBackend
 
 __all__ = ["TorchDrafterBackend"]
@@ -63,7 +67,9 @@ class TorchDrafterBackend(DrafterBackend):
             graphs = "graph" if self.device.type == "cuda" else "off"
         self.graphs = graphs
         self.policy = BucketPolicy(max_batch=max_batch, max_context=max_context)
-        self._runner: GraphRunner | None = None
+        self._runner: GraphRunner | None = None  # the context copied into the bucket's buffers
+        self._bound_runner: GraphRunner | None = None  # the context bound: a DrafterState of state_rows(B) rows
+        self._bound_at: tuple[int, int] | None = None  # the bound buffers' addresses
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None, dtype=None,
@@ -87,16 +93,37 @@ class TorchDrafterBackend(DrafterBackend):
               markov_topm: int = 0, ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
         B, T = anchor.shape[0], ctx_k.shape[2]
         start = torch.zeros_like(ctx_len) if ctx_start is None else ctx_start
-        if self.graphs != "off" and B <= self.policy.max_batch and T <= self.policy.max_context:
+        if self.graphs != "off":
             zeros = torch.zeros(B, device=self.device)
-            # heads first [L, B, H_kv, T, D]: the static buffers keep each layer's block contiguous (as the cache)
+            # heads first [L, rows, H_kv, T, D]: each layer's block contiguous (the DrafterState's own buffers)
             inputs = {"anchor": anchor, "ctx_k": ctx_k.transpose(2, 3), "ctx_v": ctx_v.transpose(2, 3),
                       "ctx_len": ctx_len, "ctx_start": start,
                       "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
                       "seed": zeros.to(torch.int64) if seed is None else seed}
-            return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk, markov_topm))
-        return self._round(anchor, ctx_k, ctx_v, ctx_len, topk=topk, temperature=temperature, seed=seed,
-                           markov_topm=markov_topm, ctx_start=start)
+            plan = bound_context_plan(B, inputs["ctx_k"], inputs["ctx_v"], batch_dim=1, context_dim=3,
+                                      max_batch=self.policy.max_batch, max_context=self.policy.max_context)
+            if plan is not None:  # the cache is the bucket: bound by address, nothing of it copied
+                self._forget_moved(inputs["ctx_k"], inputs["ctx_v"])
+                return self._graph_runner(bound=True)(plan, inputs, variant=(topk, markov_topm))
+            if B <= self.policy.max_batch and T <= self.policy.max_context:
+                inputs["ctx_k"], inputs["ctx_v"] = inputs["ctx_k"][:, :B], inputs["ctx_v"][:, :B]
+                return self._graph_runner()(self.policy.plan(B, T), inputs, variant=(topk, markov_topm))
+        return self._round(anchor, ctx_k[:, :B], ctx_v[:, :B], ctx_len, topk=topk, temperature=temperature,
+                           seed=seed, markov_topm=markov_topm, ctx_start=start)
+
+    def state_rows(self, batch: int) -> int:
+        """The batch bucket with graphs (the ``DrafterState``'s buffers are then the bucket's bound inputs), else
+        ``batch``."""
+        return batch if self.graphs == "off" else cache_rows(batch, self.policy.max_batch)
+
+    def _forget_moved(self, ctx_k: torch.Tensor, ctx_v: torch.Tensor) -> None:
+        """When the bound buffers moved (the cache grew, changed its rows, or is another cache), the graphs bound
+        to the old ones read stale addresses and keep them alive: drop them all."""
+        where = (ctx_k.data_ptr(), ctx_v.data_ptr())
+        if where != self._bound_at:
+            self._bound_at = where
+            if self._bound_runner is not None:
+                self._bound_runner.drop(lambda key: True)
 
     def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0,
                ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
@@ -105,38 +132,46 @@ class TorchDrafterBackend(DrafterBackend):
                                   walk=impl.walk, select=impl.select, markov_topm=markov_topm, ctx_start=ctx_start)
 
     # -- CUDA graphs -------------------------------------------------------------------------------------
-    def input_specs(self) -> tuple[InputSpec, ...]:
+    def input_specs(self, bound: bool = False) -> tuple[InputSpec, ...]:
         """The round's static inputs: padded requests get anchor 0, context 0 (nothing to attend to but their
         own block), greedy temperature, seed and ``ctx_start`` 0; padded context slots are zeros beyond
-        ``ctx_len``. The context is heads first, ``[L, B, H_kv, T, D]`` (``DrafterState``'s layout: its rows are
-        copied into the bucket's buffers once per round, each layer's block staying contiguous for the
-        attention products; a sliding cache's rows are at most bucket(W + W/2))."""
+        ``ctx_len``. The context is heads first, ``[L, B, H_kv, T, D]`` (``DrafterState``'s layout, each layer's
+        block contiguous for the attention products): ``bound``, the cache's own buffers (``state_rows`` rows,
+        its capacity); else copied into the bucket's buffers every round."""
         c = self.config
         kv = (c.num_hidden_layers, 0, c.num_key_value_heads, 0, c.head_dim)
-        return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 3),
-                InputSpec("ctx_v", kv, self.dtype, 1, 3), InputSpec("ctx_len", (0,), torch.int64),
+        return (InputSpec("anchor", (0,), torch.int64), InputSpec("ctx_k", kv, self.dtype, 1, 3, bound=bound),
+                InputSpec("ctx_v", kv, self.dtype, 1, 3, bound=bound), InputSpec("ctx_len", (0,), torch.int64),
                 InputSpec("ctx_start", (0,), torch.int64), InputSpec("temperature", (0,), torch.float32),
                 InputSpec("seed", (0,), torch.int64))
 
-    def _graph_runner(self) -> GraphRunner:
-        if self._runner is None:
+    def _graph_runner(self, bound: bool = False) -> GraphRunner:
+        runner = self._bound_runner if bound else self._runner
+        if runner is None:
             def round_fn(x: dict[str, torch.Tensor], key) -> MarkovWalkResult:
                 return self._round(x["anchor"], x["ctx_k"].transpose(2, 3), x["ctx_v"].transpose(2, 3), x["ctx_len"],
                                    topk=key.variant[0],
                                    markov_topm=key.variant[1], ctx_start=x["ctx_start"],
                                    temperature=x["temperature"], seed=x["seed"])
 
-            self._runner = GraphRunner(round_fn, self.input_specs(), role="draft", device=self.device,
-                                       mode="graph" if self.graphs == "graph" else "eager")
-        return self._runner
+            runner = GraphRunner(round_fn, self.input_specs(bound), role="draft", device=self.device,
+                                 mode="graph" if self.graphs == "graph" else "eager")
+            if bound:
+                self._bound_runner = runner
+            else:
+                self._runner = runner
+        return runner
 
     def activate(self) -> None:
         if self.graphs == "graph":
             self._graph_runner().activate()
+            self._graph_runner(bound=True).activate()
 
     def deactivate(self) -> None:
-        if self._runner is not None:
-            self._runner.deactivate()
+        for runner in (self._runner, self._bound_runner):
+            if runner is not None:
+                runner.deactivate()
+        self._bound_at = None
 
     def _auto_impl(self, topk: int | None, markov_topm: int = 0) -> MarkovImpl:
         """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype, ``topk`` and ``markov_topm``."""
