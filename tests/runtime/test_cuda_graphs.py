@@ -327,6 +327,35 @@ def test_graph_replay_equals_eager_token_for_token(random_pair, B):
 
 
 @pytest.mark.gpu
+@pytest.mark.triton
+def test_a_bound_graph_reads_the_cache_as_it_is_now(random_pair):
+    """Captured once for the ``DrafterState``'s (rows, capacity) with its buffers bound: the rows appended in
+    place after the capture are what each replay reads (replay == the padded eager round over the same state,
+    round after round), and nothing goes through the copying runner."""
+    from dspark_trt.runtime.drafter_state import DrafterState
+
+    drafter = load_drafter(random_pair.drafter, target_dir=random_pair.target, device="cuda", dtype="bf16")
+    c = drafter.config
+    graphed = TorchDrafterBackend(drafter, graphs="graph")
+    eager = TorchDrafterBackend(drafter, graphs="eager")
+    B = 3
+    anchor, k, v, ctx_len, temperature, seeds = _round_inputs(drafter, B, 40, device="cuda")
+    state = DrafterState(c.num_hidden_layers, B, 64, c.num_key_value_heads, c.head_dim, dtype=k.dtype,
+                         device=k.device, rows=graphed.state_rows(B))
+    state.append(k, v, ctx_len)
+    kw = dict(topk=16, temperature=temperature, seed=seeds)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for _ in range(4):
+        want = eager.draft(anchor, *state.context(), state.ctx_len, **kw)
+        got = graphed.draft(anchor, *state.context(), state.ctx_len, **kw)
+        assert torch.equal(got.tokens, want.tokens)
+        new = torch.randn(c.num_hidden_layers, B, 3, c.num_key_value_heads, c.head_dim, generator=g, device="cuda")
+        state.append(new.to(k.dtype), -new.to(k.dtype), torch.full((B,), 3, device="cuda"))  # in place
+    (entry,) = graphed._bound_runner.entries.values()
+    assert entry.graph is not None and entry.key.batch == 4 and graphed._runner is None
+
+
+@pytest.mark.gpu
 def test_a_failing_capture_falls_back_to_eager_with_one_warning():
     def fn(x, key):
         y = x["v"] + 1
