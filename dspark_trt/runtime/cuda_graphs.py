@@ -58,6 +58,7 @@ __all__ = [
     "clear_cuda_error",
     "loaded_library_path",
     "check_bound",
+    "same_device",
     "rebind",
 ]
 
@@ -193,11 +194,25 @@ class InputSpec:
     bound: bool = False  # the caller's tensor *is* the static buffer (a K/V cache): bound by address, never copied
 
 
+def same_device(a, b, current: int | None = None) -> bool:
+    """Whether ``a`` and ``b`` are one device: an unindexed one (``"cuda"``, how the backends are configured)
+    stands for the current device (``current``; default ``torch.cuda.current_device()``), while a tensor's
+    device always has its index — ``torch.device("cuda") != torch.device("cuda:0")``."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.index == b.index:
+        return True
+    if current is None:
+        current = torch.cuda.current_device() if a.type == "cuda" else 0
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+
+
 def check_bound(spec: "InputSpec", plan: PadPlan, value: torch.Tensor, device) -> None:
     """A bound input must already be the bucket's static buffer: its shape, dtype, device, contiguous."""
     want = plan.shape(spec)
     if (tuple(value.shape) != want or value.dtype != spec.dtype or not value.is_contiguous()
-            or value.device != torch.device(device)):
+            or not same_device(value.device, device)):
         raise DSparkTrtError(f"bound input {spec.name} is {tuple(value.shape)} {value.dtype} on {value.device}"
                              f"{'' if value.is_contiguous() else ', not contiguous'}; the bucket binds {want} "
                              f"{spec.dtype} on {device}, contiguous")

@@ -171,6 +171,18 @@ def test_bound_inputs_are_the_callers_buffers_never_copied():
                                      "cache": torch.randn(4, 3, 8).transpose(1, 2)})
 
 
+def test_an_unindexed_device_is_the_current_one():
+    """The backends are configured with ``"cuda"``; a tensor there reports ``cuda:<index>``, and
+    ``torch.device("cuda") != torch.device("cuda:0")``: comparing them as is refused every bound cache
+    (the TensorRT target's and drafter's) on the GPU."""
+    from dspark_trt.runtime.cuda_graphs import same_device
+
+    assert torch.device("cuda") != torch.device("cuda:0")  # why the helper exists
+    assert same_device("cuda:0", "cuda", current=0) and same_device("cuda", "cuda:1", current=1)
+    assert not same_device("cuda:1", "cuda", current=0) and not same_device("cuda:0", "cuda:1", current=0)
+    assert same_device("cpu", torch.device("cpu")) and not same_device("cpu", "cuda:0", current=0)
+
+
 def test_a_moved_bound_buffer_drops_the_captured_graph():
     from dspark_trt.runtime.cuda_graphs import GraphEntry, rebind
 
