@@ -291,8 +291,8 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
 
     B = anchor.shape[0]
     if temperature is None:
-        temperature = torch.zeros(B)
-    seed = torch.zeros(B, dtype=torch.int64) if seed is None else seed.to(torch.int64)
+        temperature = torch.zeros(B, device=anchor.device)
+    seed = torch.zeros(B, dtype=torch.int64, device=anchor.device) if seed is None else seed.to(torch.int64)
     from ..reference.drafter import context_length, layer_context
 
     L = ctx_k.shape[0] if isinstance(ctx_k, torch.Tensor) else len(ctx_k)
@@ -309,6 +309,7 @@ def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_
     out = graph.run(feeds) if plan is None else graph.run(feeds, plan=plan)
     logits = out["cand_logits"]
     ids = out.get("cand_ids")
-    ids = (torch.arange(draft_vocab).expand(logits.shape) if ids is None else ids.to(torch.int64))
+    ids = (torch.arange(draft_vocab, device=logits.device).expand(logits.shape) if ids is None
+           else ids.to(torch.int64))
     return MarkovWalkResult(tokens=out["draft_tokens"].to(torch.int64), cand_ids=ids, cand_logits=logits,
                             confidence=out.get("confidence"), union_width=int(union_width))

@@ -108,13 +108,18 @@ def cache_rows(batch: int, max_batch: int) -> int:
 
 
 def bound_context_plan(batch: int, ctx_k: torch.Tensor, ctx_v: torch.Tensor, *, batch_dim: int, context_dim: int,
-                       max_batch: int, max_context: int) -> "PadPlan | None":
+                       max_batch: int, max_context: int, alignment: int = 0) -> "PadPlan | None":
     """The bucket in which a padded drafter backend binds the context K/V by address: the tensors' own
     (rows, capacity), when they are a ``DrafterState``'s buffers kept for this batch (``cache_rows`` rows,
-    contiguous, a capacity within ``max_context``); None when they are not (copied into a bucket instead)."""
+    contiguous, a capacity within ``max_context``; with ``alignment``, every layer's block — dimension 0 —
+    starting at a multiple of it: TensorRT's tensor addresses); None when they are not (copied into a bucket
+    instead)."""
     rows, cap = ctx_k.shape[batch_dim], ctx_k.shape[context_dim]
     if (batch > max_batch or not 0 < cap <= max_context or rows != cache_rows(batch, max_batch)
             or ctx_v.shape != ctx_k.shape or not (ctx_k.is_contiguous() and ctx_v.is_contiguous())):
+        return None
+    if alignment and any(t.data_ptr() % alignment or (t.stride(0) * t.element_size()) % alignment
+                         for t in (ctx_k, ctx_v)):
         return None
     return PadPlan(batch, rows, cap, cap)
 

@@ -382,18 +382,20 @@ class TensorRTEngine:
         self.trt = trt
         self.name = name or str(entry.get("graph") or Path(plan).stem)
         self.device = torch.device(device)
-        self.logger = trt.Logger(trt.Logger.WARNING)
-        self.runtime = trt.Runtime(self.logger)
-        if host_code:
-            self.runtime.engine_host_code_allowed = True  # version-compatible: the lean runtime inside the plan
-        self.engine = self.runtime.deserialize_cuda_engine(Path(plan).read_bytes())
-        if self.engine is None:
-            raise DSparkTrtError(f"TensorRT could not deserialize {plan}; rebuild it with dspark build-engine OUT "
-                                 f"--force")
-        self.io = self._read_io()
-        self.profiles = self._read_profiles()
-        self.scratch_bytes = int(self.engine.device_memory_size_v2)  # the largest profile's activations
+        # TensorRT deserializes onto, and creates contexts and enqueues on, the *current* device: every call that
+        # touches the engine runs with this one current (``--device cuda:1``, a Triton instance on its GPU)
         with torch.cuda.device(self.device):
+            self.logger = trt.Logger(trt.Logger.WARNING)
+            self.runtime = trt.Runtime(self.logger)
+            if host_code:
+                self.runtime.engine_host_code_allowed = True  # version-compatible: the lean runtime inside the plan
+            self.engine = self.runtime.deserialize_cuda_engine(Path(plan).read_bytes())
+            if self.engine is None:
+                raise DSparkTrtError(f"TensorRT could not deserialize {plan}; rebuild it with dspark build-engine "
+                                     f"OUT --force")
+            self.io = self._read_io()
+            self.profiles = self._read_profiles()
+            self.scratch_bytes = int(self.engine.device_memory_size_v2)  # the largest profile's activations
             self.stream = torch.cuda.Stream(self.device)  # every context of this engine runs here, in order
             self.scratch = aligned_empty((max(self.scratch_bytes, 1),), torch.uint8, self.device)
         log.debug("%s engine: %d profile(s), scratch %d bytes shared by all its contexts (per profile: %s)",
@@ -429,17 +431,19 @@ class TensorRTEngine:
         """A context on the engine's scratch (``USER_MANAGED``), on the profile that holds ``shapes``, with
         those input shapes set (``set_input_shape`` before any ``get_tensor_shape``)."""
         trt = self.trt
-        ctx = self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
-        if ctx is None:
-            raise DSparkTrtError(f"TensorRT could not create an execution context for the {self.name} engine")
-        ctx.set_device_memory(self.scratch.data_ptr(), self.scratch_bytes)
-        profile = choose_profile(self.profiles, shapes)
-        if len(self.profiles) > 1:
-            ctx.set_optimization_profile_async(profile, self.stream.cuda_stream)  # the stream every enqueue uses
-        for name, shape in shapes.items():
-            if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
-                raise DSparkTrtError(f"input {name} shape {tuple(shape)} is outside the {self.name} engine's profile "
-                                     f"{profile}; rebuild with a larger --max-batch-size / --max-context")
+        with torch.cuda.device(self.device):
+            ctx = self.engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+            if ctx is None:
+                raise DSparkTrtError(f"TensorRT could not create an execution context for the {self.name} engine")
+            ctx.set_device_memory(self.scratch.data_ptr(), self.scratch_bytes)
+            profile = choose_profile(self.profiles, shapes)
+            # the stream every enqueue uses
+            if len(self.profiles) > 1 and not ctx.set_optimization_profile_async(profile, self.stream.cuda_stream):
+                raise DSparkTrtError(f"TensorRT could not select profile {profile} of the {self.name} engine")
+            for name, shape in shapes.items():
+                if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
+                    raise DSparkTrtError(f"input {name} shape {tuple(shape)} is outside the {self.name} engine's "
+                                         f"profile {profile}; rebuild with a larger --max-batch-size / --max-context")
         return ctx
 
     def execute(self, ctx) -> None:
@@ -451,9 +455,10 @@ class TensorRTEngine:
         outside = current != self.stream
         if outside:
             self.stream.wait_stream(current)
-        if not ctx.execute_async_v3(self.stream.cuda_stream):
-            raise DSparkTrtError(f"TensorRT execute_async_v3 failed for the {self.name} engine (see the TensorRT log "
-                                 f"above)")
+        with torch.cuda.device(self.device):  # the engine's device current (no-op when it already is)
+            if not ctx.execute_async_v3(self.stream.cuda_stream):
+                raise DSparkTrtError(f"TensorRT execute_async_v3 failed for the {self.name} engine (see the TensorRT "
+                                     f"log above)")
         if outside:
             current.wait_stream(self.stream)
 

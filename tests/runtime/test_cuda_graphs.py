@@ -250,6 +250,18 @@ def test_a_cache_of_the_bucket_s_rows_is_bound_in_its_own_bucket():
     assert bound_context_plan(3, k, k.transpose(2, 3).contiguous().transpose(2, 3), **plan) is None  # a strided view
     assert bound_context_plan(3, k, k[:, :, :, :128], **plan) is None  # K and V of different shapes
     assert cache_rows(3, 8) == 4 and cache_rows(9, 8) == 9
+    # TensorRT binds addresses that are multiples of 256 bytes: every layer's block must start at one
+    from dspark_trt.runtime.tensorrt_engine import aligned_empty
+
+    def cache(capacity):  # [L, rows, H_kv, capacity, D] bf16 at an aligned address: a layer is capacity·64 bytes
+        return aligned_empty((2, 1, 1, capacity, 32), torch.bfloat16).zero_()
+
+    assert bound_context_plan(1, cache(129), cache(129), **plan) == PadPlan(1, 1, 129, 129)
+    assert bound_context_plan(1, cache(129), cache(129), **plan, alignment=256) is None  # layer 1 at 8256 bytes
+    assert bound_context_plan(1, cache(128), cache(128), **plan, alignment=256) == PadPlan(1, 1, 128, 128)
+    shifted = aligned_empty((2 * 128 * 32 + 32,), torch.bfloat16).zero_()[32:].view(2, 1, 1, 128, 32)  # +64 bytes
+    assert bound_context_plan(1, cache(128), shifted, **plan) == PadPlan(1, 1, 128, 128)
+    assert bound_context_plan(1, cache(128), shifted, **plan, alignment=256) is None
 
 
 @pytest.mark.parametrize("B,T,topk", [(3, 9, 16), (5, 130, 2500)])

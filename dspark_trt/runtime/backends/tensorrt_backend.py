@@ -28,7 +28,7 @@ from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
 from ..cuda_graphs import bound_context_plan, cache_rows
-from ..tensorrt_engine import engine_entry, require_tensorrt
+from ..tensorrt_engine import TENSOR_ALIGNMENT, engine_entry, require_tensorrt
 from .base import DrafterBackend, check_export_variant
 
 __all__ = ["TensorRTDrafterBackend", "config_from_manifest", "markov_topm_from_manifest"]
@@ -140,7 +140,7 @@ class TensorRTDrafterBackend(DrafterBackend):
         ctx_k, ctx_v = ctx_k.to(dev), ctx_v.to(dev)  # [L, rows, T, H_kv, D]
         heads_k, heads_v = ctx_k.transpose(2, 3), ctx_v.transpose(2, 3)  # [L, rows, H_kv, T, D]
         plan = bound_context_plan(B, heads_k, heads_v, batch_dim=1, context_dim=3, max_batch=self._max_batch,
-                                  max_context=self.max_context)
+                                  max_context=self.max_context, alignment=TENSOR_ALIGNMENT)
         if plan is not None:  # a DrafterState of state_rows(B) rows: its layers are the bound inputs
             where = (heads_k.data_ptr(), heads_v.data_ptr())
             if where != self._bound_at:  # another cache (grown, new rows): graphs bound to the old one are stale
