@@ -23,7 +23,11 @@ prefilled copy per S (``OnnxRuntimeTarget.fork``: one graph session), then:
   in place (its capacity bucket); with ``--draft-before DIR`` (the ``onnx/`` directory of an export made
   before the in-place drafter cache, whose ``draft.onnx`` takes one stacked ``ctx_k [L, B, T, H_kv, D]``) the
   same rounds as that runtime ran them — the used prefix of a ``[L, B, capacity, H_kv, D]`` buffer, sliced —
-  take turns with them, so the ratio S = 4096 / S = 128 is read before and after in one run. ``--skip
+  take turns with them, so the ratio S = 4096 / S = 128 is read before and after in one run; with
+  ``--draft-padded`` the drafter checkpoint the export came from (the manifest's ``checkpoint.path``) runs the
+  torch backend's padded CUDA-graph path without capture (``graphs="eager"``, the round a GPU host replays)
+  over the ``DrafterState`` the runtime keeps for it, its context bound by address (*padded, bound*) and
+  copied into the bucket's buffers every round as before (*padded, copied*). ``--skip
   steps,e2e,transformers`` with a drafter-only export directory (``onnx_export.json``) times only the rounds.
 
 Writes ``OUT/context.json``, ``OUT/context.png`` and ``OUT/context.md`` (the table for docs/benchmarks.md)
@@ -61,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-batches", default="1,4", metavar="B,…", help="batch sizes of the timed draft rounds")
     p.add_argument("--draft-before", default=None, metavar="DIR",
                    help="onnx/ directory of an export with the older stacked ctx_k draft graph: timed alongside")
+    p.add_argument("--draft-padded", action="store_true",
+                   help="also time the torch backend's padded (CUDA-graph) round over the export's drafter "
+                        "checkpoint, its context bound vs copied")
     p.add_argument("-o", "--out", default=None, help="write context.json, context.png, context.md here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -144,7 +151,7 @@ def draft_round_costs(runners: dict, contexts: list[int], batches: list[int], re
 
 
 def draft_runners(backend, *, topk, before_dir: str | Path | None = None, threads: int | None = None,
-                  headroom: int = 74, seed: int = 0) -> dict:
+                  headroom: int = 74, seed: int = 0, padded=None) -> dict:
     """``{"in place": make(B, S)}`` (``"sliding"`` for a windowed drafter, ``"before"`` with ``before_dir``):
     ``make(B, S)`` fills a context of S rows per request (random K/V of the drafter's shape and dtype; the
     round's cost does not depend on the values) and returns a callable running one greedy draft round over it.
@@ -154,7 +161,10 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
     keeps for a drafter whose layers all read a window of W rows (``DSparkConfig.context_window``): at most
     bucket(W + W/2) rows, ``ctx_start`` telling the round which position its row 0 holds.
     *before*: the older runtime's round — the stacked draft graph fed ``[L, B, :S]`` of a
-    ``[L, B, S + headroom, H_kv, D]`` buffer (its capacity: prompt + new tokens + a round), as ``OrtGraph`` got it."""
+    ``[L, B, S + headroom, H_kv, D]`` buffer (its capacity: prompt + new tokens + a round), as ``OrtGraph`` got it.
+    *padded, bound* / *padded, copied* (``padded``: a reference ``DSparkDrafter``): the torch backend's padded
+    round (``graphs="eager"``) over a ``DrafterState`` of its ``state_rows(B)`` rows holding every row, the
+    context bound by address or copied into the bucket's static buffers (``bind_context=False``)."""
     import torch
 
     from ..runtime.drafter_state import DrafterState
@@ -181,6 +191,25 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
         return go
 
     runners = {"in place": in_place}
+    if padded is not None:
+        from ..runtime.backends.torch_backend import TorchDrafterBackend
+
+        def padded_round(torch_backend):
+            def make(B, S):
+                state = DrafterState(L, B, S + c.num_draft_tokens + 2, H, D, dtype=padded.embed_tokens.weight.dtype,
+                                     device=torch.device("cpu"), rows=torch_backend.state_rows(B))
+                k = torch.randn(L, B, S, H, D, generator=gen).to(state.k.dtype)
+                state.append(k, -k, torch.full((B,), S))
+                anchor, ctx_len, temp, seeds = inputs(B, S)
+
+                def go():
+                    torch_backend.draft(anchor, *state.context(), ctx_len, topk=topk, temperature=temp, seed=seeds)
+                return go
+            return make
+
+        for name, bind in (("padded, bound", True), ("padded, copied", False)):
+            runners[name] = padded_round(TorchDrafterBackend(padded, graphs="eager", bind_context=bind,
+                                                             max_context=1 << 16))
     if c.context_window is not None:  # the runtime's cache for a windowed drafter: the last rows only
         runners["sliding"] = lambda B, S: in_place(B, S, c.context_window)
     if before_dir is not None:
@@ -334,6 +363,7 @@ def run(args: argparse.Namespace) -> int:
         with backend:
             runners = draft_runners(backend, topk=backend.topk if hasattr(backend, "topk") else None,
                                     before_dir=args.draft_before, threads=args.threads,
+                                    padded=_padded_drafter(args.export) if args.draft_padded else None,
                                     headroom=args.max_new_tokens + report["num_draft_tokens"] + 2)
             log.info("draft rounds: %s at S = %s, B = %s", ", ".join(runners), contexts, batches)
             costs = draft_round_costs(runners, contexts, batches, args.repeats)
@@ -352,6 +382,22 @@ def run(args: argparse.Namespace) -> int:
         plot(json.loads(json.dumps(report)), out)
     print(json.dumps(report) if args.json else text)
     return 0
+
+
+def _padded_drafter(export: str | Path):
+    """The reference drafter of the checkpoint ``export`` was made from (fp32, CPU), its shared weights from the
+    export's target source when it has one."""
+    from ..errors import DSparkTrtError
+    from ..export.manifest import read_manifest
+    from ..loader import load_drafter
+
+    manifest = read_manifest(Path(export))
+    path = Path((manifest.get("checkpoint") or {}).get("path") or "")
+    target = (manifest.get("target") or {}).get("source")
+    if not path.is_dir():
+        raise DSparkTrtError(f"--draft-padded: the drafter checkpoint {str(path) or '?'} that {export} was exported "
+                             f"from is not here; run where it is, or drop --draft-padded")
+    return load_drafter(path, dtype="fp32", target_dir=target if target and Path(target).is_dir() else None)
 
 
 def _steps_and_e2e(args, contexts: list[int], skip: set[str], report: dict):

@@ -131,6 +131,33 @@ def test_draft_before_needs_a_stacked_draft_graph(qwen3_topk_export):
         draft_runners(backend, topk=16, before_dir=qwen3_topk_export / "onnx")
 
 
+@pytest.mark.onnx
+def test_draft_padded_times_the_torch_round_bound_and_copied(qwen3_topk_export):
+    """``--draft-padded``: the export's drafter checkpoint (the manifest's path) through the torch backend's padded
+    round, its DrafterState bound and copied, beside the onnxruntime round; a missing checkpoint is one line."""
+    from dspark_trt.bench.context import _padded_drafter
+    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+
+    with OnnxRuntimeDrafterBackend(qwen3_topk_export / "onnx") as backend:
+        runners = draft_runners(backend, topk=16, padded=_padded_drafter(qwen3_topk_export))
+        assert set(runners) == {"in place", "padded, bound", "padded, copied"}
+        costs = draft_round_costs(runners, [16, 140], [1, 3], repeats=1)
+    assert all(t > 0 for by_b in costs.values() for by_s in by_b.values() for t in by_s.values())
+    assert set(costs["padded, copied"]) == {1, 3} and set(costs["padded, bound"][3]) == {16, 140}
+
+
+@pytest.mark.onnx
+def test_draft_padded_without_the_checkpoint_is_one_line(qwen3_topk_export, tmp_path):
+    from dspark_trt.bench.context import _padded_drafter
+
+    manifest = json.loads((qwen3_topk_export / "manifest.json").read_text())
+    manifest["checkpoint"]["path"] = str(tmp_path / "gone")
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DSparkTrtError, match="--draft-padded: the drafter checkpoint .*gone.* is not here") as e:
+        _padded_drafter(tmp_path)
+    assert "\n" not in str(e.value)
+
+
 def test_cache_bytes_of_both_targets():
     class WithCache:
         def cache_bytes(self):

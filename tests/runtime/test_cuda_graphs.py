@@ -303,6 +303,10 @@ def test_a_drafter_state_of_the_bucket_s_rows_is_bound_not_copied(drafter, B, T,
     assert torch.equal(again.tokens, want.tokens)
     padded.draft(anchor, k, v, ctx_len, **kw)
     assert padded._runner is not None and len(padded._runner.entries) == 1
+    copying = TorchDrafterBackend(drafter, graphs="eager", max_batch=8, max_context=512, bind_context=False)
+    copying.walk_fn = walk_candidates  # the same state, copied into a context bucket as before
+    assert torch.equal(copying.draft(anchor, *state.context(), state.ctx_len, **kw).tokens, want.tokens)
+    assert copying._bound_runner is None and copying._runner is not None
 
 
 def test_padded_greedy_round_without_temperature_matches(drafter):

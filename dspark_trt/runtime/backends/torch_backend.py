@@ -44,6 +44,9 @@ class TorchDrafterBackend(DrafterBackend):
         max_batch (*optional*, defaults to 8): largest batch bucket (1, 2, 4, … max_batch).
         max_context (*optional*, defaults to 8192): largest context bucket (128, 256, … max_context).
             A round beyond either runs unpadded and eagerly.
+        bind_context (*optional*, defaults to True): with graphs, bind a ``DrafterState`` of ``state_rows(B)``
+            rows by address; False copies every context into the bucket's buffers (what this backend did
+            before; ``dspark bench context --draft-padded`` times both).
 
     Example:
         >>> with TorchDrafterBackend.from_pretrained("drafter/", target_dir="target/") as backend:
@@ -54,7 +57,7 @@ class TorchDrafterBackend(DrafterBackend):
 
     def __init__(self, drafter, *, walk_fn: Callable[..., MarkovWalkResult] | None = None,
                  graphs: Literal["auto", "graph", "eager", "off"] = "auto", max_batch: int = 8,
-                 max_context: int = 8192):
+                 max_context: int = 8192, bind_context: bool = True):
         self.drafter = drafter
         self.config = drafter.config
         self.device = drafter.embed_tokens.weight.device
@@ -67,6 +70,7 @@ class TorchDrafterBackend(DrafterBackend):
             graphs = "graph" if self.device.type == "cuda" else "off"
         self.graphs = graphs
         self.policy = BucketPolicy(max_batch=max_batch, max_context=max_context)
+        self.bind_context = bind_context
         self._runner: GraphRunner | None = None  # the context copied into the bucket's buffers
         self._bound_runner: GraphRunner | None = None  # the context bound: a DrafterState of state_rows(B) rows
         self._bound_at: tuple[int, int] | None = None  # the bound buffers' addresses
@@ -101,7 +105,8 @@ class TorchDrafterBackend(DrafterBackend):
                       "temperature": zeros if temperature is None else temperature,  # < 1e-5: greedy
                       "seed": zeros.to(torch.int64) if seed is None else seed}
             plan = bound_context_plan(B, inputs["ctx_k"], inputs["ctx_v"], batch_dim=1, context_dim=3,
-                                      max_batch=self.policy.max_batch, max_context=self.policy.max_context)
+                                      max_batch=self.policy.max_batch,
+                                      max_context=self.policy.max_context) if self.bind_context else None
             if plan is not None:  # the cache is the bucket: bound by address, nothing of it copied
                 self._forget_moved(inputs["ctx_k"], inputs["ctx_v"])
                 return self._graph_runner(bound=True)(plan, inputs, variant=(topk, markov_topm))
