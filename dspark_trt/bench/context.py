@@ -521,7 +521,9 @@ def tables(r: dict) -> str:
         names = list(rounds)
         batches = list(rounds[names[0]])
         head = " | ".join(f"{n}, B = {B}" for B in batches for n in names)
-        lines += [f"Draft round (the export's drafter, onnxruntime; ms, and × its S = {S[0]}):", "",
+        who = ("the export's drafter, onnxruntime" if not any(n.startswith("padded") for n in names) else
+               "the export's drafter, onnxruntime; *padded*: its checkpoint, the torch backend's padded round")
+        lines += [f"Draft round ({who}; ms, and × its S = {S[0]}):", "",
                   f"| context S | {head} |", "|---|" + "---|" * (len(batches) * len(names))]
         for s in S:
             cells = [f"{rounds[n][B][s] * 1e3:.1f} ms ({rounds[n][B][s] / rounds[n][B][S[0]]:.2f}×)"
