@@ -216,9 +216,17 @@ def _wait_for_log(server, needle: str, timeout: float = 60.0) -> None:
 
 
 def test_the_log_shows_batched_rounds(server):
-    """The model logs its scheduler's cumulative summary at most every 5 s while busy (and when idle): after the
-    64 concurrent requests above, a summary shows rounds of more than one request. A summary is only written when a
-    request finishes, so one more small request every 6 s (up to a minute) gets the latest figures logged."""
+    """The model logs its scheduler's cumulative summary at most every 5 s while busy (and when idle): after
+    concurrent requests, a summary shows rounds of more than one request. A summary is only written when a request
+    finishes, per model instance, so every 6 s (up to a minute) a burst of 8 concurrent requests — not relying on
+    another test's, which an instance may have served without logging since — gets batched rounds logged."""
+    def burst():
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            texts = [TEXTS[i % len(TEXTS)] for i in range(8)]
+            for f in [pool.submit(http_generate, server.endpoints.http, "dspark", {"text_input": t, "max_tokens": 8})
+                      for t in texts]:
+                f.result(timeout=300)
+
     deadline = time.monotonic() + 60
     while True:
         summaries = [line for line in server.log_path.read_text(errors="replace").splitlines() if "dspark:" in line
@@ -227,7 +235,7 @@ def test_the_log_shows_batched_rounds(server):
         if largest > 1 or time.monotonic() > deadline:
             break
         time.sleep(6)
-        http_generate(server.endpoints.http, "dspark", {"text_input": "A", "max_tokens": 2})
+        burst()
     assert summaries and largest > 1, summaries[-3:]
 
 
