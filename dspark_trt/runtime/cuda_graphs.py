@@ -59,6 +59,7 @@ __all__ = [
     "loaded_library_path",
     "check_bound",
     "same_device",
+    "BoundAddresses",
     "rebind",
 ]
 
@@ -221,6 +222,23 @@ def check_bound(spec: "InputSpec", plan: PadPlan, value: torch.Tensor, device) -
         raise DSparkTrtError(f"bound input {spec.name} is {tuple(value.shape)} {value.dtype} on {value.device}"
                              f"{'' if value.is_contiguous() else ', not contiguous'}; the bucket binds {want} "
                              f"{spec.dtype} on {device}, contiguous")
+
+
+@dataclass
+class BoundAddresses:
+    """Where the buffers some graphs are bound to (``InputSpec.bound``: a K/V cache) live. ``moved(*buffers)``
+    says whether ``buffers`` are other ones than last time (the cache grew, changed its rows, or is another
+    cache) and remembers them: graphs bound to the old ones read stale addresses and keep them alive, so their
+    owner drops them."""
+
+    at: tuple[int, ...] | None = None
+
+    def moved(self, *buffers: torch.Tensor) -> bool:
+        where = tuple(t.data_ptr() for t in buffers)
+        if where == self.at:
+            return False
+        self.at = where
+        return True
 
 
 def rebind(entry: "GraphEntry", bound: Mapping[str, torch.Tensor]) -> bool:

@@ -181,17 +181,23 @@ class DrafterState:
             self.k[:, : len(rows)] = self.k[:, rows]  # advanced indexing reads a copy first: no overlap hazard
             self.v[:, : len(rows)] = self.v[:, rows]
         else:
-            self.k, self.v = self._spare(self.k[:, rows], total), self._spare(self.v[:, rows], total)
+            self.k, self.v = self._packed([self.k[:, rows]], total), self._packed([self.v[:, rows]], total)
             self.allocations += 2
         self.ctx_len, self.anchor, self.start = self.ctx_len[rows], self.anchor[rows], self.start[rows]
 
     @staticmethod
-    def _spare(t: torch.Tensor, total: int) -> torch.Tensor:
-        """``t`` [L, B, H_kv, capacity, D] followed by zero rows up to ``total`` rows."""
-        if t.shape[1] >= total:
-            return t
-        pad = t.new_zeros((t.shape[0], total - t.shape[1], *t.shape[2:]))
-        return torch.cat((t, pad), dim=1)
+    def _packed(parts: list[torch.Tensor], total: int) -> torch.Tensor:
+        """``parts`` (each ``[L, n, H_kv, capacity, D]``) one after another, then zero rows up to ``total``: one
+        buffer, written once."""
+        if len(parts) == 1 and parts[0].shape[1] == total:
+            return parts[0]
+        first = parts[0]
+        out = first.new_zeros((first.shape[0], total, *first.shape[2:]))
+        at = 0
+        for p in parts:
+            out[:, at: at + p.shape[1]] = p
+            at += p.shape[1]
+        return out
 
     def _grow(self, slots: int) -> None:
         """Buffers of the first bucket ≥ ``slots``, holding the rows used so far (once per bucket)."""
@@ -211,8 +217,8 @@ class DrafterState:
                 s._grow(cap)
         B, Bo = self.batch, other.batch
         total = max(B + Bo, total or 0)
-        self.k = self._spare(torch.cat((self.k[:, :B], other.k[:, :Bo]), dim=1), total)
-        self.v = self._spare(torch.cat((self.v[:, :B], other.v[:, :Bo]), dim=1), total)
+        self.k = self._packed([self.k[:, :B], other.k[:, :Bo]], total)
+        self.v = self._packed([self.v[:, :B], other.v[:, :Bo]], total)
         self.allocations += 2
         self.ctx_len = torch.cat((self.ctx_len, other.ctx_len.to(self.ctx_len.device)))
         self.anchor = torch.cat((self.anchor, other.anchor.to(self.anchor.device)))

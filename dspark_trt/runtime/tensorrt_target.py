@@ -28,7 +28,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ..errors import DSparkTrtError
-from .cuda_graphs import PadPlan, cache_rows
+from .cuda_graphs import BoundAddresses, PadPlan, cache_rows
 from .kv_cache import KVCache
 from .ort_target import OnnxRuntimeTarget, capacity_mask
 from .target import TargetOutput
@@ -124,6 +124,7 @@ class TensorRTTarget(OnnxRuntimeTarget):
         self.cache = KVCache(num_layers=self.num_layers, kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
                              dtype=self.dtype, device=self.device)
         self._graphs: dict[int, object] = {}  # Q → TensorRTGraph
+        self._bound = BoundAddresses()  # the cache buffers the graphs are bound to
 
     @classmethod
     def from_export(cls, export_dir: str | Path, **opts) -> "TensorRTTarget":
@@ -178,9 +179,7 @@ class TensorRTTarget(OnnxRuntimeTarget):
         """When the cache's buffers were replaced (growth, another batch bucket, requests joining), the captured
         graphs bound to the old ones read stale addresses and keep the old buffers alive: drop them all (the
         current shape's graph is captured again on its next use)."""
-        where = (self.cache.k.data_ptr(), self.cache.v.data_ptr())
-        if where != getattr(self, "_bound_at", None):
-            self._bound_at = where
+        if self._bound.moved(self.cache.k, self.cache.v):
             for graph in self._graphs.values():
                 graph.forget(lambda key: True)
 

@@ -27,7 +27,7 @@ import torch
 from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
-from ..cuda_graphs import bound_context_plan, cache_rows
+from ..cuda_graphs import BoundAddresses, bound_context_plan, cache_rows
 from ..tensorrt_engine import TENSOR_ALIGNMENT, engine_entry, require_tensorrt
 from .base import DrafterBackend, check_export_variant
 
@@ -78,7 +78,7 @@ class TensorRTDrafterBackend(DrafterBackend):
         max_batch = min(max_batch or profile_max, profile_max)
         self._max_batch = max_batch
         self._graphs = {}
-        self._bound_at: tuple[int, int] | None = None  # addresses of the context buffers the bound graphs read
+        self._bound = BoundAddresses()  # the context buffers the bound draft graphs read
         for graph, entry in entries.items():
             engine = TensorRTEngine(self.export_dir / entry["file"], entry, device=self.device, name=graph)
             io = io_tensors(manifest["graphs"][graph])
@@ -142,9 +142,7 @@ class TensorRTDrafterBackend(DrafterBackend):
         plan = bound_context_plan(B, heads_k, heads_v, batch_dim=1, context_dim=3, max_batch=self._max_batch,
                                   max_context=self.max_context, alignment=TENSOR_ALIGNMENT)
         if plan is not None:  # a DrafterState of state_rows(B) rows: its layers are the bound inputs
-            where = (heads_k.data_ptr(), heads_v.data_ptr())
-            if where != self._bound_at:  # another cache (grown, new rows): graphs bound to the old one are stale
-                self._bound_at = where
+            if self._bound.moved(heads_k, heads_v):  # another cache (grown, new rows): the old graphs are stale
                 self._graphs["draft_bound"].forget(lambda key: True)
             graph = self._graphs["draft_bound"]
         else:  # copied into the bucket's static buffers: the requests' rows only

@@ -25,7 +25,7 @@ import torch
 from ...plugins.dispatch import REFERENCE, MarkovImpl, select_markov_impl
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
-from ..cuda_graphs import BucketPolicy, GraphRunner, InputSpec, bound_context_plan, cache_rows
+from ..cuda_graphs import BoundAddresses, BucketPolicy, GraphRunner, InputSpec, bound_context_plan, cache_rows
 from .base import DrafterBackend
 
 __all__ = ["TorchDrafterBackend"]
@@ -73,7 +73,7 @@ class TorchDrafterBackend(DrafterBackend):
         self.bind_context = bind_context
         self._runner: GraphRunner | None = None  # the context copied into the bucket's buffers
         self._bound_runner: GraphRunner | None = None  # the context bound: a DrafterState of state_rows(B) rows
-        self._bound_at: tuple[int, int] | None = None  # the bound buffers' addresses
+        self._bound = BoundAddresses()  # the buffers the bound runner's graphs read
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None, dtype=None,
@@ -108,7 +108,8 @@ class TorchDrafterBackend(DrafterBackend):
                                       max_batch=self.policy.max_batch,
                                       max_context=self.policy.max_context) if self.bind_context else None
             if plan is not None:  # the cache is the bucket: bound by address, nothing of it copied
-                self._forget_moved(inputs["ctx_k"], inputs["ctx_v"])
+                if self._bound.moved(inputs["ctx_k"], inputs["ctx_v"]) and self._bound_runner is not None:
+                    self._bound_runner.drop(lambda key: True)  # graphs bound to the old buffers: stale
                 return self._graph_runner(bound=True)(plan, inputs, variant=(topk, markov_topm))
             if B <= self.policy.max_batch and T <= self.policy.max_context:
                 inputs["ctx_k"], inputs["ctx_v"] = inputs["ctx_k"][:, :B], inputs["ctx_v"][:, :B]
@@ -120,15 +121,6 @@ class TorchDrafterBackend(DrafterBackend):
         """The batch bucket with graphs (the ``DrafterState``'s buffers are then the bucket's bound inputs), else
         ``batch``."""
         return batch if self.graphs == "off" else cache_rows(batch, self.policy.max_batch)
-
-    def _forget_moved(self, ctx_k: torch.Tensor, ctx_v: torch.Tensor) -> None:
-        """When the bound buffers moved (the cache grew, changed its rows, or is another cache), the graphs bound
-        to the old ones read stale addresses and keep them alive: drop them all."""
-        where = (ctx_k.data_ptr(), ctx_v.data_ptr())
-        if where != self._bound_at:
-            self._bound_at = where
-            if self._bound_runner is not None:
-                self._bound_runner.drop(lambda key: True)
 
     def _round(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0,
                ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
@@ -176,7 +168,7 @@ class TorchDrafterBackend(DrafterBackend):
         for runner in (self._runner, self._bound_runner):
             if runner is not None:
                 runner.deactivate()
-        self._bound_at = None
+        self._bound = BoundAddresses()
 
     def _auto_impl(self, topk: int | None, markov_topm: int = 0) -> MarkovImpl:
         """``plugins.dispatch.MarkovImpl`` for this drafter's device, dtype, ``topk`` and ``markov_topm``."""
