@@ -24,9 +24,9 @@
 Deterministic for a seed, a step count and the text: batch k is drawn from a generator seeded by (seed, k), so
 a run that resumes from its last checkpoint (``OUT`` beside ``.OUT.work/``, written every ``checkpoint_every_s``)
 ends with the same weights as one that never stopped. ``--minutes`` fixes the step count from the speed
-of the first steps (recorded in the checkpoint, so a resumed run keeps it). The result is a DeepSeek-format
-checkpoint (``config.json`` + ``model.safetensors``) plus ``distill.json`` (settings, losses, the text's size
-and origin, the validation curve) and ``validation.png``.
+of steps 1 … 3 (step 0's one-time costs are not timed; recorded in the checkpoint, so a resumed run keeps it).
+The result is a DeepSeek-format checkpoint (``config.json`` + ``model.safetensors``) plus ``distill.json``
+(settings, losses, the text's size and origin, the validation curve) and ``validation.png``.
 """
 
 from __future__ import annotations
@@ -382,10 +382,16 @@ def _write_checkpoint(drafter, config, target_config_raw: dict, out_tmp: Path) -
 
 
 def _device(name: str) -> torch.device:
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise DSparkTrtError(f"--device {name}: not a torch device; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DSparkTrtError(f"--device {name}: no CUDA device here; use --device cpu (the CPU recipe) or run on a "
                              f"machine with a GPU")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DSparkTrtError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"cuda:0 … cuda:{torch.cuda.device_count() - 1}")
     return dev
 
 
@@ -509,18 +515,21 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
 
         validating = val is not None and settings.val_every > 0
         drafter.train()
-        started, last_ck = time.perf_counter(), time.perf_counter()
+        # the step count is fixed from the training time of steps 1 … 3: step 0 pays one-time costs (on a GPU the
+        # first backward loads its kernels, the optimizer allocates its state), far more than a GPU step
+        started, timed_from, last_ck = None, step, time.perf_counter()
         bar = tqdm(total=total, initial=step, desc="distil drafter", unit="step", mininterval=5, disable=not progress)
         while total is None or step < total:
             if validating and step % settings.val_every == 0 and not (curve and curve[-1]["step"] == step):
                 t0 = time.perf_counter()
                 validate()
-                started += time.perf_counter() - t0  # the step count is fixed from training time only
-            if total is None and (step >= 3 or settings.minutes is None):
+                if started is not None:
+                    started += time.perf_counter() - t0  # the step count is fixed from training time only
+            if total is None and (settings.minutes is None or (started is not None and step >= timed_from + 3)):
                 if settings.minutes is None:
                     total = 300
                 else:
-                    per_step = (time.perf_counter() - started) / max(1, step)
+                    per_step = (time.perf_counter() - started) / (step - timed_from)
                     total = max(step + 1, int(settings.minutes * 60 / per_step))
                     log.info("%.2f s/step: %d steps fit in %.1f minutes", per_step, total, settings.minutes)
                 bar.total = total
@@ -534,8 +543,10 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            history.append({"step": step, "loss": float(loss.detach()), **stats})
+            history.append({"step": step, "loss": float(loss.detach()), **stats})  # float(): the step has run
             step += 1
+            if started is None:  # the clock starts after this process's first step (a resumed run's too)
+                started, timed_from = time.perf_counter(), step
             bar.update(1)
             bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", top1=f"{stats['top1']:.2f}", refresh=False)
             if time.perf_counter() - last_ck > settings.checkpoint_every_s and step < (total or 0):

@@ -63,3 +63,43 @@ def test_cuda_without_a_gpu_is_one_line(pair, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "no CUDA device" in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()
+
+
+def test_minutes_do_not_time_the_first_step(pair, tmp_path, monkeypatch):
+    """``--minutes`` fixes the step count from steps 1 … 3: step 0's one-time costs (on a GPU the backward's kernels
+    load, the optimizer allocates) are many GPU steps long and would cut the budget's step count short."""
+    import importlib
+    import types
+
+    from dspark_trt.training import DistillSettings, DrafterShape, distill
+
+    module = importlib.import_module("dspark_trt.training.distill")
+    clock = [0.0]
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    real_step = module.distill_step
+
+    def timed_step(drafter, data, t2d, step, s):
+        clock[0] += 100.0 if step == 0 else 1.0  # step 0: one-time costs
+        return real_step(drafter, data, t2d, step, s)
+
+    monkeypatch.setattr(module, "distill_step", timed_step)
+    settings = DistillSettings(minutes=0.1, new_tokens=8, random_prompts=6, batch=2, anchors=2, threads=1,
+                               val_prompts=0, checkpoint_every_s=1e9)
+    out = distill(pair.target, tmp_path / "d", shape=DrafterShape(markov_rank=8, block_size=4), settings=settings,
+                  progress=False)
+    assert json.loads((out / "distill.json").read_text())["steps"] == 6  # 6 s at 1 s a step (timing step 0: 4)
+
+
+def test_a_cuda_ordinal_past_the_gpus_is_one_line(monkeypatch):
+    """``--device cuda:1`` on a one-GPU machine (and a misspelt device) is refused in one line before the target
+    loads, not by an 'invalid device ordinal' traceback from ``target.to``."""
+    from dspark_trt.errors import DSparkTrtError
+    from dspark_trt.training.distill import _device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert _device("cuda:0") == torch.device("cuda:0") and _device("cuda") == torch.device("cuda")
+    with pytest.raises(DSparkTrtError, match="1 CUDA device"):
+        _device("cuda:1")
+    with pytest.raises(DSparkTrtError, match="not a torch device"):
+        _device("cude")
