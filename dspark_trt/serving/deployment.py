@@ -13,8 +13,10 @@ through the cache of ``export_cache.py`` (keyed by content digest and export opt
 Supervision (``watch``): Triton never restarts a Python-backend stub that died and keeps answering ready,
 so the stub processes are watched directly (``TritonServer.stubs``). When one of the served model's stubs
 dies, the front end turns not ready (requests in flight are answered 503), one line says so, and the model
-is unloaded and loaded again through Triton's repository API; with ``restart=False`` the deployment ends
-with an error instead. The server itself exiting ends it too.
+is unloaded and loaded again through Triton's repository API. tritonserver itself dying (its Python backend
+aborts when a stub is killed holding the backend's shared-memory lock) is handled the same way: not ready, one
+line, its orphaned stubs killed, the server started again on the same ports behind the same front end. With
+``restart=False`` either ends the deployment with an error instead.
 """
 
 from __future__ import annotations
@@ -304,12 +306,22 @@ class Deployment:
             except DSparkTrtError as e:
                 failure.append(e)
 
-        worker = threading.Thread(target=reload, name="dspark-reload", daemon=True)
-        worker.start()
-        while worker.is_alive():  # an HTTP call to Triton: left behind if the deployment is stopped meanwhile
-            if stop.wait(0.2):
-                return None
-        if failure:
+        code = self.server.process.poll()
+        worker_started = code is None
+        if code is None:
+            worker = threading.Thread(target=reload, name="dspark-reload", daemon=True)
+            worker.start()
+            while worker.is_alive():  # an HTTP call to Triton: left behind if the deployment is stopped meanwhile
+                if stop.wait(0.2):
+                    return None
+                code = self.server.process.poll()
+                if code is not None:  # Triton died meanwhile (the call is left behind; the restart ends it)
+                    break
+        if code is not None:  # dead before the reload (``watch`` said so) or during it
+            if worker_started:
+                self.say(f"tritonserver died (exit code {code}) while the model reloaded; restarting tritonserver")
+            self.restart_server()
+        elif failure:
             self.say(f"reloading the model failed ({failure[0]}); restarting tritonserver")
             self.restart_server()
         self._stubs = self._live_stubs()
@@ -320,15 +332,16 @@ class Deployment:
         """Supervise until ``stop`` is set (returns None) or the deployment fails (returns an exit status)."""
         while not stop.wait(interval):
             code = self.server.process.poll()
-            if code is not None:
-                self.say(f"tritonserver exited unexpectedly with code {code}; stopping")
-                return 1
-            dead = self.dead_stubs()
-            if not dead:
+            dead = self.dead_stubs() if code is None else []
+            if code is None and not dead:
                 continue
-            pids = ", ".join(map(str, dead))
-            what = f"the model {self.model!r} stopped: its Triton Python stub (pid {pids}) died; not ready"
-            self.readiness.mark_down(f"the model's process died (pid {pids})")
+            if code is not None:  # e.g. Triton's Python backend aborts when a stub dies holding its shared-memory lock
+                what = f"tritonserver died (exit code {code}); not ready"
+                self.readiness.mark_down(f"tritonserver died (exit code {code})")
+            else:
+                pids = ", ".join(map(str, dead))
+                what = f"the model {self.model!r} stopped: its Triton Python stub (pid {pids}) died; not ready"
+                self.readiness.mark_down(f"the model's process died (pid {pids})")
             if not restart:
                 self.say(f"{what}; --no-restart: stopping")
                 return 1

@@ -204,6 +204,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 code = self.process.returncode
+                self._kill_orphans()
                 self._cleanup()
                 raise DSparkTrtError(f"tritonserver exited with code {code} before it was ready; "
                                      f"see {self.log_file or 'its output above'}")
@@ -297,8 +298,19 @@ class TritonServer:
                 code = self.process.wait()
         elif self.process is not None:
             code = self.process.returncode
+        if self.process is not None:
+            self._kill_orphans()
         self._cleanup()
         return code
+
+    def _kill_orphans(self) -> None:
+        """SIGKILL what is left of the server's process group (its own session): a server that crashed leaves its
+        Python stubs running, and they hold its sockets (a restart on the same ports could not listen) and any
+        client connection they inherited (a call to the dead server would wait for its whole timeout)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # none left
 
     def _cleanup(self) -> None:
         if self._pump is not None:
