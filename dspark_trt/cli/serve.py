@@ -7,8 +7,9 @@
 
 Prints the endpoints (OpenAI API on --openai-port, default 9000; Triton's HTTP/gRPC/metrics on 8000/8001/8002)
 and serves until Ctrl-C (exit 130) or SIGTERM (exit 0); everything it started stops with it. When the model's
-process dies, it says so and restarts the model (--no-restart: exits 1). Uses a `tritonserver` on PATH, else the
-one bundled with PyTriton, run from a managed Python environment built on first use (see docs/serving.md).
+process (or tritonserver itself) dies, it says so and restarts it (--no-restart: exits 1). Uses a `tritonserver`
+on PATH, else the one bundled with PyTriton, run from a managed Python environment built on first use (see
+docs/serving.md).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="where checkpoint exports are cached (default ~/.cache/dspark-trt/serve)")
     r = p.add_argument_group("server")
-    r.add_argument("--no-restart", action="store_true", help="exit 1 when the model's process dies instead of "
-                   "restarting the model")
+    r.add_argument("--no-restart", action="store_true", help="exit 1 when the model's process or tritonserver "
+                   "dies instead of restarting it")
     r.add_argument("--tritonserver", default=None, metavar="PATH", help="this tritonserver binary")
     r.add_argument("--log-file", default=None, metavar="FILE", help="tritonserver's log (default: this terminal)")
     r.add_argument("--exit-timeout", type=int, default=30, help="seconds tritonserver drains requests when stopped "
