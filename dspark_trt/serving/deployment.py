@@ -306,23 +306,21 @@ class Deployment:
             except DSparkTrtError as e:
                 failure.append(e)
 
-        code = self.server.process.poll()
-        worker_started = code is None
-        if code is None:
+        died = self.server.process.poll() is not None  # before the reload: ``watch`` said so
+        if not died:
             worker = threading.Thread(target=reload, name="dspark-reload", daemon=True)
             worker.start()
             while worker.is_alive():  # an HTTP call to Triton: left behind if the deployment is stopped meanwhile
                 if stop.wait(0.2):
                     return None
-                code = self.server.process.poll()
-                if code is not None:  # Triton died meanwhile (the call is left behind; the restart ends it)
+                if (code := self.server.process.poll()) is not None:  # the call is left behind; the restart ends it
+                    self.say(f"tritonserver died (exit code {code}) while the model reloaded; restarting tritonserver")
+                    died = True
                     break
-        if code is not None:  # dead before the reload (``watch`` said so) or during it
-            if worker_started:
-                self.say(f"tritonserver died (exit code {code}) while the model reloaded; restarting tritonserver")
-            self.restart_server()
-        elif failure:
-            self.say(f"reloading the model failed ({failure[0]}); restarting tritonserver")
+            else:
+                if failure:
+                    self.say(f"reloading the model failed ({failure[0]}); restarting tritonserver")
+        if died or failure:
             self.restart_server()
         self._stubs = self._live_stubs()
         self.restarts += 1
@@ -332,13 +330,13 @@ class Deployment:
         """Supervise until ``stop`` is set (returns None) or the deployment fails (returns an exit status)."""
         while not stop.wait(interval):
             code = self.server.process.poll()
-            dead = self.dead_stubs() if code is None else []
-            if code is None and not dead:
-                continue
             if code is not None:  # e.g. Triton's Python backend aborts when a stub dies holding its shared-memory lock
                 what = f"tritonserver died (exit code {code}); not ready"
                 self.readiness.mark_down(f"tritonserver died (exit code {code})")
             else:
+                dead = self.dead_stubs()
+                if not dead:
+                    continue
                 pids = ", ".join(map(str, dead))
                 what = f"the model {self.model!r} stopped: its Triton Python stub (pid {pids}) died; not ready"
                 self.readiness.mark_down(f"the model's process died (pid {pids})")

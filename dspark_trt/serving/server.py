@@ -204,7 +204,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 code = self.process.returncode
-                self._kill_orphans()
+                self._kill_group()
                 self._cleanup()
                 raise DSparkTrtError(f"tritonserver exited with code {code} before it was ready; "
                                      f"see {self.log_file or 'its output above'}")
@@ -294,19 +294,19 @@ class TritonServer:
                 code = self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 log.warning("tritonserver did not stop within %.0f s; killing it", timeout)
-                os.killpg(self.process.pid, signal.SIGKILL)
+                self._kill_group()
                 code = self.process.wait()
         elif self.process is not None:
             code = self.process.returncode
         if self.process is not None:
-            self._kill_orphans()
+            self._kill_group()  # what a crashed server left: its orphaned stubs
         self._cleanup()
         return code
 
-    def _kill_orphans(self) -> None:
-        """SIGKILL what is left of the server's process group (its own session): a server that crashed leaves its
-        Python stubs running, and they hold its sockets (a restart on the same ports could not listen) and any
-        client connection they inherited (a call to the dead server would wait for its whole timeout)."""
+    def _kill_group(self) -> None:
+        """SIGKILL the server's process group (its own session), the server and its stubs: a server that crashed
+        leaves its Python stubs running, and they hold its sockets (a restart on the same ports could not listen)
+        and any client connection they inherited (a call to the dead server would wait for its whole timeout)."""
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

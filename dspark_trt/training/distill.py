@@ -517,7 +517,8 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
         drafter.train()
         # the step count is fixed from the training time of steps 1 … 3: step 0 pays one-time costs (on a GPU the
         # first backward loads its kernels, the optimizer allocates its state), far more than a GPU step
-        started, timed_from, last_ck = None, step, time.perf_counter()
+        started = timed_from = None  # set after this process's first step
+        last_ck = time.perf_counter()
         bar = tqdm(total=total, initial=step, desc="distil drafter", unit="step", mininterval=5, disable=not progress)
         while total is None or step < total:
             if validating and step % settings.val_every == 0 and not (curve and curve[-1]["step"] == step):
