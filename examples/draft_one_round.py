@@ -10,7 +10,7 @@ import sys
 import torch
 
 from dspark_trt import load_drafter
-from dspark_trt.testing import write_tiny_checkpoint
+from dspark_trt.synthetic import write_tiny_checkpoint
 
 
 def main(out_dir: str = "out/example") -> None:

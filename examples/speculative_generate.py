@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from dspark_trt.runtime import SpeculativeDecoder
-from dspark_trt.testing import write_tiny_checkpoint
+from dspark_trt.synthetic import write_tiny_checkpoint
 
 
 def main(out_dir: str = "out/example-generate") -> None:

@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """The default tiny DeepSeek-format drafter + Qwen3 target (written once per session)."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "pair", seed=0)
 
@@ -78,7 +78,7 @@ def build_once(tmp_path_factory, name: str, build):
     """Build a checkpoint pair ``name`` once per test run, shared by all xdist workers (file lock)."""
     from filelock import FileLock
 
-    from dspark_trt.testing import TinyCheckpoint
+    from dspark_trt.synthetic import TinyCheckpoint
 
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's workers, never older runs
@@ -97,7 +97,7 @@ def build_once(tmp_path_factory, name: str, build):
 @pytest.fixture(scope="session")
 def random_pair(tmp_path_factory):
     """The default tiny pair (vocabulary 2500, random drafter), shared by xdist workers."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return build_once(tmp_path_factory, "random-qwen3", lambda out: write_tiny_checkpoint(out, seed=0))
 
@@ -149,7 +149,7 @@ def onnx_cache_dir(tmp_path_factory, request):
 def tiny_odd_pair(tmp_path_factory):
     """A speculators-format pair with the awkward options: reduced vocab (d2t), logit_scale 0.5, bonus-anchor
     layout (N = block_size - 1 = 4), no confidence head."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-odd") / "pair", seed=3, format="speculators",
                                  draft_vocab_size=1111, logit_scale=0.5, sample_from_anchor=False, block_size=5,
@@ -160,7 +160,7 @@ def tiny_odd_pair(tmp_path_factory):
 def tiny_causal_pair(tmp_path_factory):
     """A speculators-format pair trained the speculators way: layer 0 ``sliding_attention`` with window 4
     (causal inside the block, context rows p-4 … p-1), layer 1 ``full_attention`` (bidirectional)."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return build_once(tmp_path_factory, "tiny-causal-windowed", lambda out: write_tiny_checkpoint(
         out, seed=4, format="speculators", layer_types=("sliding_attention", "full_attention"), sliding_window=4))
@@ -170,7 +170,7 @@ def tiny_causal_pair(tmp_path_factory):
 def tiny_windowed_pair(tmp_path_factory):
     """The recipe's pattern (``dspark distill --context-window``): both layers ``sliding_attention`` with window
     4 over the context and bidirectional in the block (DeepSeek format)."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return build_once(tmp_path_factory, "tiny-windowed", lambda out: write_tiny_checkpoint(
         out, seed=6, layer_types=("sliding_attention",) * 2, sliding_window=4, sliding_window_non_causal=True))
@@ -234,7 +234,7 @@ def qwen3_topk_export(tmp_path_factory, random_pair):
 @pytest.fixture(scope="session")
 def speculators_llama_pair(tmp_path_factory):
     """A speculators-format drafter with a Llama target that taps its last layer (id 5 of 6: pre-norm)."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return build_once(tmp_path_factory, "speculators-llama", lambda out: write_tiny_checkpoint(
         out, seed=5, format="speculators", target_family="llama", target_layer_ids=(0, 3, 5)))

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from dspark_trt import load_drafter
 from dspark_trt.checkpoint import SafetensorsCheckpoint, expected_tensors
 from dspark_trt.errors import CheckpointContractError, DSparkTrtError
-from dspark_trt.testing import write_tiny_checkpoint
+from dspark_trt.synthetic import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

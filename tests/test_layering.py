@@ -1,10 +1,12 @@
 """The package's layering: lower layers never import upper ones (read from the source, no imports run).
 
-Order, bottom to top: reference → plugins → export → runtime → testing/serving/bench → cli. ``errors``,
-``config``, ``atomic`` and the other top-level modules sit below all of them. A test helper (``testing/``)
-builds checkpoints and must not depend on the runtime; a GPU check or benchmark is a tool, not part of the op;
-a benchmark builds on the library, never on the CLI (what ``dspark generate`` and ``dspark bench e2e`` share
-— their options, the decoder built from them — is ``runtime/options.py``).
+Order, bottom to top: reference → plugins → export → runtime → synthetic → training → demo → models/serving →
+bench/tools → cli. ``errors``, ``config``, ``atomic`` and the other top-level modules sit below all of them.
+The synthetic checkpoints write files and run no model; the demo pair is built from them and the quick
+distiller (``training/quick.py``). ``testing/`` holds helpers for tests only: nothing in the package imports
+it, and it must not depend on the runtime. A GPU check or benchmark is a tool, not part of the op; a benchmark
+builds on the library, never on the CLI (what ``dspark generate`` and ``dspark bench e2e`` share — their
+options, the decoder built from them — is ``runtime/options.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ FORBIDDEN = {
     "export": {"runtime", "testing", "bench", "cli"},
     "runtime": {"testing", "bench", "cli"},
     "testing": {"runtime", "bench", "cli"},
-    "serving": {"bench", "cli"},
-    "bench": {"cli"},
+    "synthetic": {"export", "runtime", "testing", "training", "demo", "models", "serving", "bench", "tools", "cli"},
+    "training": {"testing", "demo", "serving", "bench", "tools", "cli"},
+    "demo": {"export", "runtime", "testing", "models", "serving", "bench", "tools", "cli"},
+    "serving": {"testing", "bench", "cli"},
+    "bench": {"testing", "cli"},
+    "tools": {"testing", "cli"},
+    "models": {"testing", "cli"},
+    "cli": {"testing"},
 }
 # Known, tracked exceptions (remove an entry when its import goes): the target graph's validation runs the
 # runtime's own targets side by side (transformers' HFTarget vs OnnxRuntimeTarget through a prefill, verifies
@@ -57,6 +65,12 @@ def test_no_layer_imports_a_layer_above_it():
                 if (rel, name) not in KNOWN:
                     violations.append(f"{rel} imports dspark_trt.{name}")
     assert not violations, violations
+
+
+def test_nothing_in_the_product_imports_the_test_helpers():
+    """``testing/`` is for tests only: no module outside it imports it, not even through a known exception."""
+    assert not [p.relative_to(ROOT).as_posix() for p in sorted(ROOT.rglob("*.py"))
+                if p.relative_to(ROOT).parts[0] != "testing" and "testing" in _imported_subpackages(p)]
 
 
 def test_no_benchmark_imports_the_cli():

@@ -142,7 +142,7 @@ def _transformers_twin(decoder, export_dir):
 def run(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
     from ..runtime.options import build_decoder, generation_options
-    from ..testing.embedded import embedded_pair
+    from ..demo.pair import embedded_pair
 
     if args.no_draft:
         raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")

@@ -197,8 +197,8 @@ def _source(args, work: Path) -> tuple[Path, Path | None]:
     if source.is_dir():
         return source, None
     from ..errors import DSparkTrtError
-    from ..testing import preset_checkpoint as presets
-    from ..testing.presets import PRESETS
+    from ..synthetic import preset_checkpoint as presets
+    from ..synthetic.presets import PRESETS
 
     if args.source not in PRESETS:
         raise DSparkTrtError(f"{args.source} is neither a checkpoint directory nor a preset ({', '.join(PRESETS)}): "

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prompts(n: int) -> list[str]:
-    from ..testing.embedded import EMBEDDED_TEXT
+    from ..demo.pair import EMBEDDED_TEXT
 
     words = EMBEDDED_TEXT.split()
     return [" ".join(words[(7 * i) % (len(words) - 12): (7 * i) % (len(words) - 12) + 2 + i % 9]) for i in range(n)]

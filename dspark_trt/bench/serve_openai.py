@@ -215,7 +215,7 @@ def run_openai(args: argparse.Namespace) -> int:
     requests = args.requests or 64
     source = args.repository
     if source is None:
-        from ..testing.embedded import embedded_pair
+        from ..demo.pair import embedded_pair
 
         pair = embedded_pair()
         source = pair.drafter

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if model_dir is None:
         if target_dir is not None:
             log.warning("--target is ignored without MODEL_DIR (the embedded pair brings its own target)")
-        from ..testing.embedded import embedded_pair
+        from ..demo.pair import embedded_pair
 
         model_dir, target_dir = embedded_pair()
         log.info("no MODEL_DIR: exporting the embedded tiny demo drafter %s", model_dir)

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..runtime.options import build_decoder, generation_options, requests
     from ..runtime.stats import GenerationResult
-    from ..testing.embedded import embedded_pair
+    from ..demo.pair import embedded_pair
 
     decoder = build_decoder(args, default_pair=embedded_pair)
     batch = requests(args, decoder)

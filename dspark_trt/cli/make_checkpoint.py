@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def preset_table(dtype: str = "bf16") -> str:
     """The presets with their parameters and bytes (both drafter formats), as a text table."""
-    from ..testing.presets import PRESETS, DrafterPreset, drafter_tensor_shapes, parameter_count, target_tensor_shapes
-    from ..testing.safetensors_stream import format_size
+    from ..synthetic.presets import PRESETS, DrafterPreset, drafter_tensor_shapes, parameter_count, target_tensor_shapes
+    from ..synthetic.safetensors_stream import format_size
 
     size = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
     rows = [("preset", "kind", "parameters", f"bytes ({dtype})", "description")]
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.preset is None or args.out_dir is None:
         print("error: give PRESET and OUT_DIR (or --list)", file=sys.stderr)
         return EXIT_USAGE
-    from ..testing.preset_checkpoint import write_preset
-    from ..testing.safetensors_stream import format_size
+    from ..synthetic.preset_checkpoint import write_preset
+    from ..synthetic.safetensors_stream import format_size
 
     written = write_preset(args.preset, args.out_dir, format=args.format, layers=args.layers,
                            target_layers=args.target_layers, vocab=args.vocab, shard_size=args.shard_size,

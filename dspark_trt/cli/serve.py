@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             from ..errors import DSparkTrtError
 
             raise DSparkTrtError("--target needs a drafter checkpoint SOURCE")
-        from ..testing.embedded import embedded_pair
+        from ..demo.pair import embedded_pair
 
         drafter, target = embedded_pair()
         source = resolve_source(drafter, target=target)

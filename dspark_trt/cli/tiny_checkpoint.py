@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..testing import write_tiny_checkpoint
+    from ..synthetic import write_tiny_checkpoint
 
     options = {
         "vocab_size": args.vocab_size,

@@ -33,8 +33,8 @@ class TritonPythonModel:
 
         from dataclasses import replace
 
-        from ..testing.faults import install_from_env
         from .engine import ModelSettings, build_scheduler
+        from .faults import install_from_env
 
         self.pb = pb_utils
         self.log = pb_utils.Logger
@@ -55,7 +55,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"dspark: {e}") from None
         self.decoder = self.scheduler.decoder
         self.vocab_size = self.decoder.target.vocab_size
-        fault = install_from_env(self.decoder)  # testing only: $DSPARK_TRT_FAULT_POSITION
+        fault = install_from_env(self.decoder)  # off unless $DSPARK_TRT_FAULT_POSITION is set (faults.py)
         if fault is not None:
             self.log.log_warn(f"dspark: fault injection on: rounds of requests at position >= {fault} raise")
         self.metrics = self._metrics(args)

@@ -1,16 +1,8 @@
-"""Helpers for tests and demos: tiny deterministic checkpoint pairs, distilled drafters, real-shape presets."""
+"""Helpers for tests only (nothing in the product imports this package): distilled tiny pairs, the
+massive-activation case. The synthetic checkpoints and the demo pair are product modules: ``dspark_trt.synthetic``,
+``dspark_trt.demo``.
+"""
 
-from .distill import distill_drafter, distill_tiny_drafter, write_distilled_pair
-from .preset_checkpoint import WrittenCheckpoint, write_preset
-from .tiny import TinyCheckpoint, tiny_config, write_tiny_checkpoint
+from .distill import distill_tiny_drafter, write_distilled_pair
 
-__all__ = [
-    "TinyCheckpoint",
-    "WrittenCheckpoint",
-    "distill_drafter",
-    "distill_tiny_drafter",
-    "tiny_config",
-    "write_distilled_pair",
-    "write_preset",
-    "write_tiny_checkpoint",
-]
+__all__ = ["distill_tiny_drafter", "write_distilled_pair"]

@@ -7,7 +7,7 @@
 
 1. **JIT kernel vs reference** at real shapes (V = 151936, r = 256, N = 7; k ∈ {512, 3840}; B ∈ {1, 8, 64};
    bf16 and fp32; greedy and mixed temperatures; a reduced vocabulary): the Triton kernel on CUDA against
-   ``contract.reference_op`` on the CPU, tie-robust (``testing.walk.compare_walks``).
+   ``contract.reference_op`` on the CPU, tie-robust (``plugins.walk_compare.compare_walks``).
 2. **AOT PTX through the driver API**: PTX compiled here (ISA capped by this driver) and, with ``--ptx-dir``,
    the files built on the CPU machine — loaded with ``cuModuleLoadDataEx`` (the driver's JIT) and launched
    with ``cuLaunchKernel`` in TensorRT's AOT order; a file runs only where it loads (``aot.ptx_runs_on``:
@@ -128,7 +128,7 @@ def _sync(device: str) -> None:
 def _jit_case(case) -> str:
     from ..plugins.contract import reference_op
     from ..plugins.kernel import topk_markov_walk
-    from ..testing.walk import compare_walks, make_walk_inputs
+    from ..plugins.walk_compare import compare_walks, make_walk_inputs
 
     inputs = make_walk_inputs(case, "cuda")
     out = _outputs(*inputs[0].shape)
@@ -147,7 +147,7 @@ def _jit_union_case(case, M: int, device: str = "cuda") -> str:
     """The union kernel against ``reference_union_op`` (``device`` cpu: Triton's interpreter, for the tests)."""
     from ..plugins.contract import reference_union_op
     from ..plugins.union_kernel import union_markov_walk
-    from ..testing.walk import compare_union_walks, make_union_inputs
+    from ..plugins.walk_compare import compare_union_walks, make_union_inputs
 
     inputs = make_union_inputs(case, M, device)
     out = _union_outputs(*inputs[0].shape, M, device)
@@ -163,7 +163,7 @@ def _aot_case(ptx: str, entry: dict, kernel_name: str, case, markov_topm: int = 
     from ..plugins.aot import extra_arg_values
     from ..plugins.contract import INPUTS, UNION_INPUTS, reference_op, reference_union_op
     from ..plugins.ptx_launch import PtxModule, aot_kernel_params
-    from ..testing.walk import compare_union_walks, compare_walks, make_union_inputs, make_walk_inputs
+    from ..plugins.walk_compare import compare_union_walks, compare_walks, make_union_inputs, make_walk_inputs
 
     union = markov_topm > 0
     inputs = make_union_inputs(case, markov_topm, "cuda") if union else make_walk_inputs(case, "cuda")
@@ -198,7 +198,7 @@ def _union_timing(batches=(1, 8, 64), k: int = 512, M: int = UNION_M, *, shapes:
     """The union kernel's time against the plain kernel's on the same requests (Qwen3-8B shapes, bf16)."""
     from ..plugins.kernel import topk_markov_walk
     from ..plugins.union_kernel import union_markov_walk
-    from ..testing.walk import WalkCase, make_union_inputs
+    from ..plugins.walk_compare import WalkCase, make_union_inputs
 
     rows = []
     for B in batches:
@@ -219,7 +219,7 @@ def _union_timing(batches=(1, 8, 64), k: int = 512, M: int = UNION_M, *, shapes:
 def _kernel_checks(checks: Checks, arch: int, quick: bool, ptx_dir: str | None) -> dict | None:
     from ..plugins.aot import DESCRIPTION_FILE, WalkKernelSpec, compile_walk_kernel, plugin_arch, ptx_param_count
     from ..plugins.aot import ptx_runs_on
-    from ..testing.walk import WalkCase
+    from ..plugins.walk_compare import WalkCase
 
     bf16, fp32 = torch.bfloat16, torch.float32
     cases = [(64, 512, bf16, "mixed", None), (1, 512, bf16, "greedy", None), (8, 3840, bf16, "mixed", None),
@@ -445,7 +445,7 @@ def tensorrt_checks(checks: Checks, out: Path) -> dict:
 
 def _tensorrt_export(out: Path) -> tuple[str, dict]:
     from ..export.pipeline import ExportOptions, export_model
-    from ..testing import write_tiny_checkpoint
+    from ..synthetic import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(out / "pair", seed=0, force=True)
     t0 = time.perf_counter()

@@ -12,7 +12,10 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Block", "block_logits"]
+__all__ = ["Block", "FROZEN", "block_logits"]
+
+#: the drafter's tensors training leaves alone: shared with (copied from) the target, rows ``d2t``-mapped
+FROZEN = ("embed_tokens.weight", "lm_head.weight", "d2t")
 
 
 class Block(NamedTuple):

@@ -46,6 +46,8 @@ from torch.nn import functional as F
 
 from ..atomic import atomic_output_dir, atomic_write_text
 from ..errors import DSparkTrtError
+from ..synthetic.drafter_config import deepseek_drafter_config
+from .blocks import FROZEN
 from .drafter_init import DrafterShape, drafter_config, init_drafter
 from .presets import PRESETS  # noqa: F401 - re-exported
 from .store import digest as _digest
@@ -55,7 +57,6 @@ __all__ = ["DistillSettings", "PRESETS", "distill", "work_dir", "training_prompt
 
 log = logging.getLogger("dspark")
 
-FROZEN = ("embed_tokens.weight", "lm_head.weight", "d2t")
 RESULT = "distill.json"
 CURVE_PNG = "validation.png"
 #: settings that do not change the drafter (left out of the finished run's key)
@@ -370,14 +371,12 @@ def distill_step(drafter, data: dict, t2d: torch.Tensor, step: int, s: DistillSe
 def _write_checkpoint(drafter, config, target_config_raw: dict, out_tmp: Path) -> None:
     from safetensors.torch import save_file
 
-    from ..testing.tiny import _deepseek_config
-
     state = {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype).contiguous()
              for k, v in drafter.state_dict().items()}
     if not config.has_reduced_vocab:
         state.pop("d2t", None)
     save_file(state, str(out_tmp / "model.safetensors"), metadata={"format": "pt"})
-    raw = _deepseek_config(config, target_config_raw)
+    raw = deepseek_drafter_config(config, target_config_raw)
     atomic_write_text(out_tmp / "config.json", json.dumps(raw, indent=2, sort_keys=True) + "\n")
 
 

@@ -181,7 +181,7 @@ def test_a_windowed_drafters_cache_stays_bounded_and_the_other_grows():
     import torch
 
     from dspark_trt.bench.context import drafter_cache_bytes
-    from dspark_trt.testing.presets import get_preset
+    from dspark_trt.synthetic.presets import get_preset
 
     full = get_preset("dspark_qwen3_8b_block7").config()
     windowed = full.replace(layer_types=("sliding_attention",) * full.num_hidden_layers, sliding_window=256,

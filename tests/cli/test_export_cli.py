@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dspark_trt.cli.main import main
-from dspark_trt.testing import write_tiny_checkpoint
+from dspark_trt.synthetic import write_tiny_checkpoint
 from tests.helpers import sigint_as_in_a_terminal
 
 pytestmark = [pytest.mark.onnx, pytest.mark.triton]

@@ -107,7 +107,7 @@ def with_byte_tokenizer(pair, directory: Path, chat: bool = False) -> Path:
     """A copy of the vocabulary-257 target with the byte tokenizer (ids = bytes), optionally a chat template."""
     from transformers import AutoTokenizer
 
-    from dspark_trt.testing.embedded import write_byte_tokenizer
+    from dspark_trt.synthetic.byte_tokenizer import write_byte_tokenizer
 
     shutil.copytree(pair.target, directory)
     write_byte_tokenizer(directory)  # ids = bytes, 256 = <|mask|>: matches the vocabulary-257 pair
@@ -169,7 +169,7 @@ def mutate_config(src: Path, dst: Path, **changes) -> Path:
 @pytest.fixture(scope="module")
 def narrow_drafter(tmp_path_factory):
     """A vocabulary-257 drafter with hidden size 32 (the distilled target has 64)."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("narrow") / "pair", vocab_size=257, hidden_size=32).drafter
 

@@ -105,7 +105,7 @@ def test_a_truncated_target_graph_is_one_line_exit_1(qwen3_topk_export, tmp_path
 
 
 def test_a_target_too_shallow_for_the_taps_is_one_line_at_export(random_pair, tmp_path, capsys):
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     shallow = write_tiny_checkpoint(tmp_path / "shallow", num_target_layers=4, seed=2)
     assert main(["export", str(random_pair.drafter), "--target", str(shallow.target), "-o", str(tmp_path / "o")]) == 1

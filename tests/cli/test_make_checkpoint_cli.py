@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from dspark_trt.cli.main import main
-from dspark_trt.testing import presets
-from dspark_trt.testing.preset_checkpoint import MARKER
+from dspark_trt.synthetic import presets
+from dspark_trt.synthetic.preset_checkpoint import MARKER
 
 
 def dspark(*args, cwd=None):

@@ -74,7 +74,7 @@ def test_target_graph_module_matches_transformers_with_its_cache(family, tmp_pat
 
     from dspark_trt.export.target_graph import TargetGraph
     from dspark_trt.export.target_onnx import load_target_model
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(tmp_path / family, target_family=family, vocab_size=257, num_target_layers=3, seed=2)
     model = load_target_model(pair.target, torch.float32)

@@ -9,7 +9,7 @@ import torch
 
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.export.onnx import ExportSpec, OnnxFromCheckpoint, OnnxFromDir, SaveOnnx
-from dspark_trt.testing import tiny_config
+from dspark_trt.synthetic import tiny_config
 
 
 def one_line_error(excinfo, *fragments):

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.onnx
 def massive_pair(tiny_pair, tmp_path_factory):
     """The tiny pair whose fc reads four massive tap channels with weight 0.6 (``testing.massive``)."""
     from dspark_trt import load_drafter
-    from dspark_trt.testing import TinyCheckpoint
-    from dspark_trt.testing.distill import save_drafter_like
+    from dspark_trt.synthetic import TinyCheckpoint
+    from dspark_trt.training.quick import save_drafter_like
     from dspark_trt.testing.massive import massive_case
 
     drafter = load_drafter(tiny_pair.drafter, target_dir=tiny_pair.target)

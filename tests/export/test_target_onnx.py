@@ -139,7 +139,7 @@ def test_the_last_layer_tap_is_pre_norm_in_the_graph(llama_dense_export, specula
 def test_qwen2_target_exports_and_validates(tmp_path, dtype):
     from dspark_trt.export.target_onnx import export_target_onnx, load_target_model
     from dspark_trt.export.validate_target import validate_target_onnx
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(tmp_path / "pair", target_family="qwen2", vocab_size=301, num_target_layers=3,
                                  seed=4)
@@ -159,7 +159,7 @@ def test_unsupported_architectures_are_refused_with_the_way_out():
 
 def test_the_pairing_is_checked_before_anything_runs(random_pair, tmp_path):
     from dspark_trt.export.pipeline import ExportOptions, export_model
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     shallow = write_tiny_checkpoint(tmp_path / "shallow", num_target_layers=3, seed=1)  # taps [1] of 3 layers
     other_vocab = write_tiny_checkpoint(tmp_path / "vocab", vocab_size=300, seed=1)

@@ -47,7 +47,7 @@ VARIANTS = {
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("interop") / "pair", seed=3).target
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dspark_trt.plugins.contract import INPUTS, OUTPUTS, UNION_INPUTS, UNION_OUTPUTS, reference_op, reference_union_op
-from dspark_trt.testing.walk import WalkCase, make_union_inputs, make_walk_inputs
+from dspark_trt.plugins.walk_compare import WalkCase, make_union_inputs, make_walk_inputs
 
 
 def test_the_references_take_the_contract_inputs_by_position_or_name():

@@ -13,7 +13,7 @@ from dspark_trt.plugins import cpu_walk  # noqa: E402
 from dspark_trt.plugins.contract import reference_op  # noqa: E402
 from dspark_trt.plugins.cpu_walk import cpu_markov_walk, cpu_select_candidates, cpu_walk_candidates  # noqa: E402
 from dspark_trt.reference.markov import markov_walk  # noqa: E402
-from dspark_trt.testing.walk import WalkCase, by_candidate_id, compare_walks, make_walk_inputs  # noqa: E402
+from dspark_trt.plugins.walk_compare import WalkCase, by_candidate_id, compare_walks, make_walk_inputs  # noqa: E402
 
 FP32, BF16 = torch.float32, torch.bfloat16
 TOL = dict(atol=2e-5, rtol=1e-5)  # both sides widen the same inputs exactly; only the rank-r sum order differs

@@ -10,7 +10,7 @@ import torch
 from dspark_trt.plugins.dispatch import (REFERENCE, fallback_reason, fused_markov_walk, select_markov_impl,
                                          select_markov_walk)
 from dspark_trt.reference.markov import markov_walk
-from dspark_trt.testing.walk import by_candidate_id, compare_walks
+from dspark_trt.plugins.walk_compare import by_candidate_id, compare_walks
 
 CASE = dict(topk=16, rank=8, num_draft_tokens=7, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16)
 
@@ -143,7 +143,7 @@ def test_fused_union_walk_is_a_drop_in_for_markov_walk(sampled):
     """The candidate union through ``fused_markov_walk`` (bf16 logits and weights, a reduced vocabulary, int64
     keys): the same MarkovWalkResult as the reference, cand_ids [B, N, k + M] and −inf duplicates included."""
     from dspark_trt.reference.markov import markov_union_table
-    from dspark_trt.testing.walk import compare_union_walks
+    from dspark_trt.plugins.walk_compare import compare_union_walks
 
     dev = _device()
     g = torch.Generator().manual_seed(6)

@@ -12,7 +12,7 @@ import torch
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.plugins.contract import reference_op
 from dspark_trt.reference.markov import markov_walk
-from dspark_trt.testing.walk import WalkCase, WalkMismatch, compare_walks, make_walk_inputs
+from dspark_trt.plugins.walk_compare import WalkCase, WalkMismatch, compare_walks, make_walk_inputs
 
 pytestmark = pytest.mark.triton
 

@@ -75,7 +75,7 @@ def test_the_exports_path_draft_plugin_onnx_parser_aot_plugin_dynamic_batch(tiny
     from dspark_trt.export.pipeline import ExportOptions, export_model
     from dspark_trt.plugins.tensorrt_plugin import embedded_kernels
     from dspark_trt.runtime.backends.tensorrt_backend import TensorRTDrafterBackend
-    from dspark_trt.testing.walk import by_candidate_id
+    from dspark_trt.plugins.walk_compare import by_candidate_id
 
     out = tmp_path / "export"
     result = export_model(tiny_pair.drafter, out, ExportOptions(topk=16, dtype="fp32", engine="tensorrt",
@@ -115,7 +115,7 @@ def test_engine_with_the_aot_plugin_matches_the_reference(mode):
     import tensorrt.plugin as trtp
 
     from dspark_trt.plugins.tensorrt_plugin import register_plugin
-    from dspark_trt.testing.walk import WalkCase, compare_walks, make_walk_inputs
+    from dspark_trt.plugins.walk_compare import WalkCase, compare_walks, make_walk_inputs
 
     register_plugin()
     case = WalkCase(batch=5, steps=7, vocab=1031, draft_vocab=769, rank=192, topk=512, mode=mode,
@@ -255,7 +255,7 @@ def test_engine_with_the_union_plugin_matches_the_reference(mode):
 
     from dspark_trt.plugins.contract import UNION_INPUTS, UNION_OUTPUTS, UNION_PLUGIN_ID, reference_union_op
     from dspark_trt.plugins.tensorrt_plugin import register_plugins
-    from dspark_trt.testing.walk import WalkCase, compare_union_walks, make_union_inputs
+    from dspark_trt.plugins.walk_compare import WalkCase, compare_union_walks, make_union_inputs
 
     register_plugins()
     M = 32

@@ -12,7 +12,7 @@ import torch
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.plugins.contract import reference_op, reference_union_op
 from dspark_trt.reference.markov import markov_union_table, markov_walk
-from dspark_trt.testing.walk import (WalkCase, WalkMismatch, compare_union_walks, make_union_inputs,
+from dspark_trt.plugins.walk_compare import (WalkCase, WalkMismatch, compare_union_walks, make_union_inputs,
                                      make_walk_inputs)
 
 pytestmark = pytest.mark.triton
@@ -191,7 +191,7 @@ def test_rejects_inputs_outside_the_contract(device):
 def test_plain_inputs_still_match_the_plain_reference(device):
     """The shared body with M = 0 (the plain kernel) is still the plain op."""
     from dspark_trt.plugins.kernel import topk_markov_walk
-    from dspark_trt.testing.walk import compare_walks
+    from dspark_trt.plugins.walk_compare import compare_walks
 
     case = WalkCase(batch=3, steps=7, vocab=257, rank=192, topk=16, mode="mixed", seed=4)
     inputs = make_walk_inputs(case, device)

@@ -7,7 +7,7 @@ import torch
 
 from dspark_trt.config import DSparkConfig
 from dspark_trt.reference.drafter import DSparkDrafter
-from dspark_trt.testing import tiny_config
+from dspark_trt.synthetic import tiny_config
 
 
 def random_drafter(seed=0, dtype=torch.float32, **options) -> DSparkDrafter:

@@ -21,7 +21,7 @@ def distilled_decoder(distilled_pair):
 def embedded_decoder():
     """The demo pair (byte tokenizer, English-like text) on torch fp32: for tests that need real text."""
     from dspark_trt.runtime import SpeculativeDecoder
-    from dspark_trt.testing.embedded import embedded_pair
+    from dspark_trt.demo.pair import embedded_pair
 
     pair = embedded_pair()
     return SpeculativeDecoder.from_pretrained(pair.drafter, pair.target, dtype="fp32", device="cpu")

@@ -20,7 +20,7 @@ from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
 from dspark_trt.runtime.cuda_graphs import (BucketPolicy, GraphKey, GraphRunner, InputSpec, PadPlan, batch_buckets,
                                             bound_context_plan, cache_rows, choose_bucket, context_buckets,
                                             loaded_library_path, unpad_tree)
-from dspark_trt.testing.walk import by_candidate_id
+from dspark_trt.plugins.walk_compare import by_candidate_id
 
 
 # ------------------------------------------------------------------------------------------------ buckets

@@ -326,7 +326,7 @@ def test_bad_requests_raise_one_line_errors(distilled_decoder, inputs, kwargs, m
 
 
 def test_speculators_format_with_reduced_vocab_through_from_pretrained(tmp_path):
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(tmp_path / "spec", format="speculators", vocab_size=301, draft_vocab_size=200,
                                  seed=5)

@@ -9,7 +9,7 @@ import torch
 
 from dspark_trt.reference.markov import MarkovWalkResult
 from dspark_trt.runtime.nonfinite import NonFiniteMonitor
-from dspark_trt.testing import tiny_config
+from dspark_trt.synthetic import tiny_config
 
 L, B, T, H, D, N, K = 2, 3, 5, 2, 4, 6, 8
 

@@ -15,7 +15,7 @@ def byte_tokenizers(tmp_path_factory):
     """(plain, chat): the byte-level tokenizer (ids = UTF-8 bytes) without and with a chat template."""
     from transformers import AutoTokenizer
 
-    from dspark_trt.testing.embedded import write_byte_tokenizer
+    from dspark_trt.synthetic.byte_tokenizer import write_byte_tokenizer
 
     out = tmp_path_factory.mktemp("tok")
     write_byte_tokenizer(out)

@@ -296,7 +296,7 @@ def test_a_request_whose_rounds_raise_fails_alone(distilled_pair, temperature):
     """Fault injection in a real decoder: the long request's rounds raise, whoever shares them; it fails alone,
     and every other request (in the failed batches too, mid-way) still gets exactly its generate tokens."""
     from tests.runtime.runtime_helpers import make_decoder
-    from dspark_trt.testing.faults import InjectedFault, fail_rounds_at
+    from dspark_trt.serving.faults import InjectedFault, fail_rounds_at
 
     dec = make_decoder(distilled_pair)  # its own decoder: the fault stays in this test
     fail_rounds_at(dec, position=60)
@@ -323,7 +323,7 @@ def test_a_request_whose_rounds_raise_fails_alone(distilled_pair, temperature):
 
 def test_a_lone_failing_request_fails_and_the_scheduler_goes_on(distilled_pair):
     from tests.runtime.runtime_helpers import make_decoder
-    from dspark_trt.testing.faults import fail_rounds_at
+    from dspark_trt.serving.faults import fail_rounds_at
 
     dec = make_decoder(distilled_pair)
     fail_rounds_at(dec, position=40)

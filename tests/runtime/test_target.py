@@ -117,7 +117,7 @@ def test_select_drops_requests(target):
 def test_llama_family_target(tmp_path):
     from dspark_trt.runtime.decoder import SpeculativeDecoder
     from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(tmp_path / "llama", target_family="llama", vocab_size=301, seed=3)
     target = HFTarget.from_pretrained(pair.target, dtype="fp32", device="cpu")

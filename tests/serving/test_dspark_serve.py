@@ -176,7 +176,7 @@ def wait_health(serve: Serve, status: int, timeout: float) -> None:
 
 
 def serve_args(cache_dir, tmp_path, *extra) -> list[str]:
-    from dspark_trt.testing.embedded import embedded_pair
+    from dspark_trt.demo.pair import embedded_pair
 
     drafter, target = embedded_pair()
     return [str(drafter), "--target", str(target), "--cache-dir", str(cache_dir), "--openai-port", "0",

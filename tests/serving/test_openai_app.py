@@ -21,7 +21,7 @@ pytest.importorskip("tritonclient.grpc")
 def frontend(tmp_path_factory):
     from dspark_trt.serving.openai_app import FrontendConfig, OpenAIFrontend
     from dspark_trt.serving.server import free_port
-    from dspark_trt.testing.embedded import write_byte_tokenizer
+    from dspark_trt.synthetic.byte_tokenizer import write_byte_tokenizer
 
     tokenizer = tmp_path_factory.mktemp("tokenizer")
     write_byte_tokenizer(tokenizer)  # no chat template

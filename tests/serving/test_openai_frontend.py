@@ -36,7 +36,7 @@ PROMPTS = ["Speculative decoding", "A small drafter", "The target model checks",
 def embedded_export(tmp_path_factory):
     from types import SimpleNamespace
 
-    from dspark_trt.testing.embedded import embedded_pair
+    from dspark_trt.demo.pair import embedded_pair
     from tests.conftest import export_once
 
     drafter, target = embedded_pair()

@@ -95,7 +95,7 @@ def test_every_declared_input_is_understood():
 
 
 def test_incremental_text_holds_back_split_characters():
-    from dspark_trt.testing.embedded import write_byte_tokenizer
+    from dspark_trt.synthetic.byte_tokenizer import write_byte_tokenizer
 
     import tempfile
     from transformers import AutoTokenizer

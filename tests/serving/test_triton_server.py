@@ -37,7 +37,7 @@ TEXTS = ["Speculative decoding", "A small drafter", "The target model checks", "
 def embedded_export(tmp_path_factory):
     from types import SimpleNamespace
 
-    from dspark_trt.testing.embedded import embedded_pair
+    from dspark_trt.demo.pair import embedded_pair
     from tests.conftest import export_once
 
     drafter, target = embedded_pair()
@@ -60,7 +60,7 @@ def server(tmp_path_factory, embedded_export, qwen3_topk_export):
 
     from dspark_trt.serving.repository import write_model_repository
     from dspark_trt.serving.server import TritonServer
-    from dspark_trt.testing.faults import FAULT_POSITION_ENV
+    from dspark_trt.serving.faults import FAULT_POSITION_ENV
 
     root = tmp_path_factory.mktemp("triton")
     repo = write_model_repository(root / "repo", export_dir=embedded_export, threads=1)

@@ -113,7 +113,7 @@ def test_the_union_checks_run_in_the_interpreter():
     """The GPU check's union pieces on CPU tensors (Triton's interpreter, small shapes): the correctness check
     passes and sees masked duplicates, and the timing rows are shaped as the report expects."""
     from dspark_trt.plugins.kernel import interpreting
-    from dspark_trt.testing.walk import WalkCase
+    from dspark_trt.plugins.walk_compare import WalkCase
     from dspark_trt.tools.gpu_check import _jit_union_case, _union_timing
 
     if not interpreting():

@@ -32,7 +32,7 @@ def weights(path):
 @pytest.fixture(scope="module")
 def peaky_pair(tmp_path_factory):
     """The tiny Qwen3 pair with a peakier target (a random 0.02-std target is nearly uniform)."""
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("distill") / "pair", seed=0, target_init_std=0.2)
 

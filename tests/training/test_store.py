@@ -29,7 +29,7 @@ def summary(out) -> dict:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from dspark_trt.testing import write_tiny_checkpoint
+    from dspark_trt.synthetic import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("store") / "pair", seed=0, target_init_std=0.2)
 

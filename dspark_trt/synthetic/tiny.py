@@ -22,6 +22,7 @@ from ..atomic import atomic_output_dir, write_marker
 from ..checkpoint import expected_tensors
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
+from .drafter_config import deepseek_drafter_config, speculators_drafter_config
 
 __all__ = ["TinyCheckpoint", "write_tiny_checkpoint", "tiny_config", "TARGET_FAMILIES"]
 
@@ -197,93 +198,12 @@ def _write_drafter(path: Path, c: DSparkConfig, tensors, target_config: dict, fo
 
     path.mkdir(parents=True)
     if format == "deepseek":
-        config = _deepseek_config(c, target_config)
+        config = deepseek_drafter_config(c, target_config)
         tensors = {k: v for k, v in tensors.items() if k != "t2d"}
     else:
-        config = _speculators_config(c, target_config)
+        config = speculators_drafter_config(c, target_config)
         drop = {"embed_tokens.weight"} | (set() if c.has_reduced_vocab else {"lm_head.weight", "d2t"})
         tensors = {k: v for k, v in tensors.items() if k not in drop}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"),
               metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def _dspark_keys(c: DSparkConfig) -> dict:
-    keys = {
-        "block_size": c.block_size,
-        "mask_token_id": c.mask_token_id,
-        "markov_rank": c.markov_rank,
-        "markov_head_type": c.markov_head_type,
-        "enable_confidence_head": c.enable_confidence_head,
-        "confidence_head_with_markov": c.confidence_head_with_markov,
-        "sample_from_anchor": c.sample_from_anchor,
-    }
-    if c.has_reduced_vocab:
-        keys["draft_vocab_size"] = c.draft_vocab_size
-    if c.logit_scale != 1.0:
-        keys["logit_scale"] = c.logit_scale
-    return keys
-
-
-def _attention_keys(c: DSparkConfig) -> dict:
-    """The attention-pattern keys as transformers' Qwen3Config and speculators write them."""
-    return {"hidden_act": c.hidden_act, "layer_types": list(c.layer_types),
-            "use_sliding_window": c.sliding_window is not None, "sliding_window": c.sliding_window}
-
-
-def _deepseek_config(c: DSparkConfig, target_config: dict) -> dict:
-    """DeepSpec's build_draft_config: the target's config, overridden."""
-    config = {k: v for k, v in target_config.items() if not k.startswith("_")}
-    config.update(
-        architectures=["Qwen3DSparkModel"],
-        model_type="qwen3",
-        num_hidden_layers=c.num_hidden_layers,
-        **_attention_keys(c),
-        target_layer_ids=list(c.target_layer_ids),
-        num_target_layers=c.num_target_layers,
-        num_anchors=512,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        rope_parameters={"rope_theta": c.rope_theta, "rope_type": "default"},
-        **_dspark_keys(c),
-    )
-    if c.sliding_window_non_causal:
-        config["sliding_window_non_causal"] = True
-    config.pop("rope_theta", None)
-    config.pop("mlp_bias", None)
-    return config
-
-
-def _speculators_config(c: DSparkConfig, target_config: dict) -> dict:
-    layer = {
-        "model_type": "qwen3",
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps,
-        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
-        "attention_bias": False,
-        **_attention_keys(c),
-    }
-    keys = _dspark_keys(c)
-    keys["draft_vocab_size"] = c.draft_vocab_size
-    return {
-        "speculators_model_type": "dspark",
-        "architectures": ["DSparkDraftModel"],
-        "transformer_layer_config": layer,
-        "aux_hidden_state_layer_ids": [i + 1 for i in c.target_layer_ids],
-        "target_hidden_size": c.hidden_size,
-        "num_anchors": 256,
-        "sliding_window_non_causal": c.sliding_window_non_causal,
-        **keys,
-        "speculators_config": {
-            "algorithm": "dspark",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": c.num_draft_tokens}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": "../target", "architectures": target_config.get("architectures", [])},
-        },
-    }

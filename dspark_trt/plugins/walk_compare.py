@@ -1,7 +1,7 @@
-"""Random inputs for the ``DSparkTopKMarkov`` op and a tie-robust comparison of two walks.
+"""Random inputs for the ``DSparkTopKMarkov`` op and a tie-robust comparison of two walks: the op's conformance check.
 
-Shared by the kernel tests (Triton interpreter on CPU), the dispatch tests and the GPU check script, so
-every executor of the op is held to the same oracle (``contract.reference_op``) in the same way.
+Used by ``dspark gpu-check`` (``tools/gpu_check.py``) and by the kernel, dispatch and plugin tests, so every
+executor of the op is held to the same oracle (``contract.reference_op``) in the same way.
 
 Tie robustness: two executors may sum the rank-r dot products in different orders, so two candidates
 whose scores are within rounding of each other may be picked differently. ``compare_walks`` accepts a

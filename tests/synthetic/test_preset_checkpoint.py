@@ -12,9 +12,9 @@ from dspark_trt import load_drafter
 from dspark_trt.checkpoint import SafetensorsCheckpoint, check_checkpoint
 from dspark_trt.config import DSparkConfig
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.testing import preset_checkpoint
-from dspark_trt.testing.preset_checkpoint import MARKER, write_preset
-from dspark_trt.testing.presets import drafter_parameter_formula, get_preset, scaled
+from dspark_trt.synthetic import preset_checkpoint
+from dspark_trt.synthetic.preset_checkpoint import MARKER, write_preset
+from dspark_trt.synthetic.presets import drafter_parameter_formula, get_preset, scaled
 
 DRAFTER = "dspark_qwen3_8b_block7"
 #: the preset's family at test width (tests that check mechanics, not size)

@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from dspark_trt.checkpoint import SafetensorsCheckpoint
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.testing import safetensors_stream as st
-from dspark_trt.testing.safetensors_stream import (TensorPlan, constant_chunks, file_bytes, parse_size, plan_shards,
+from dspark_trt.synthetic import safetensors_stream as st
+from dspark_trt.synthetic.safetensors_stream import (TensorPlan, constant_chunks, file_bytes, parse_size, plan_shards,
                                                    random_chunks, sharded_bytes, write_safetensors, write_sharded)
 
 

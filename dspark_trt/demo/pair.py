@@ -1,22 +1,23 @@
 """The embedded demo pair: a byte-level tiny target that has read a short text, and a drafter distilled from it.
 
-``dspark generate`` and ``dspark bench e2e`` run on it when no model is given, so a new user sees real
-speculation offline: text in, text out, acceptance well above 1. Built once (about a minute on 2 busy CPU cores, with a progress bar),
-then cached under ``$DSPARK_TRT_CACHE`` (default ``~/.cache/dspark-trt``) in a directory keyed by the
-package version and every build option, written atomically under a file lock.
+``dspark-export``, ``dspark generate``, ``dspark serve`` and ``dspark bench e2e`` run on it when no model is
+given, so a new user sees real speculation offline: text in, text out, acceptance well above 1. Built once
+(about a minute on 2 busy CPU cores, with a progress bar), then cached in ``cache_dir("demo")`` (the one cache
+root, ``cache.py``) in a directory keyed by the package version, ``BUILD_VERSION`` and every build option,
+written atomically under a file lock.
 
     tokenizer   bytes: ids 0…255 are the UTF-8 bytes, 256 is ``<|mask|>`` (the drafter's mask token)
     vocabulary  V = 2560 model rows: the text never uses ids ≥ 257, they leave room for ``--topk 512``
-    target      tiny Qwen3 (``write_tiny_checkpoint``), trained for a few hundred steps on ``EMBEDDED_TEXT``
+    target      tiny Qwen3 (``synthetic.write_tiny_checkpoint``), trained for a few hundred steps on
+                ``EMBEDDED_TEXT``
     drafter     DeepSeek-format DSpark drafter, ``embed_tokens``/``lm_head`` copied from the trained target,
-                then distilled from it (``distill.distill_drafter``)
+                then distilled from it (``training.quick.distill_drafter``)
 
 The target's output is memorised, half-garbled text about speculative decoding — a toy, not a language model.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,15 +27,16 @@ from typing import Callable
 import torch
 
 from ..atomic import atomic_output_dir
-from .distill import single_thread
-from .tiny import TinyCheckpoint, write_tiny_checkpoint
+from ..cache import cache_dir, json_digest
+from ..synthetic.byte_tokenizer import write_byte_tokenizer
+from ..synthetic.tiny import TinyCheckpoint, write_tiny_checkpoint
+from ..training.quick import single_thread
 
-__all__ = ["EMBEDDED_TEXT", "build_embedded_pair", "embedded_pair", "write_byte_tokenizer", "train_tiny_target"]
+__all__ = ["EMBEDDED_TEXT", "BUILD_VERSION", "build_embedded_pair", "embedded_pair", "train_tiny_target"]
 
 log = logging.getLogger("dspark")
 
 BUILD_VERSION = 2  # bump when the recipe below changes (invalidates caches)
-MASK_TOKEN = "<|mask|>"
 EMBEDDED_VOCAB = 2560  # model vocabulary; the byte tokenizer uses ids 0…256 only
 
 EMBEDDED_TEXT = """\
@@ -63,32 +65,6 @@ in one run on the same machine, tell whether the drafter pays for itself.
 """
 
 DEFAULTS = dict(seed=0, target_steps=250, distill_steps=200, block_size=7, sample_from_anchor=True)
-
-
-def _byte_chars() -> dict[int, str]:
-    """Byte → printable character, the byte-level BPE convention (printable Latin-1 kept, the rest shifted)."""
-    printable = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    out, shifted = {}, 0
-    for b in range(256):
-        if b in printable:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + shifted)
-            shifted += 1
-    return out
-
-
-def write_byte_tokenizer(directory: str | Path) -> None:
-    """A Hugging Face fast tokenizer whose ids are UTF-8 bytes (0…255) plus ``<|mask|>`` = 256."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = _byte_chars()
-    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([MASK_TOKEN])
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(str(directory))
 
 
 @single_thread()
@@ -130,7 +106,7 @@ def build_embedded_pair(out_dir: str | Path, *, force: bool = False, progress: C
     """Build the demo pair into ``out_dir`` (atomically). Options: ``DEFAULTS`` keys. ``progress`` is called
     after every training step (``target_steps + distill_steps`` calls)."""
     from ..loader import load_drafter
-    from .distill import distill_drafter, save_drafter_like
+    from ..training.quick import distill_drafter, save_drafter_like
 
     opts = {**DEFAULTS, **options}
     unknown = set(opts) - set(DEFAULTS)
@@ -162,23 +138,15 @@ def build_embedded_pair(out_dir: str | Path, *, force: bool = False, progress: C
     return TinyCheckpoint(drafter=out / "drafter", target=out / "target")
 
 
-def cache_root() -> Path:
-    env = os.environ.get("DSPARK_TRT_CACHE")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-trt"
-
-
 def embedded_pair(root: str | Path | None = None, **options) -> TinyCheckpoint:
-    """The cached demo pair (built on first use). ``root`` defaults to ``cache_root()``."""
+    """The cached demo pair (built on first use). ``root`` defaults to ``cache_dir("demo")``."""
     from filelock import FileLock
 
     from .. import __version__
 
     opts = {**DEFAULTS, **options}
-    key = hashlib.sha256(json.dumps({"v": __version__, "b": BUILD_VERSION, "o": opts, "t": EMBEDDED_TEXT},
-                                    sort_keys=True).encode()).hexdigest()[:12]
-    root = Path(root) if root is not None else cache_root()
+    key = json_digest({"v": __version__, "b": BUILD_VERSION, "o": opts, "t": EMBEDDED_TEXT})[:12]
+    root = Path(root) if root is not None else cache_dir("demo")
     out = root / f"embedded-{__version__}-{key}"
     done = out / "build.json"
     if not done.is_file():

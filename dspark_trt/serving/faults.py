@@ -1,12 +1,13 @@
-"""Fault injection for reliability tests: make one request's rounds raise inside a real decoder.
+"""Fault injection for reliability tests, behind one documented switch: ``DSPARK_TRT_FAULT_POSITION``.
 
     fail_rounds_at(decoder, position=200)      # every draft of a batch holding a request at position >= 200 raises
 
 A request reaches position 200 only when its prompt + output are that long, so a test sends one long request
 among short ones: the long one's rounds raise (``InjectedFault``, a ``RuntimeError``), whoever shares them, and
-the scheduler must fail it alone while the others go on unchanged. The served model installs the same fault
-when ``DSPARK_TRT_FAULT_POSITION`` is set in the server's environment (``install_from_env``); nothing else
-reads that variable. No runtime import: the decoder is duck-typed (``decoder.backend.draft``).
+the scheduler must fail it alone while the others go on unchanged. The served model (``triton_model.py``)
+installs the same fault when ``DSPARK_TRT_FAULT_POSITION`` is set in the server's environment
+(``install_from_env``; docs/triton.md, "Fault injection"); unset — the default — nothing changes, and nothing
+else reads that variable. No runtime import: the decoder is duck-typed (``decoder.backend.draft``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ same bytes, single file or sharded, and a DeepSeek drafter's ``embed_tokens`` / 
 (as in a real release, which copies them from the target). Host memory stays at one chunk (64 MB of fp32)
 above the interpreter, whatever the checkpoint's size.
 
-The target gets the byte-level tokenizer of the embedded demo pair (``embedded.write_byte_tokenizer``: ids
+The target gets the byte-level tokenizer of the embedded demo pair (``byte_tokenizer.write_byte_tokenizer``: ids
 0…255 are UTF-8 bytes, 256 is ``<|mask|>``), so text prompts, ``dspark generate`` and the export's
 ``tokenizer/`` work; ids above 256 exist in the model but decode to nothing. The vocabulary must hold those
 257 ids. The output is written atomically; free disk is checked before anything is written.
@@ -34,6 +34,8 @@ import torch
 
 from ..atomic import atomic_output_dir, check_output_dir, write_marker
 from ..errors import DSparkTrtError
+from .byte_tokenizer import write_byte_tokenizer
+from .drafter_config import deepseek_drafter_config, speculators_drafter_config
 from .presets import (MIN_TOKENIZER_VOCAB, DrafterPreset, TargetPreset, drafter_tensor_shapes, get_preset,
                       parameter_count, scaled, target_tensor_shapes)
 from .safetensors_stream import (DTYPES, TensorPlan, constant_chunks, format_size, is_disk_full, parse_size,
@@ -113,14 +115,12 @@ def _target_dir(t: TargetPreset, dtype: str, seed: int, shard_size, subdir: str)
 
 def _drafter_dir(p: DrafterPreset, format: str, dtype: str, seed: int, shard_size, subdir: str,
                  with_target: bool) -> PlannedDir:
-    from .tiny import _deepseek_config, _speculators_config
-
     c = p.config()
     target_config = p.target.config_json(dtype)
     if format == "deepseek":
-        config = _deepseek_config(c, target_config)
+        config = deepseek_drafter_config(c, target_config)
     else:
-        config = _speculators_config(c, target_config)
+        config = speculators_drafter_config(c, target_config)
         config["speculators_config"]["verifier"]["name_or_path"] = "../target" if with_target else p.target.hub_id
     plans = _plans(drafter_tensor_shapes(p, format), DTYPES[dtype][0], seed,
                    key=lambda name: SHARED_KEYS.get(name, f"dspark.{name}"))
@@ -204,8 +204,6 @@ def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path
                 for file, content in d.json_files.items():
                     (where / file).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
                 if d.tokenizer:
-                    from .embedded import write_byte_tokenizer
-
                     write_byte_tokenizer(where)
                 files[d.subdir or "."] = write_sharded(where, d.tensors, shard_bytes=d.shard_bytes, metadata=METADATA,
                                                        progress=bar.update)

@@ -1,6 +1,6 @@
 """Named real-shape checkpoints: DSpark drafters and their Hugging Face targets, at the sizes people deploy.
 
-A preset is shapes only; ``make_checkpoint.write_preset`` fills them with random weights (docs/checkpoints.md,
+A preset is shapes only; ``preset_checkpoint.write_preset`` fills them with random weights (docs/checkpoints.md,
 "Real-shape checkpoints"). ``scaled`` keeps a preset's shape family but changes its depth or vocabulary, so
 tests run the same widths in a few hundred MB:
 
@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from ..checkpoint import expected_tensors
 from ..config import DSparkConfig, check_layer_ids
 from ..errors import DSparkTrtError
+from .byte_tokenizer import BYTE_VOCAB
 
 __all__ = ["TargetPreset", "DrafterPreset", "PRESETS", "get_preset", "scaled", "spread_layer_ids",
            "target_tensor_shapes", "drafter_tensor_shapes", "parameter_count", "drafter_parameter_formula",
            "target_parameter_formula", "MIN_TOKENIZER_VOCAB"]
 
-MIN_TOKENIZER_VOCAB = 257  # the byte-level tokenizer written with a target: ids 0…255 bytes, 256 <|mask|>
+MIN_TOKENIZER_VOCAB = BYTE_VOCAB  # the byte-level tokenizer written with a target: ids 0…255 bytes, 256 <|mask|>
 
 QWEN3_LAYER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",

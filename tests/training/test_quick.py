@@ -1,4 +1,4 @@
-"""dspark_trt.testing helpers: distillation, the byte tokenizer."""
+"""The quick distiller (``training.quick``): the demo pair's and the tests' distilled drafters."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from dspark_trt import load_drafter
-from dspark_trt.errors import DSparkTrtInternalError
-from dspark_trt.testing import distill_drafter, write_tiny_checkpoint
-from dspark_trt.testing.distill import save_drafter_like
+from dspark_trt.synthetic import write_tiny_checkpoint
+from dspark_trt.training.quick import distill_drafter, save_drafter_like
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +30,3 @@ def test_distillation_lowers_the_loss_and_saves_loadable_weights(pair, tmp_path)
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name
     assert not drafter.training and not any(p.requires_grad for p in drafter.parameters())
-
-
-def test_byte_tokenizer_ids_are_utf8_bytes(tmp_path):
-    from transformers import AutoTokenizer
-
-    from dspark_trt.testing.embedded import write_byte_tokenizer
-
-    write_byte_tokenizer(tmp_path)
-    tok = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
-    text = "Grüße, DSpark!"
-    assert tok.encode(text, add_special_tokens=False) == list(text.encode("utf-8"))
-    assert tok.decode(list(text.encode("utf-8"))) == text
-    assert len(tok) == 257 and tok.convert_tokens_to_ids("<|mask|>") == 256

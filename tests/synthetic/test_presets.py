@@ -7,11 +7,11 @@ import pytest
 from dspark_trt.checkpoint import check_checkpoint
 from dspark_trt.config import DSparkConfig
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.testing.preset_checkpoint import plan_preset
-from dspark_trt.testing.presets import (PRESETS, drafter_parameter_formula, drafter_tensor_shapes, get_preset,
+from dspark_trt.synthetic.preset_checkpoint import plan_preset
+from dspark_trt.synthetic.presets import (PRESETS, drafter_parameter_formula, drafter_tensor_shapes, get_preset,
                                         parameter_count, scaled, spread_layer_ids, target_parameter_formula,
                                         target_tensor_shapes)
-from dspark_trt.testing.safetensors_stream import plan_shards, shard_names
+from dspark_trt.synthetic.safetensors_stream import plan_shards, shard_names
 
 
 def test_dspark_qwen3_8b_block7_has_the_published_shapes_and_2_37_b_parameters():

@@ -9,7 +9,7 @@ import torch
 
 from dspark_trt import load_drafter
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.testing import write_tiny_checkpoint
+from dspark_trt.synthetic import write_tiny_checkpoint
 
 SMALL = dict(vocab_size=300, hidden_size=32, intermediate_size=48, head_dim=8, markov_rank=8)
 
@@ -108,7 +108,7 @@ def test_existing_output_is_kept_unless_forced(tmp_path):
 
 
 def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
-    from dspark_trt.testing import tiny
+    from dspark_trt.synthetic import tiny
 
     def crash(*args, **kwargs):
         raise RuntimeError("disk full")
