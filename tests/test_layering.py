@@ -25,7 +25,7 @@ FORBIDDEN = {
     "runtime": {"testing", "bench", "cli"},
     "testing": {"runtime", "bench", "cli"},
     "synthetic": {"export", "runtime", "testing", "training", "demo", "models", "serving", "bench", "tools", "cli"},
-    "training": {"testing", "demo", "serving", "bench", "tools", "cli"},
+    "training": {"testing", "demo", "models", "serving", "bench", "tools", "cli"},
     "demo": {"export", "runtime", "testing", "models", "serving", "bench", "tools", "cli"},
     "serving": {"testing", "bench", "cli"},
     "bench": {"testing", "cli"},

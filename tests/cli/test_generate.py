@@ -228,7 +228,7 @@ def test_embedded_default_pair_runs_offline(tmp_path, monkeypatch, capsys):
     result = json.loads(out)
     assert result["texts"] and len(result["tokens"][0]) == 48
     assert result["stats"]["mean_acceptance_length"] > 1.0
-    built = list((tmp_path / "cache").glob("embedded-*"))
+    built = list((tmp_path / "cache" / "demo").glob("embedded-*"))
     assert len(built) == 1 and (built[0] / "target" / "tokenizer.json").is_file()
     code, out2, _ = run_cli(capsys, "--prompt", "The verifier", "--max-new-tokens", 48, "--json")  # cached
     assert code == 0 and json.loads(out2)["tokens"] == result["tokens"]
