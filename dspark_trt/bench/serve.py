@@ -78,7 +78,7 @@ def _served(url: str, model: str, payloads: list[dict], clients: int) -> dict:
 
 
 def _in_process(settings, payloads: list[dict]) -> list[dict]:
-    from ..serving.engine import load_decoder
+    from ..serving.served_decoder import load_decoder
 
     dec = load_decoder(settings)
     kwargs = lambda p: dict(temperature=p["temperature"], seed=p["seed"], topk=settings.topk,  # noqa: E731
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     args.concurrency = args.concurrency or [1, 4, 16]
     args.requests = args.requests or 16
 
-    from ..serving.engine import ModelSettings
+    from ..serving.served_decoder import ModelSettings
     from ..serving.repository import read_model_config
     from ..serving.server import TritonServer
 

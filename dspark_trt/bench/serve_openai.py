@@ -193,7 +193,7 @@ def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[
     """The same requests in-process with the served model's settings: texts and the mean acceptance length."""
     from pathlib import Path
 
-    from ..serving.engine import ModelSettings, load_decoder
+    from ..serving.served_decoder import ModelSettings, load_decoder
     from ..serving.repository import read_model_config
 
     model_dir = Path(repository) / model
@@ -230,7 +230,7 @@ def run_openai(args: argparse.Namespace) -> int:
     if resolved.kind == "checkpoint":  # the child resolves the path again: export it here, hand over the export
         from ..export.pipeline import ExportOptions
         from ..serving.deployment import default_dtype
-        from ..serving.engine import have_tensorrt
+        from ..serving.served_decoder import have_tensorrt
         from ..serving.export_cache import cached_export
 
         cached = cached_export(resolved.path, target_dir=resolved.target, options=ExportOptions(

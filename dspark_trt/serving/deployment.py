@@ -88,7 +88,7 @@ def resolve_source(path: str | Path, *, target: str | Path | None = None) -> Sou
 
 def default_dtype() -> str:
     """bf16 where TensorRT runs the engines (a GPU host), fp32 on a CPU host (onnxruntime)."""
-    from .engine import have_tensorrt
+    from .served_decoder import have_tensorrt
 
     return "bf16" if have_tensorrt() else "fp32"
 
@@ -166,7 +166,7 @@ def frontend_config(repository: str | Path, model: str, grpc_url: str, *, served
     """The front end's view of a repository's model: its tokenizer directory and context limit, read from
     ``config.pbtxt`` and the export's manifest (no model is loaded)."""
     from ..jsonfile import read_json
-    from .engine import ModelSettings
+    from .served_decoder import ModelSettings
     from .openai_app import FrontendConfig
     from .repository import read_model_config
 
@@ -230,7 +230,7 @@ class Deployment:
             return self.repository
         if src.kind == "checkpoint":
             from ..export.pipeline import ExportOptions
-            from .engine import have_tensorrt
+            from .served_decoder import have_tensorrt
             from .export_cache import cached_export
 
             options = ExportOptions(topk=opts.topk, dtype=opts.dtype or default_dtype(),

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
-from .engine import ModelSettings, choose_runtime
+from .served_decoder import ModelSettings, choose_runtime
 from .protocol import INPUTS, OUTPUTS
 
 __all__ = ["build_model_config", "read_model_config", "write_model_repository", "check_servable_export",

@@ -34,7 +34,7 @@ class TritonPythonModel:
         from dataclasses import replace
 
         from ..testing.faults import install_from_env
-        from .engine import ModelSettings, build_scheduler
+        from .served_decoder import ModelSettings, build_scheduler
 
         self.pb = pb_utils
         self.log = pb_utils.Logger
