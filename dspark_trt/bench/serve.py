@@ -121,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
     args.concurrency = args.concurrency or [1, 4, 16]
     args.requests = args.requests or 16
 
-    from ..serving.served_decoder import ModelSettings
     from ..serving.repository import read_model_config
     from ..serving.server import TritonServer
+    from ..serving.settings import ModelSettings
 
     config_path = Path(args.repository) / args.model / "config.pbtxt"
     if not config_path.is_file():

@@ -193,8 +193,9 @@ def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[
     """The same requests in-process with the served model's settings: texts and the mean acceptance length."""
     from pathlib import Path
 
-    from ..serving.served_decoder import ModelSettings, load_decoder
     from ..serving.repository import read_model_config
+    from ..serving.served_decoder import load_decoder
+    from ..serving.settings import ModelSettings
 
     model_dir = Path(repository) / model
     config = read_model_config(model_dir / "config.pbtxt")
@@ -208,7 +209,8 @@ def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[
 
 def run_openai(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
-    from ..serving.deployment import ServeOptions, resolve_source
+    from ..serving.deployment import resolve_source
+    from ..serving.settings import ServeOptions
 
     concurrency = args.concurrency or [1, 4, 16, 64]
     args.concurrency = concurrency

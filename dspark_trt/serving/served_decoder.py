@@ -1,5 +1,6 @@
 """What the served model runs: a ``SpeculativeDecoder`` and its ``RequestScheduler``, built from the repository's
-parameters (the same function serves the Triton model, the tests and ``dspark bench serve``'s baseline).
+parameters (``settings.ModelSettings``; the same function serves the Triton model, the tests and ``dspark bench
+serve``'s baseline).
 
 Two sources:
 
@@ -12,86 +13,12 @@ Two sources:
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..errors import DSparkTrtError
+from .settings import RUNTIMES, ModelSettings
 
-__all__ = ["ModelSettings", "choose_runtime", "load_decoder", "build_scheduler", "RUNTIMES"]
-
-RUNTIMES = ("tensorrt", "onnxruntime", "torch")
-PARSE = {"confidence_threshold": float,  # numeric parameters other than int (config.pbtxt holds strings)
-         "verify_drafts": lambda raw: "auto" if raw.lower() == "auto" else int(raw)}
-
-
-@dataclass
-class ModelSettings:
-    """The served model's parameters (config.pbtxt ``parameters``; all strings there)."""
-
-    export_dir: str = ""
-    drafter_dir: str = ""
-    target_dir: str = ""
-    runtime: str = ""  # tensorrt | onnxruntime | torch
-    device: str = "cpu"
-    topk: int | None = None  # None: the drafter's default; 0: dense
-    confidence_threshold: float | None = None
-    verify_drafts: int | str | None = None  # at most this many drafts verified per round; None: all N; "auto"
-    max_batch_size: int = 64  # requests decoded together (in-flight batching)
-    max_context: int | None = None  # prompt + max_tokens limit; None: the target's
-    max_queue: int | None = None  # requests allowed to wait for a batch row; the next is refused ("server busy")
-    threads: int = 0  # torch / onnxruntime intra-op threads; 0 = library default
-
-    def to_parameters(self) -> dict[str, str]:
-        return {k: str(v) for k, v in asdict(self).items() if v is not None and v != ""}
-
-    @classmethod
-    def from_parameters(cls, params: dict[str, str]) -> "ModelSettings":
-        out = {}
-        for f in fields(cls):
-            if f.name not in params:
-                continue
-            raw = str(params[f.name]).strip()
-            if f.name in ("export_dir", "drafter_dir", "target_dir", "runtime", "device"):
-                out[f.name] = raw
-            elif raw == "":
-                out[f.name] = None if f.default is None else f.default
-            else:
-                try:
-                    out[f.name] = PARSE.get(f.name, int)(raw)
-                except ValueError:
-                    raise DSparkTrtError(f"model parameter {f.name}={raw!r} is not a number; fix config.pbtxt") from None
-        return cls(**out)
-
-    def resolved(self, base: str | Path) -> "ModelSettings":
-        """These settings with relative model paths taken relative to ``base`` (the model's version directory,
-        where ``dspark triton-repo --copy`` puts the export or the checkpoint pair)."""
-        from dataclasses import replace
-
-        at = lambda p: str(Path(base) / p) if p and not Path(p).is_absolute() else p  # noqa: E731
-        return replace(self, export_dir=at(self.export_dir), drafter_dir=at(self.drafter_dir),
-                       target_dir=at(self.target_dir))
-
-    def check(self) -> "ModelSettings":
-        if bool(self.export_dir) == bool(self.drafter_dir or self.target_dir):
-            raise DSparkTrtError("give either export_dir or drafter_dir + target_dir (a checkpoint pair)")
-        if not self.export_dir and not (self.drafter_dir and self.target_dir):
-            raise DSparkTrtError("a checkpoint pair needs both drafter_dir and target_dir")
-        if self.runtime not in RUNTIMES:
-            raise DSparkTrtError(f"unknown runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
-        if self.export_dir and self.runtime == "torch":
-            raise DSparkTrtError("runtime torch runs a checkpoint pair (--drafter/--target), not an export directory; "
-                                 "use onnxruntime or tensorrt for an export")
-        if not self.export_dir and self.runtime == "tensorrt":
-            raise DSparkTrtError("runtime tensorrt runs an export directory's engines; export first (dspark-export)")
-        if self.max_batch_size < 1:
-            raise DSparkTrtError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_queue is not None and self.max_queue < 0:
-            raise DSparkTrtError(f"max_queue must be >= 0 (requests allowed to wait), got {self.max_queue}; leave "
-                                 f"it unset for no bound")
-        for path in (self.export_dir, self.drafter_dir, self.target_dir):
-            if path and not Path(path).is_dir():
-                raise DSparkTrtError(f"model directory {path} does not exist; pass an existing directory")
-        return self
+__all__ = ["choose_runtime", "load_decoder", "build_scheduler", "have_tensorrt", "context_limit"]
 
 
 def have_tensorrt() -> bool:

@@ -34,7 +34,8 @@ class TritonPythonModel:
         from dataclasses import replace
 
         from ..testing.faults import install_from_env
-        from .served_decoder import ModelSettings, build_scheduler
+        from .served_decoder import build_scheduler
+        from .settings import ModelSettings
 
         self.pb = pb_utils
         self.log = pb_utils.Logger

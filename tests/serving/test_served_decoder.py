@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.serving.served_decoder import ModelSettings, choose_runtime, have_tensorrt
+from dspark_trt.serving.served_decoder import choose_runtime, have_tensorrt
+from dspark_trt.serving.settings import ModelSettings
 
 
 def test_settings_round_trip_through_string_parameters(tmp_path):
