@@ -71,3 +71,12 @@ def test_model_parameters_are_the_decode_settings_and_the_source(tmp_path):
     assert set(s.to_parameters()) <= {f.name for f in fields(ModelSettings)}
     assert {f.name for f in fields(DecodeSettings)} < {f.name for f in fields(ModelSettings)}
     assert ModelSettings.from_parameters(s.to_parameters()) == s
+
+
+def test_triton_repo_topk_off_is_written_as_dense(tiny_pair, tmp_path):
+    from dspark_trt.serving.repository import read_model_config, write_model_repository
+
+    repo = write_model_repository(tmp_path / "repo", drafter_dir=tiny_pair.drafter, target_dir=tiny_pair.target,
+                                  topk="off", gpus=None)
+    params = read_model_config(repo / "dspark" / "config.pbtxt").parameters
+    assert params["topk"].string_value == "0"  # the served model's dense
