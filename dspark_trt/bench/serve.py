@@ -32,6 +32,8 @@ import statistics
 import threading
 import time
 
+from .serve_load import percentile, prompts
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("repository", metavar="REPO", nargs="?", default=None,
@@ -49,19 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _prompts(n: int) -> list[str]:
-    from ..demo.pair import EMBEDDED_TEXT
-
-    words = EMBEDDED_TEXT.split()
-    return [" ".join(words[(7 * i) % (len(words) - 12): (7 * i) % (len(words) - 12) + 2 + i % 9]) for i in range(n)]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    k = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
-    return values[k]
 
 
 def _served(url: str, model: str, payloads: list[dict], clients: int) -> dict:
@@ -84,12 +73,12 @@ def _served(url: str, model: str, payloads: list[dict], clients: int) -> dict:
     tokens = sum(len(a.ids) for a in answers)
     lat = [a.seconds for a in answers]
     return {"clients": clients, "requests": len(payloads), "tokens": tokens, "seconds": wall,
-            "tokens_per_second": tokens / wall, "p50_s": statistics.median(lat), "p99_s": _percentile(lat, 0.99),
+            "tokens_per_second": tokens / wall, "p50_s": statistics.median(lat), "p99_s": percentile(lat, 0.99),
             "max_batch": max(a.batch_size or 0 for a in answers), "ids": [a.ids for a in answers]}
 
 
 def _in_process(settings, payloads: list[dict]) -> list[dict]:
-    from ..serving.engine import load_decoder
+    from ..serving.served_decoder import load_decoder
 
     dec = load_decoder(settings)
     kwargs = lambda p: dict(temperature=p["temperature"], seed=p["seed"], topk=settings.topk,  # noqa: E731
@@ -104,7 +93,7 @@ def _in_process(settings, payloads: list[dict]) -> list[dict]:
     wall = time.perf_counter() - start
     tokens = sum(len(i) for i in ids)
     rows = [{"clients": "in-process, one at a time", "requests": len(payloads), "tokens": tokens, "seconds": wall,
-             "tokens_per_second": tokens / wall, "p50_s": statistics.median(lat), "p99_s": _percentile(lat, 0.99),
+             "tokens_per_second": tokens / wall, "p50_s": statistics.median(lat), "p99_s": percentile(lat, 0.99),
              "ids": ids}]
     same = {(p["temperature"], p["seed"], p["max_tokens"]) for p in payloads}
     if len(same) == 1:  # one batch needs shared settings (true for this benchmark's requests)
@@ -132,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
     args.concurrency = args.concurrency or [1, 4, 16]
     args.requests = args.requests or 16
 
-    from ..serving.engine import ModelSettings
     from ..serving.repository import read_model_config
     from ..serving.server import TritonServer
+    from ..serving.settings import ModelSettings
 
     config_path = Path(args.repository) / args.model / "config.pbtxt"
     if not config_path.is_file():
@@ -142,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     config = read_model_config(config_path)
     settings = ModelSettings.from_parameters({k: v.string_value for k, v in config.parameters.items()})
     payloads = [{"text_input": p, "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": i if
-                 args.temperature else 0} for i, p in enumerate(_prompts(args.requests))]
+                 args.temperature else 0} for i, p in enumerate(prompts(args.requests))]
     if args.temperature:
         for p in payloads:
             p["seed"] = 0  # one batch in-process needs one seed; the requests still differ by prompt

@@ -14,6 +14,9 @@ import json
 import statistics
 import time
 
+from .serve_load import percentile
+from .serve_load import prompts as load_prompts
+
 __all__ = ["run_openai", "acceptance_from_metrics"]
 
 
@@ -133,8 +136,6 @@ async def _grpc_request(client, tensors: dict) -> dict:
 
 async def _level(kind: str, clients: int, work: list, send) -> dict:
     """``clients`` workers take the requests in order; wall time over all of them."""
-    from .serve import _percentile
-
     results = [None] * len(work)
     next_index = iter(range(len(work)))
 
@@ -150,7 +151,7 @@ async def _level(kind: str, clients: int, work: list, send) -> dict:
     latency = [r["latency"] for r in results]
     return {"clients": clients, "path": kind, "requests": len(work), "tokens": tokens, "seconds": wall,
             "tokens_per_second": tokens / wall, "ttft_p50_ms": 1000 * statistics.median(ttft),
-            "ttft_p99_ms": 1000 * _percentile(ttft, 0.99), "latency_p50_s": statistics.median(latency),
+            "ttft_p99_ms": 1000 * percentile(ttft, 0.99), "latency_p50_s": statistics.median(latency),
             "results": results}
 
 
@@ -192,8 +193,9 @@ def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[
     """The same requests in-process with the served model's settings: texts and the mean acceptance length."""
     from pathlib import Path
 
-    from ..serving.engine import ModelSettings, load_decoder
     from ..serving.repository import read_model_config
+    from ..serving.served_decoder import load_decoder
+    from ..serving.settings import ModelSettings
 
     model_dir = Path(repository) / model
     config = read_model_config(model_dir / "config.pbtxt")
@@ -207,8 +209,8 @@ def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[
 
 def run_openai(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
-    from ..serving.deployment import ServeOptions, resolve_source
-    from .serve import _prompts
+    from ..serving.deployment import resolve_source
+    from ..serving.settings import ServeOptions
 
     concurrency = args.concurrency or [1, 4, 16, 64]
     args.concurrency = concurrency
@@ -230,13 +232,13 @@ def run_openai(args: argparse.Namespace) -> int:
     if resolved.kind == "checkpoint":  # the child resolves the path again: export it here, hand over the export
         from ..export.pipeline import ExportOptions
         from ..serving.deployment import default_dtype
-        from ..serving.engine import have_tensorrt
+        from ..serving.served_decoder import have_tensorrt
         from ..serving.export_cache import cached_export
 
         cached = cached_export(resolved.path, target_dir=resolved.target, options=ExportOptions(
             dtype=default_dtype(), engine="tensorrt" if have_tensorrt() else "none"))
         child_source = cached.path
-    prompts = _prompts(requests)
+    prompts = load_prompts(requests)
     child = _Child(child_source, options)
     info = child.start(timeout=900)
     try:

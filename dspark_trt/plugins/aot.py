@@ -14,10 +14,10 @@ Everything the export manifest and the TensorRT plugin need is a pure function o
 two numbers of the compiled kernel (``num_warps``, ``shared``): kernel name, signature, int32 extra
 arguments, launch parameters. ``write_ptx_artifacts`` writes the PTX files and returns a JSON-able dict.
 
-The ISA is the lowest of three caps (``choose_ptx_isa``): the one asked for (``--ptx-isa``), what Triton's
-ptxas emits, and — on a host with a GPU driver — what that driver JIT-compiles (``driver_max_ptx_isa`` of
-``ptx_launch.driver_version()``); the chosen ISA is recorded with each kernel, with its caps and the oldest
-CUDA driver that JIT-compiles it (``min_driver_cuda``). A cap below what the arch needs (a CUDA 11 driver for
+The ISA rules (caps, driver versions, the arch's minimum) are ``ptx_isa.py``'s. The ISA is the lowest of three
+caps (``choose_ptx_isa``): the one asked for (``--ptx-isa``), what Triton's ptxas emits, and — on a host with a
+GPU driver — what that driver JIT-compiles (``ptx_launch.driver_ptx_isa_cap``); the chosen ISA is recorded with
+each kernel, with its caps and the oldest CUDA driver that JIT-compiles it (``min_driver_cuda``). A cap below what the arch needs (a CUDA 11 driver for
 sm_90a) is a one-line refusal, never a compile. The PTX targets ``sm_80``
 (plain: any Ampere-or-newer driver JITs it) or ``sm_90a`` (Hopper's arch-specific features: it loads **only**
 on compute capability 9.0 exactly — ``ptx_runs_on``), so a hardware-compatible (``ampere_plus``) engine
@@ -66,6 +66,7 @@ from pathlib import Path
 from ..errors import DSparkTrtError
 from .contract import (INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, PLUGIN_VERSION, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS,
                        UNION_PLUGIN_ID)
+from .ptx_isa import check_isa_for_arch, choose_ptx_isa, isa_number, min_driver_cuda, min_ptx_isa
 
 __all__ = [
     "DTYPE_NAMES",
@@ -89,11 +90,6 @@ __all__ = [
     "find_ptxas",
     "write_ptx_artifacts",
     "MAX_STATIC_SHARED_MEM",
-    "driver_max_ptx_isa",
-    "min_driver_cuda",
-    "min_ptx_isa",
-    "check_isa_for_arch",
-    "choose_ptx_isa",
     "plugin_arch",
     "ptx_runs_on",
     "cached_walk_kernel",
@@ -356,7 +352,7 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
         ptx = ptx.decode()
     isa = ptx_isa_version(ptx)
     for cap, what in ((spec.ptx_isa, "the requested cap"), (driver_cap, "this host's driver cap")):
-        if cap is not None and _isa_number(isa) > cap:
+        if cap is not None and isa_number(isa) > cap:
             raise DSparkTrtError(f"PTX ISA {isa} exceeds {what} {cap // 10}.{cap % 10}")
     ptx, stripped = strip_unused_trailing_params(ptx, meta.name, len(kernel_signature(spec)))
     return CompiledWalkKernel(spec=spec, name=meta.name, ptx=ptx, num_warps=meta.num_warps,
@@ -377,64 +373,6 @@ def check_shared_mem(shared_mem: int) -> None:
         raise DSparkTrtError(f"the walk kernel needs {int(shared_mem)} bytes of shared memory, more than the "
                              f"{MAX_STATIC_SHARED_MEM} an AOT plugin launch may use; lower the tile size "
                              f"(kernel.TILE_ELEMENTS) or the top-k")
-
-
-def driver_max_ptx_isa(cuda_version: str) -> int:
-    """The highest PTX ISA (×10) a driver of this CUDA version JIT-compiles: 12.0–12.5 → 8.0–8.5, 12.6 → 8.5,
-    12.8 → 8.7, 12.9 → 8.8, 13.x → 9.x (the CUDA release notes' table, as Triton encodes it)."""
-    try:
-        major, minor = (int(x) for x in cuda_version.split(".")[:2])
-    except ValueError:
-        raise DSparkTrtError(f"CUDA version {cuda_version!r} is not MAJOR.MINOR") from None
-    if major >= 13:
-        return 90 + (major - 13) * 10 + minor
-    if major == 12:
-        return 80 + minor if minor < 6 else 80 + minor - 1
-    if major == 11:
-        return 70 + minor
-    raise DSparkTrtError(f"CUDA {cuda_version} drivers are too old for the walk kernel (sm_80 needs CUDA >= 11)")
-
-
-#: CUDA versions whose drivers exist, oldest first (``min_driver_cuda`` picks the first whose driver JITs an ISA)
-_CUDA_RELEASES = tuple(f"11.{m}" for m in range(9)) + tuple(f"12.{m}" for m in (0, 1, 2, 3, 4, 5, 6, 8, 9)) + \
-    tuple(f"13.{m}" for m in range(10))
-
-
-def min_driver_cuda(isa: str | int) -> str:
-    """The oldest CUDA version whose driver JIT-compiles PTX ISA ``isa`` ("8.0" or 80): 8.0 → 12.0, 8.4 → 12.4,
-    8.7 → 12.8, 9.0 → 13.0 (the inverse of ``driver_max_ptx_isa`` over released versions)."""
-    number = isa if isinstance(isa, int) else _isa_number(isa)
-    for cuda in _CUDA_RELEASES:
-        if driver_max_ptx_isa(cuda) >= number:
-            return cuda
-    raise DSparkTrtError(f"no released CUDA driver JIT-compiles PTX ISA {number // 10}.{number % 10}")
-
-
-def min_ptx_isa(arch: int) -> int:
-    """The lowest PTX ISA (×10) that can target ``arch``'s PTX: sm_80 from ISA 7.0, sm_90a from 8.0 (the PTX ISA
-    release notes; LLVM refuses lower: "PTX version 7.8 does not support target 'sm_90a'")."""
-    return 80 if arch >= 90 else 70
-
-
-def check_isa_for_arch(isa: int | None, arch: int, driver_cap: int | None = None) -> None:
-    """Refuse (one line) an ISA below what ``arch`` needs: the cap came from ``--ptx-isa`` or from this host's
-    driver (then the fix is a newer driver, or building the PTX on another host)."""
-    need = min_ptx_isa(arch)
-    if isa is None or isa >= need:
-        return
-    sm = f"sm_{arch}{'a' if arch >= 90 else ''}"
-    if driver_cap is not None and isa == driver_cap:
-        raise DSparkTrtError(f"{sm} PTX needs ISA >= {need // 10}.{need % 10}, but this host's driver JIT-compiles at "
-                             f"most {isa // 10}.{isa % 10}; update the driver to CUDA >= {min_driver_cuda(need)}")
-    raise DSparkTrtError(f"--ptx-isa {isa // 10}.{isa % 10} is below the {need // 10}.{need % 10} that {sm} PTX needs; "
-                         f"use --ptx-isa {need // 10}.{need % 10} or higher")
-
-
-def choose_ptx_isa(requested: int | None, triton_default: int | None, driver_cap: int | None = None) -> int | None:
-    """The ISA to emit: the lowest of the requested cap, Triton's ptxas default and the driver's cap (None
-    entries are unknown and ignored; None when all are unknown = Triton's default)."""
-    caps = [c for c in (requested, triton_default, driver_cap) if c is not None]
-    return min(caps) if caps else None
 
 
 def plugin_arch(hardware_compatibility: str, device_capability: int | None) -> int:
@@ -489,7 +427,7 @@ def select_export_kernel(kernel: dict, kernel_dir: str | Path, spec: WalkKernelS
     ptx = path.read_text()
     if hashlib.sha256(ptx.encode()).hexdigest() != entry["sha256"]:
         raise DSparkTrtError(f"{path} differs from the PTX the export checked (sha256); re-run dspark-export")
-    if driver_cap is not None and _isa_number(entry["ptx_isa"]) > driver_cap:
+    if driver_cap is not None and isa_number(entry["ptx_isa"]) > driver_cap:
         cap = f"{driver_cap // 10}.{driver_cap % 10}"
         fix = (f"re-export with --ptx-isa {cap} (or update the driver)" if driver_cap >= min_ptx_isa(spec.arch) else
                f"update the driver to CUDA >= {min_driver_cuda(entry['ptx_isa'])}")
@@ -513,11 +451,6 @@ def _triton_default_isa(arch: int) -> int | None:
         return int(ptx_get_version(get_ptxas(arch).version))
     except Exception:  # internal API (present in Triton 3.6-3.9); the compile falls back on its own
         return None
-
-
-def _isa_number(isa: str) -> int:
-    major, minor = isa.split(".")
-    return int(major) * 10 + int(minor)
 
 
 def find_ptxas() -> str | None:
@@ -660,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--validate", action="store_true", help="assemble each PTX with the CUDA toolkit's ptxas")
     args = p.parse_args(argv)
     try:
-        isa = None if args.ptx_isa == "triton" else _isa_number(args.ptx_isa)
+        isa = None if args.ptx_isa == "triton" else isa_number(args.ptx_isa)
         ptxas = find_ptxas() if args.validate else None
         if args.validate and ptxas is None:
             raise DSparkTrtError("--validate needs a CUDA toolkit ptxas (nvcc's directory or PATH)")

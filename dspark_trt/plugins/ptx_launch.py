@@ -16,6 +16,7 @@ import ctypes
 import functools
 
 from ..errors import DSparkTrtError
+from .ptx_isa import driver_max_ptx_isa
 
 __all__ = ["aot_kernel_params", "PtxModule", "libcuda", "driver_version", "driver_ptx_isa_cap"]
 
@@ -69,8 +70,6 @@ def driver_version() -> str:
 
 def driver_ptx_isa_cap() -> int | None:
     """The highest PTX ISA (×10) this host's driver JIT-compiles, or None without a loadable driver."""
-    from .aot import driver_max_ptx_isa
-
     try:
         return driver_max_ptx_isa(driver_version())
     except DSparkTrtError:

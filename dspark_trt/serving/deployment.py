@@ -26,13 +26,14 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..errors import DSparkTrtError
+from .settings import ServeOptions
 
-__all__ = ["Source", "ServeOptions", "Deployment", "resolve_source", "frontend_config", "default_dtype"]
+__all__ = ["Source", "Deployment", "resolve_source", "frontend_config", "default_dtype"]
 
 log = logging.getLogger("dspark")
 
@@ -88,62 +89,9 @@ def resolve_source(path: str | Path, *, target: str | Path | None = None) -> Sou
 
 def default_dtype() -> str:
     """bf16 where TensorRT runs the engines (a GPU host), fp32 on a CPU host (onnxruntime)."""
-    from .engine import have_tensorrt
+    from .served_decoder import have_tensorrt
 
     return "bf16" if have_tensorrt() else "fp32"
-
-
-@dataclass
-class ServeOptions:
-    """Everything ``dspark serve`` can be told (None: the library default)."""
-
-    # export (a checkpoint source)
-    topk: int | str | None = None
-    dtype: str | None = None  # default_dtype()
-    max_context: int | None = None  # export bound and served limit
-    cache_dir: str | Path | None = None
-    # repository (checkpoint and export sources)
-    runtime: str | None = None
-    device: str | None = None
-    confidence_threshold: float | None = None
-    verify_drafts: int | str | None = None
-    max_batch_size: int = 64
-    threads: int = 0
-    instances: int = 1
-    gpus: list[int] | None = None
-    max_queue: int | None = None
-    # servers
-    host: str = "127.0.0.1"
-    http_port: int = 8000  # 0: any free port
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    openai_port: int | None = 9000  # None: no front end
-    tritonserver: str | None = None
-    log_file: str | Path | None = None
-    exit_timeout: int = 30
-    startup_timeout: float = 900.0
-    reload_timeout: float = 120.0  # a model reload after its stub died; then the whole server is restarted
-    # front end
-    model: str | None = None  # the model to serve from a repository (default: dspark, or its only model)
-    served_model_name: str | None = None
-    chat_template: str | None = None  # template text
-    access_log: bool = False
-    repository_flags: list[str] = field(default_factory=list)  # set by the CLI: flags that write a repository
-
-    def writer_options(self) -> dict:
-        """Keyword arguments of ``write_model_repository`` beyond the source (defaults left out)."""
-        out = dict(runtime=self.runtime, device=self.device, confidence_threshold=self.confidence_threshold,
-                   verify_drafts=self.verify_drafts, max_batch_size=self.max_batch_size,
-                   max_context=self.max_context, threads=self.threads)
-        if self.topk is not None and self.topk != "off":
-            out["topk"] = int(self.topk)
-        if self.instances != 1:
-            out["instances"] = self.instances
-        if self.gpus:
-            out["gpus"] = list(self.gpus)
-        if self.max_queue is not None:
-            out["max_queue"] = self.max_queue
-        return out
 
 
 def _served_model(repository: Path, wanted: str | None) -> str:
@@ -166,9 +114,9 @@ def frontend_config(repository: str | Path, model: str, grpc_url: str, *, served
     """The front end's view of a repository's model: its tokenizer directory and context limit, read from
     ``config.pbtxt`` and the export's manifest (no model is loaded)."""
     from ..jsonfile import read_json
-    from .engine import ModelSettings
     from .openai_app import FrontendConfig
     from .repository import read_model_config
+    from .settings import ModelSettings
 
     model_dir = Path(repository) / model
     config = read_model_config(model_dir / "config.pbtxt")
@@ -230,7 +178,7 @@ class Deployment:
             return self.repository
         if src.kind == "checkpoint":
             from ..export.pipeline import ExportOptions
-            from .engine import have_tensorrt
+            from .served_decoder import have_tensorrt
             from .export_cache import cached_export
 
             options = ExportOptions(topk=opts.topk, dtype=opts.dtype or default_dtype(),

@@ -7,8 +7,8 @@ once, a venv with ``numpy<2``, ``nvidia-pytriton`` and the runtime's dependencie
 the calling environment (same torch, transformers, onnxruntime), and points the stub at it. dspark_trt
 itself is not installed there: the server process gets this package's source directory on PYTHONPATH.
 
-The venv lives under ``$DSPARK_TRT_CACHE`` (default ``~/.cache/dspark-trt``) in a directory keyed by the
-Python version and the pins, is built under a file lock (parallel test workers build it once), and is
+The venv lives under the cache root (``dspark_trt.cache``: ``$DSPARK_TRT_CACHE``, else
+``$XDG_CACHE_HOME/dspark-trt``, else ``~/.cache/dspark-trt``) in a directory keyed by the Python version and the pins, is built under a file lock (parallel test workers build it once), and is
 marked complete only when pip succeeded; an interrupted build is removed and redone.
 """
 
@@ -27,9 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cache import cache_root
 from ..errors import DSparkTrtError
 
-__all__ = ["ServerEnvironment", "server_environment", "server_requirements", "cache_root"]
+__all__ = ["ServerEnvironment", "server_environment", "server_requirements"]
 
 log = logging.getLogger("dspark")
 
@@ -38,10 +39,6 @@ BASE_REQUIREMENTS = ("numpy<2", "nvidia-pytriton>=0.7")
 #: runtime packages pinned to the calling environment's versions when installed there
 MIRRORED = ("torch", "transformers", "safetensors", "tokenizers", "onnxruntime", "onnx", "onnx-ir", "filelock")
 COMPLETE = ".dspark-complete"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DSPARK_TRT_CACHE") or Path.home() / ".cache" / "dspark-trt")
 
 
 def server_requirements() -> list[str]:

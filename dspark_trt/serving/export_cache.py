@@ -1,10 +1,13 @@
 """Exports of drafter checkpoints for ``dspark serve CHECKPOINT``, cached by content digest and export options.
 
-    cache/exports/<config digest[:12]>-<key[:16]>/     an ordinary export directory (dspark-export's layout)
-    cache/digests.json                                 file identity → content sha256 (see below)
+    serve/exports/<config digest[:12]>-<key[:16]>/     an ordinary export directory (dspark-export's layout)
+    serve/digests.json                                 file identity → content sha256 (see below)
+
+``serve/`` is ``cache.cache_dir("serve")`` (below the one cache root, ``XDG_CACHE_HOME`` honoured) unless a
+cache directory is given.
 
 The key hashes the contents of every file of the drafter and target directories, the export options, and
-dspark-trt's version with the exporter's sources (a new exporter never reuses an old export). Reading a
+dspark-trt's version with all its sources (``cache.sources_digest``: a new exporter never reuses an old export). Reading a
 multi-GB target for every start would take longer than the start itself, so each file's sha256 is kept in
 ``digests.json`` beside its identity (path, size, mtime, inode) and read again only when that changes — the
 same trade git's index and ccache make. An entry is written atomically (complete or absent) under a file
@@ -20,19 +23,16 @@ import logging
 import os
 from pathlib import Path
 
+from ..cache import cache_dir as _cache_dir
+from ..cache import file_sha256, json_digest, sources_digest
+
 __all__ = ["CachedExport", "cached_export", "cache_entry", "export_cache_dir", "directory_digest"]
 
 log = logging.getLogger("dspark")
 
-#: the package's sources an export depends on (relative to dspark_trt/)
-EXPORTER_SOURCES = ("export", "plugins", "reference", "torch_to_onnx.py", "loader.py", "checkpoint.py", "config.py",
-                    "taps.py", "hf.py")
-
-
 def export_cache_dir() -> Path:
-    from .environment import cache_root
-
-    return cache_root() / "serve"
+    """The default cache directory of ``dspark serve``'s exports: ``<cache root>/serve``."""
+    return _cache_dir("serve")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +40,6 @@ class CachedExport:
     path: Path
     reused: bool  # True: found in the cache; False: exported now
     key: str
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 23), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _DigestIndex:
@@ -68,7 +60,7 @@ class _DigestIndex:
         entry = self.entries.get(real)
         if entry is not None and entry[:3] == identity:
             return entry[3]
-        digest = _file_sha256(file)
+        digest = file_sha256(file)
         self.entries[real] = identity + [digest]
         self.changed = True
         return digest
@@ -89,20 +81,7 @@ def directory_digest(directory: str | Path, index: _DigestIndex | None = None) -
         if any(part.startswith(".") for part in rel.parts):
             continue
         h.update(rel.as_posix().encode() + b"\0")
-        h.update((index.sha256(file) if index is not None else _file_sha256(file)).encode())
-    return h.hexdigest()
-
-
-def _sources_digest() -> str:
-    from .. import __version__
-
-    h = hashlib.sha256(__version__.encode())
-    package = Path(__file__).resolve().parents[1]
-    for rel in EXPORTER_SOURCES:
-        path = package / rel
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []:
-            h.update(file.relative_to(package).as_posix().encode())
-            h.update(file.read_bytes())
+        h.update((index.sha256(file) if index is not None else file_sha256(file)).encode())
     return h.hexdigest()
 
 
@@ -122,8 +101,7 @@ def cache_entry(drafter_dir: str | Path, *, target_dir: str | Path, options, cac
         index = _DigestIndex(cache / "digests.json")
         inputs = {"drafter": directory_digest(drafter_dir, index), "target": directory_digest(target_dir, index)}
         index.save()
-    record = {"inputs": inputs, "sources": _sources_digest(), "options": dataclasses.asdict(options)}
-    key = hashlib.sha256(json.dumps(record, sort_keys=True, default=list).encode()).hexdigest()
+    key = json_digest({"inputs": inputs, "sources": sources_digest(), "options": dataclasses.asdict(options)})
     return cache / "exports" / f"{config.digest()[:12]}-{key[:16]}", key
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
-from .engine import ModelSettings, choose_runtime
+from .served_decoder import choose_runtime
+from .settings import ModelSettings, RepositorySettings
 from .protocol import INPUTS, OUTPUTS
 
 __all__ = ["build_model_config", "read_model_config", "write_model_repository", "check_servable_export",
@@ -86,19 +87,16 @@ def read_model_config(path: str | Path):
 
 def write_model_repository(out: str | Path, *, export_dir: str | Path | None = None,
                            drafter_dir: str | Path | None = None, target_dir: str | Path | None = None,
-                           runtime: str | None = None, device: str | None = None, topk: int | None = None,
-                           confidence_threshold: float | None = None, verify_drafts: int | None = None,
-                           max_batch_size: int = 64, max_context: int | None = None, threads: int = 0,
                            model_name: str = MODEL_NAME, copy: bool = False, force: bool = False,
-                           instances: int = 1, gpus: list[int] | None = None,
-                           max_queue: int | None = None) -> Path:
+                           **settings) -> Path:
     """Write the repository (atomically: a failed write leaves nothing; an existing one is replaced only with
     ``force``, and only when it is a repository written here or an empty directory).
 
     ``copy``: copy the export (or the drafter and target) into ``REPO/<model>/1/`` and reference it relative to
     that directory, so that the repository stands alone; otherwise it references them by absolute path.
-    ``instances``: model instances (``instance_group`` count; each runs its own decoder and scheduler);
-    ``gpus``: the GPU ids they run on (GPU runtimes only). ``max_queue``: requests allowed to wait for a batch
+    ``settings``: ``RepositorySettings`` fields — the model's parameters (runtime, device, topk, …, written to
+    config.pbtxt) and its instance group: ``instances`` model instances (each runs its own decoder and
+    scheduler) on ``gpus`` (GPU ids; GPU runtimes only). ``max_queue``: requests allowed to wait for a batch
     row per instance (default: no bound); the next one is refused with a "server busy" error (Triton
     ``UNAVAILABLE``).
     """
@@ -108,16 +106,15 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
     from google.protobuf import text_format
 
     resolve = lambda p: str(Path(p).resolve()) if p else ""  # noqa: E731
+    wanted = RepositorySettings(**settings)
     if export_dir:
-        check_servable_export(export_dir, runtime)
-    runtime = choose_runtime(export_dir=resolve(export_dir), forced=runtime)
-    if device is None:
-        device = "cuda" if runtime == "tensorrt" else "cpu"
+        check_servable_export(export_dir, wanted.runtime)
+    decode = wanted.decode_settings()
+    decode["runtime"] = choose_runtime(export_dir=resolve(export_dir), forced=wanted.runtime)
+    if decode["topk"] == "off":  # dense: the served model's encoding is 0
+        decode["topk"] = 0
     settings = ModelSettings(export_dir=resolve(export_dir), drafter_dir=resolve(drafter_dir),
-                             target_dir=resolve(target_dir), runtime=runtime, device=device, topk=topk,
-                             confidence_threshold=confidence_threshold, verify_drafts=verify_drafts,
-                             max_batch_size=max_batch_size, max_context=max_context, threads=threads,
-                             max_queue=max_queue).check()
+                             target_dir=resolve(target_dir), **decode).check()
     copies = {}  # name in the version directory → source (ModelSettings.resolved reads the names back)
     if copy:
         copies = {name: src for name in ("export", "drafter", "target") if (src := getattr(settings, f"{name}_dir"))}
@@ -125,7 +122,7 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
         if inside:
             raise DSparkTrtError(f"--copy would copy {inside[0]} into itself: write the repository outside it")
         settings = replace(settings, **{f"{name}_dir": name for name in copies})
-    config = build_model_config(settings, name=model_name, instances=instances, gpus=gpus)
+    config = build_model_config(settings, name=model_name, instances=wanted.instances, gpus=wanted.gpus)
     with atomic_output_dir(out, force=force, marker=REPOSITORY_MARKER) as tmp:
         model = tmp / model_name
         (model / "1").mkdir(parents=True)

@@ -33,8 +33,9 @@ class TritonPythonModel:
 
         from dataclasses import replace
 
-        from .engine import ModelSettings, build_scheduler
         from .faults import install_from_env
+        from .served_decoder import build_scheduler
+        from .settings import ModelSettings
 
         self.pb = pb_utils
         self.log = pb_utils.Logger

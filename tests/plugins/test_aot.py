@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.plugins import aot
+from dspark_trt.plugins import aot, ptx_isa
 from dspark_trt.plugins.contract import INPUTS, OUTPUTS, UNION_INPUTS, UNION_OUTPUTS
 
 pytestmark = pytest.mark.triton
@@ -61,7 +61,7 @@ def test_ptx_files_are_what_the_engine_needs(small_build):
         assert re.search(rf"\.visible \.entry {info['kernel_name']}\(", ptx)
         assert re.search(rf"^\.target {k['arch']}\b", ptx, re.MULTILINE)
         isa = aot.ptx_isa_version(ptx)
-        assert isa == k["ptx_isa"] and aot._isa_number(isa) <= aot.DEFAULT_PTX_ISA  # a CUDA 13.0 driver JITs it
+        assert isa == k["ptx_isa"] and ptx_isa.isa_number(isa) <= aot.DEFAULT_PTX_ISA  # a CUDA 13.0 driver JITs it
         # exactly TensorRT's AOT parameters: inputs, 2 int32 extras, outputs (Triton's unused scratch pointers,
         # which TensorRT would not pass, are stripped: 2 of them since Triton 3.5)
         assert k["params"] == len(INPUTS) + 2 + len(OUTPUTS) and k["trailing_params"] == 0
@@ -110,7 +110,7 @@ def test_union_build_describes_the_union_op(union_build):
         assert len(re.findall(r"\.param \.u32 ", ptx)) == 2
         assert k["launch"]["grid"] == ["B", 1, 1] and k["launch"]["block"] == [k["num_warps"] * 32, 1, 1]
         assert 0 <= k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM
-        assert aot._isa_number(k["ptx_isa"]) <= aot.DEFAULT_PTX_ISA
+        assert ptx_isa.isa_number(k["ptx_isa"]) <= aot.DEFAULT_PTX_ISA
         if aot.find_ptxas():
             assert k["validated"]["spill_store_bytes"] == 0 and k["validated"]["registers"] > 0
 
@@ -271,14 +271,14 @@ def test_kernel_arguments_follow_the_aot_calling_convention():
 @pytest.mark.parametrize("cuda,isa", [("11.8", 78), ("12.0", 80), ("12.4", 84), ("12.6", 85), ("12.8", 87),
                                       ("12.9", 88), ("13.0", 90), ("13.2", 92), ("14.0", 100)])
 def test_driver_isa_cap_follows_the_cuda_release_table(cuda, isa):
-    assert aot.driver_max_ptx_isa(cuda) == isa
+    assert ptx_isa.driver_max_ptx_isa(cuda) == isa
 
 
 def test_driver_isa_cap_refuses_garbage_and_old_drivers():
     with pytest.raises(DSparkTrtError, match="MAJOR.MINOR"):
-        aot.driver_max_ptx_isa("thirteen")
+        ptx_isa.driver_max_ptx_isa("thirteen")
     with pytest.raises(DSparkTrtError, match="too old"):
-        aot.driver_max_ptx_isa("10.2")
+        ptx_isa.driver_max_ptx_isa("10.2")
 
 
 def test_the_default_isa_is_what_cuda_12_drivers_jit_compile(small_build, union_build):
@@ -288,29 +288,29 @@ def test_the_default_isa_is_what_cuda_12_drivers_jit_compile(small_build, union_
         spec = aot.WalkKernelSpec(3, 16, 8, 0.5, *(("float32", "float16") if not m else ("float32", "bfloat16")),
                                   arch=90, markov_topm=m)
         for cuda in ("12.0", "12.4", "12.8", "13.0"):  # a build host with this driver takes the export's PTX
-            aot.select_export_kernel(info, out, spec, driver_cap=aot.driver_max_ptx_isa(cuda))
+            aot.select_export_kernel(info, out, spec, driver_cap=ptx_isa.driver_max_ptx_isa(cuda))
         for k in info["kernels"]:
             assert k["ptx_isa"] == "8.0" and k["min_driver_cuda"] == "12.0"
-            assert k["ptx_isa_caps"]["arch_min"] == aot.min_ptx_isa(k["compute_capability"])
+            assert k["ptx_isa_caps"]["arch_min"] == ptx_isa.min_ptx_isa(k["compute_capability"])
             assert aot.ptx_isa_version((out / k["file"]).read_text()) == "8.0"
-    assert aot.DEFAULT_PTX_ISA == aot.min_ptx_isa(90) == 80 <= aot.driver_max_ptx_isa("12.4")
+    assert aot.DEFAULT_PTX_ISA == ptx_isa.min_ptx_isa(90) == 80 <= ptx_isa.driver_max_ptx_isa("12.4")
 
 
 @pytest.mark.parametrize("isa,cuda", [("8.0", "12.0"), ("8.4", "12.4"), ("8.5", "12.5"), ("8.6", "12.8"),
                                       ("8.7", "12.8"), ("8.8", "12.9"), ("9.0", "13.0"), (78, "11.8"), (92, "13.2")])
 def test_min_driver_cuda_inverts_the_release_table(isa, cuda):
-    assert aot.min_driver_cuda(isa) == cuda
-    assert aot.driver_max_ptx_isa(cuda) >= (isa if isinstance(isa, int) else aot._isa_number(isa))
+    assert ptx_isa.min_driver_cuda(isa) == cuda
+    assert ptx_isa.driver_max_ptx_isa(cuda) >= (isa if isinstance(isa, int) else ptx_isa.isa_number(isa))
 
 
 def test_an_isa_below_the_arch_minimum_is_refused_in_one_line(tmp_path):
     """LLVM aborts the whole process on sm_90a below ISA 8.0: the choice is refused before any compile."""
-    aot.check_isa_for_arch(78, 80)  # sm_80 takes ISA 7.0 and newer
-    aot.check_isa_for_arch(None, 90)  # Triton's default
+    ptx_isa.check_isa_for_arch(78, 80)  # sm_80 takes ISA 7.0 and newer
+    ptx_isa.check_isa_for_arch(None, 90)  # Triton's default
     with pytest.raises(DSparkTrtError, match=r"driver JIT-compiles at most 7.8; update the driver to CUDA >= 12.0"):
-        aot.check_isa_for_arch(78, 90, driver_cap=78)
+        ptx_isa.check_isa_for_arch(78, 90, driver_cap=78)
     with pytest.raises(DSparkTrtError, match=r"--ptx-isa 7.8 is below the 8.0 that sm_90a PTX needs"):
-        aot.check_isa_for_arch(78, 90)
+        ptx_isa.check_isa_for_arch(78, 90)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-m", "dspark_trt.plugins.aot", "--out", str(tmp_path), "--n", "2", "--k",
@@ -322,10 +322,10 @@ def test_an_isa_below_the_arch_minimum_is_refused_in_one_line(tmp_path):
 
 
 def test_isa_choice_is_the_lowest_known_cap():
-    assert aot.choose_ptx_isa(90, 94, None) == 90  # CPU export host: requested cap vs Triton's ptxas
-    assert aot.choose_ptx_isa(90, 94, 87) == 87  # a CUDA 12.8 driver on the build host
-    assert aot.choose_ptx_isa(None, 87, None) == 87
-    assert aot.choose_ptx_isa(None, None, None) is None
+    assert ptx_isa.choose_ptx_isa(90, 94, None) == 90  # CPU export host: requested cap vs Triton's ptxas
+    assert ptx_isa.choose_ptx_isa(90, 94, 87) == 87  # a CUDA 12.8 driver on the build host
+    assert ptx_isa.choose_ptx_isa(None, 87, None) == 87
+    assert ptx_isa.choose_ptx_isa(None, None, None) is None
 
 
 @pytest.mark.parametrize("hw,cap,want", [("ampere_plus", 90, 80), ("ampere_plus", None, 80), ("none", 90, 90),

@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from dspark_trt.errors import DSparkTrtError
 from dspark_trt.serving import export_cache
 from dspark_trt.serving.export_cache import _DigestIndex, cache_entry, directory_digest
 
@@ -35,8 +36,8 @@ def test_the_memo_rereads_only_changed_files(tmp_path, monkeypatch):
     for name in ("a.json", "b.safetensors"):
         (d / name).write_bytes(name.encode() * 1000)
     reads = []
-    real = export_cache._file_sha256
-    monkeypatch.setattr(export_cache, "_file_sha256", lambda p: reads.append(p.name) or real(p))
+    real = export_cache.file_sha256
+    monkeypatch.setattr(export_cache, "file_sha256", lambda p: reads.append(p.name) or real(p))
     index = _DigestIndex(tmp_path / "digests.json")
     first = directory_digest(d, index)
     index.save()
@@ -78,3 +79,16 @@ def test_not_a_checkpoint_is_one_line(tmp_path):
     with pytest.raises(DSparkTrtError):
         cache_entry(tmp_path / "x", target_dir=tmp_path / "x", options=ExportOptions(), cache_dir=tmp_path / "c")
     assert not (tmp_path / "c" / "exports").exists()
+
+
+def test_serve_caches_live_below_the_one_cache_root(tmp_path, monkeypatch):
+    from dspark_trt.serving.environment import server_environment
+    from dspark_trt.serving.export_cache import export_cache_dir
+
+    monkeypatch.delenv("DSPARK_TRT_CACHE", raising=False)
+    monkeypatch.delenv("DSPARK_TRITON_ENV", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert export_cache_dir() == tmp_path / "xdg" / "dspark-trt" / "serve"
+    with pytest.raises(DSparkTrtError, match="not built") as e:
+        server_environment(build=False)
+    assert str(tmp_path / "xdg" / "dspark-trt" / "triton-env-py") in str(e.value)

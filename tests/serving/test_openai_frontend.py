@@ -53,7 +53,8 @@ def decoder(embedded_export):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, embedded_export):
-    from dspark_trt.serving.deployment import Deployment, ServeOptions, resolve_source
+    from dspark_trt.serving.deployment import Deployment, resolve_source
+    from dspark_trt.serving.settings import ServeOptions
 
     log = tmp_path_factory.mktemp("openai") / "tritonserver.log"
     options = ServeOptions(threads=1, http_port=0, grpc_port=0, metrics_port=0, openai_port=0, chat_template=TEMPLATE,
@@ -345,7 +346,8 @@ def test_metrics_endpoint_counts_what_the_front_end_reports(served, client):
 
 def test_deployment_writes_the_serving_flags_and_refuses_them_for_a_ready_repository(tmp_path, embedded_export):
     from dspark_trt.cli.main import main
-    from dspark_trt.serving.deployment import Deployment, ServeOptions, resolve_source
+    from dspark_trt.serving.deployment import Deployment, resolve_source
+    from dspark_trt.serving.settings import ServeOptions
     from dspark_trt.serving.repository import read_model_config
 
     d = Deployment(resolve_source(embedded_export), ServeOptions(instances=2, max_queue=3, max_batch_size=8))

@@ -178,7 +178,8 @@ def test_copied_pair_stands_alone_and_loads_where_the_repository_moves(tmp_path,
     import shutil
 
     from dspark_trt.cli.main import main
-    from dspark_trt.serving.engine import ModelSettings, load_decoder
+    from dspark_trt.serving.served_decoder import load_decoder
+    from dspark_trt.serving.settings import ModelSettings
     from dspark_trt.serving.repository import read_model_config
 
     src = tmp_path / "src"

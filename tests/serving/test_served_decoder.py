@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.serving.engine import ModelSettings, choose_runtime, have_tensorrt
+from dspark_trt.serving.served_decoder import choose_runtime, have_tensorrt
+from dspark_trt.serving.settings import ModelSettings
 
 
 def test_settings_round_trip_through_string_parameters(tmp_path):
@@ -52,7 +53,7 @@ def test_runtime_choice(tmp_path):
 
 
 def test_scheduler_gets_the_served_draft_options(tiny_pair):
-    from dspark_trt.serving.engine import build_scheduler
+    from dspark_trt.serving.served_decoder import build_scheduler
 
     settings = ModelSettings(drafter_dir=str(tiny_pair.drafter), target_dir=str(tiny_pair.target), runtime="torch",
                              topk=4, confidence_threshold=0.3, verify_drafts=2).check()
