@@ -32,11 +32,6 @@ def _gpus(text: str) -> list[int]:
     return [int(g) for g in text.split(",") if g.strip()]
 
 
-def _topk(text: str) -> int | str:
-    """``--topk`` values: an integer K >= 0, or 'off' (argparse names this function in its error)."""
-    return "off" if text.strip().lower() == "off" else int(text)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", nargs="?", default=None,
                    help="drafter checkpoint, export directory or model repository (default: the embedded demo pair)")
@@ -58,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template for /v1/chat/completions (default: the tokenizer's own)")
     s.add_argument("--access-log", action="store_true", help="log every OpenAI API request")
     m = p.add_argument_group("model (a checkpoint or an export; a REPO has these in its config.pbtxt)")
-    m.add_argument("--topk", type=_topk, default=None, metavar="K|off", help="draft top-k (default: the "
+    m.add_argument("--topk", default=None, metavar="K|off", help="draft top-k (default: the "
                    "checkpoint's)")
     m.add_argument("--dtype", default=None, choices=("fp32", "fp16", "bf16"),
                    help="export dtype of a checkpoint (default: bf16 with TensorRT, fp32 on a CPU host)")
@@ -103,6 +98,7 @@ def _options(args: argparse.Namespace):
 
     from ..errors import DSparkTrtError
     from ..serving.deployment import ServeOptions
+    from ..topk import DEFAULT_TOPK, parse_topk
 
     defaults = {"max_batch_size": 64, "threads": 0, "instances": 1}
     flags = [flag for key, flag in REPOSITORY_FLAGS.items() if getattr(args, key) not in (None, defaults.get(key))]
@@ -116,7 +112,8 @@ def _options(args: argparse.Namespace):
         raise DSparkTrtError(f"--instances must be >= 1, got {args.instances}")
     if args.max_queue is not None and args.max_queue < 0:
         raise DSparkTrtError(f"--max-queue must be >= 0, got {args.max_queue}")
-    return ServeOptions(topk=args.topk, dtype=args.dtype, max_context=args.max_context, cache_dir=args.cache_dir,
+    topk = DEFAULT_TOPK if args.topk is None else parse_topk(args.topk, zero_is_off=True)
+    return ServeOptions(topk=topk, dtype=args.dtype, max_context=args.max_context, cache_dir=args.cache_dir,
                         runtime=args.runtime, device=args.device, confidence_threshold=args.confidence_threshold,
                         verify_drafts=args.verify_drafts, max_batch_size=args.max_batch_size, threads=args.threads,
                         instances=args.instances, gpus=args.gpus, max_queue=args.max_queue, host=args.host,

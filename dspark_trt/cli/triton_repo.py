@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", choices=("tensorrt", "onnxruntime", "torch"), default=None,
                    help="force the runtime (default: tensorrt / onnxruntime for an export, torch for a pair)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for tensorrt, else cpu)")
-    p.add_argument("--topk", type=int, default=None, help="draft top-k (default: the drafter's; 0 = dense)")
+    p.add_argument("--topk", default=None, metavar="K|off", help="draft top-k (default: the drafter's; off or 0 = dense)")
     p.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only drafts whose confidence is at least this")
     p.add_argument("--verify-drafts", type=verify_length, default=None, metavar="L|auto",
@@ -60,11 +60,13 @@ def _gpu_list(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
     from ..serving.repository import write_model_repository
+    from ..topk import DEFAULT_TOPK, parse_topk
 
     if (args.export_dir is None) == (args.drafter is None and args.target is None):
         raise DSparkTrtError("give an export directory OUT, or --drafter and --target (not both)")
+    topk = DEFAULT_TOPK if args.topk is None else parse_topk(args.topk, zero_is_off=True)
     repo = write_model_repository(args.output, export_dir=args.export_dir, drafter_dir=args.drafter,
-                                  target_dir=args.target, runtime=args.runtime, device=args.device, topk=args.topk,
+                                  target_dir=args.target, runtime=args.runtime, device=args.device, topk=topk,
                                   confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts,
                                   max_batch_size=args.max_batch_size, max_context=args.max_context,
                                   threads=args.threads, copy=args.copy, force=args.force,

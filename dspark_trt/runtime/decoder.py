@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from ..errors import DSparkTrtError
+from ..topk import DEFAULT_TOPK
 from .backends.base import DrafterBackend, backend_class
 from .batch import Batch
 from .draft_options import resolve_draft_options, resolve_markov_topm, resolve_verify_drafts
@@ -63,7 +64,7 @@ class SpeculativeDecoder:
         self.backend = backend
         self.config = backend.config
         self.tokenizer = tokenizer
-        self.default_topk = self.config.draft_topk  # generate(topk=None); an export's own top-k in from_export
+        self.default_topk = self.config.draft_topk  # generate(topk=DEFAULT_TOPK); an export's own top-k in from_export
         check_pair(self.config, target)
         if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
             raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
@@ -156,7 +157,7 @@ class SpeculativeDecoder:
         max_new_tokens: int = 64,
         *,
         temperature: float | Sequence[float] = 0.0,
-        topk: int | None = None,
+        topk: int | str | None = DEFAULT_TOPK,
         seed: int | Sequence[int] = 0,
         eos_token_id: int | Sequence[int] | None = None,
         confidence_threshold: float | None = None,
@@ -173,9 +174,9 @@ class SpeculativeDecoder:
             inputs: token ids (a list of lists, a 1-D list, a tensor [B, T] or a list of 1-D tensors), or text
                 (a string or list of strings) when a tokenizer is available.
             temperature: < 1e-5 is greedy; one value or one per request.
-            topk (*optional*): candidates per draft slot for the top-k Markov head; ``None`` uses the drafter
-                config's ``draft_topk`` (dense when unset; an export's own top-k with ``from_export``), ``0``
-                forces dense.
+            topk (*optional*): candidates per draft slot for the top-k Markov head; ``None`` (or ``"off"``) the
+                dense head; ``DEFAULT_TOPK`` (the default) the drafter config's ``draft_topk`` (dense when unset;
+                an export's own top-k with ``from_export``). See ``dspark_trt.topk``.
             seed: noise key, ≥ 0; one value or one per request. Results do not depend on the batch.
             eos_token_id (*optional*): stop ids; ``None`` uses the target's, ``[]`` never stops early.
             confidence_threshold (*optional*): verify only the leading drafts whose confidence is ≥ this.

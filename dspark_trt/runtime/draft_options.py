@@ -8,13 +8,15 @@ resolved values (``round.RoundParams``).
 from __future__ import annotations
 
 from ..errors import DSparkTrtError
+from ..topk import resolve_topk
 
 __all__ = ["resolve_draft_options", "resolve_markov_topm", "resolve_verify_drafts"]
 
 
-def resolve_draft_options(c, topk: int | None, confidence_threshold: float | None, *, default_topk: int | None):
-    """(top-k, threshold) for drafter config ``c``: ``None`` → ``default_topk``, 0 → dense; checked."""
-    topk = default_topk if topk is None else (None if int(topk) == 0 else int(topk))
+def resolve_draft_options(c, topk, confidence_threshold: float | None, *, default_topk: int | None):
+    """(top-k, threshold) for drafter config ``c``, checked: ``topk`` ``DEFAULT_TOPK`` → ``default_topk`` (the
+    drafter's own), None or ``"off"`` → dense (None), K → K (``topk.parse_topk``)."""
+    topk = resolve_topk(topk, default_topk)
     if topk is not None and not 1 <= topk <= c.draft_vocab_size:
         raise DSparkTrtError(f"top-k {topk} must be in [1, draft_vocab_size={c.draft_vocab_size}]; use a smaller "
                              f"--topk or 'off'")

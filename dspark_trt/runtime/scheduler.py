@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import DSparkTrtError, ServerBusy
+from ..topk import DEFAULT_TOPK
 from .batch import Batch
 from .decoder import SpeculativeDecoder
 from .draft_options import resolve_draft_options, resolve_verify_drafts
@@ -152,7 +153,8 @@ class RequestScheduler:
 
     Args:
         decoder: the decoder; its target must implement ``extend`` (``HFTarget`` does).
-        topk (*optional*): candidates per draft slot, as in ``generate`` (``None``: the drafter's default).
+        topk (*optional*): candidates per draft slot, as in ``generate`` (``DEFAULT_TOPK``: the drafter's own;
+            None: dense).
         confidence_threshold (*optional*): as in ``generate``.
         verify_drafts (*optional*): as in ``generate``.
         draft (bool, defaults to True): ``False`` decodes with the target alone (the baseline).
@@ -168,7 +170,7 @@ class RequestScheduler:
     new batch and still get exactly their ``generate`` tokens.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
+    def __init__(self, decoder: SpeculativeDecoder, *, topk: int | str | None = DEFAULT_TOPK,
                  confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
                  max_context: int | None = None, verify_drafts: int | None = None, max_queue: int | None = None,
                  on_round: RoundCallback | None = None):

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import DSparkTrtError
+from ..topk import DEFAULT_TOPK
 
 __all__ = ["Source", "ServeOptions", "Deployment", "resolve_source", "frontend_config", "default_dtype"]
 
@@ -98,7 +99,7 @@ class ServeOptions:
     """Everything ``dspark serve`` can be told (None: the library default)."""
 
     # export (a checkpoint source)
-    topk: int | str | None = None
+    topk: int | None = DEFAULT_TOPK  # K; None: dense
     dtype: str | None = None  # default_dtype()
     max_context: int | None = None  # export bound and served limit
     cache_dir: str | Path | None = None
@@ -135,8 +136,8 @@ class ServeOptions:
         out = dict(runtime=self.runtime, device=self.device, confidence_threshold=self.confidence_threshold,
                    verify_drafts=self.verify_drafts, max_batch_size=self.max_batch_size,
                    max_context=self.max_context, threads=self.threads)
-        if self.topk is not None and self.topk != "off":
-            out["topk"] = int(self.topk)
+        if self.topk is not DEFAULT_TOPK:
+            out["topk"] = self.topk
         if self.instances != 1:
             out["instances"] = self.instances
         if self.gpus:

@@ -16,11 +16,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..errors import DSparkTrtError
+from ..topk import DEFAULT_TOPK, parse_topk, topk_text
 
 __all__ = ["ModelSettings", "choose_runtime", "load_decoder", "build_scheduler", "RUNTIMES"]
 
 RUNTIMES = ("tensorrt", "onnxruntime", "torch")
 PARSE = {"confidence_threshold": float,  # numeric parameters other than int (config.pbtxt holds strings)
+         "topk": lambda raw: parse_topk(raw, zero_is_off=True),  # K or off (0: off, as written before)
          "verify_drafts": lambda raw: "auto" if raw.lower() == "auto" else int(raw)}
 
 
@@ -33,7 +35,7 @@ class ModelSettings:
     target_dir: str = ""
     runtime: str = ""  # tensorrt | onnxruntime | torch
     device: str = "cpu"
-    topk: int | None = None  # None: the drafter's default; 0: dense
+    topk: int | None = DEFAULT_TOPK  # K; None: dense (written "off"); DEFAULT_TOPK: the drafter's own
     confidence_threshold: float | None = None
     verify_drafts: int | str | None = None  # at most this many drafts verified per round; None: all N; "auto"
     max_batch_size: int = 64  # requests decoded together (in-flight batching)
@@ -42,7 +44,8 @@ class ModelSettings:
     threads: int = 0  # torch / onnxruntime intra-op threads; 0 = library default
 
     def to_parameters(self) -> dict[str, str]:
-        return {k: str(v) for k, v in asdict(self).items() if v is not None and v != ""}
+        out = {k: str(v) for k, v in asdict(self).items() if v is not None and v != "" and k != "topk"}
+        return out if self.topk is DEFAULT_TOPK else {**out, "topk": topk_text(self.topk)}
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "ModelSettings":
@@ -58,7 +61,7 @@ class ModelSettings:
             else:
                 try:
                     out[f.name] = PARSE.get(f.name, int)(raw)
-                except ValueError:
+                except (ValueError, DSparkTrtError):
                     raise DSparkTrtError(f"model parameter {f.name}={raw!r} is not a number; fix config.pbtxt") from None
         return cls(**out)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
+from ..topk import DEFAULT_TOPK
 from .engine import ModelSettings, choose_runtime
 from .protocol import INPUTS, OUTPUTS
 
@@ -86,7 +87,7 @@ def read_model_config(path: str | Path):
 
 def write_model_repository(out: str | Path, *, export_dir: str | Path | None = None,
                            drafter_dir: str | Path | None = None, target_dir: str | Path | None = None,
-                           runtime: str | None = None, device: str | None = None, topk: int | None = None,
+                           runtime: str | None = None, device: str | None = None, topk: int | None = DEFAULT_TOPK,
                            confidence_threshold: float | None = None, verify_drafts: int | None = None,
                            max_batch_size: int = 64, max_context: int | None = None, threads: int = 0,
                            model_name: str = MODEL_NAME, copy: bool = False, force: bool = False,
