@@ -1,7 +1,7 @@
 """The package's layering: lower layers never import upper ones (read from the source, no imports run).
 
-Order, bottom to top: reference → plugins → export → runtime → testing/serving → args → bench → cli. ``errors``,
-``config``, ``atomic`` and the other top-level modules sit below all of them. A test helper (``testing/``)
+Order, bottom to top: reference → plugins → export → runtime → testing/serving → args → bench → cli.
+``errors``, ``config``, ``atomic`` and the other top-level modules sit below all of them. A test helper (``testing/``)
 builds checkpoints and must not depend on the runtime; a GPU check or benchmark is a tool, not part of the op;
 a benchmark builds on the library, never on the CLI (what ``dspark generate`` and ``dspark bench e2e`` share
 — their options, the decoder built from them — is ``args/decoding.py``).

@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runtime", choices=("tensorrt", "onnxruntime", "torch"), default=None,
                    help="force the runtime (default: tensorrt / onnxruntime for an export, torch for a pair)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for tensorrt, else cpu)")
-    p.add_argument("--topk", default=None, metavar="K|off", help="draft top-k (default: the drafter's; off or 0 = dense)")
+    p.add_argument("--topk", default=None, metavar="K|off",
+                   help="draft top-k (default: the drafter's; off or 0 = dense)")
     p.add_argument("--confidence-threshold", type=float, default=None,
                    help="verify only drafts whose confidence is at least this")
     p.add_argument("--verify-drafts", type=verify_length, default=None, metavar="L|auto",

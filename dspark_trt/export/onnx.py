@@ -189,7 +189,7 @@ class OnnxFromDrafter:
         validate (*optional*, defaults to True): run both graphs in onnxruntime against the drafter.
     """
 
-    def __init__(self, drafter, *, topk: int | str | None = None, max_context: int | None = None,
+    def __init__(self, drafter, *, topk: int | str | None = DEFAULT_TOPK, max_context: int | None = None,
                  target: str | None = None, block_size: int | None = None, validate: bool = True,
                  context_graph=None, markov_topm: int | str | None = None):
         self._drafter = drafter

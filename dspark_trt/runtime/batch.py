@@ -177,7 +177,8 @@ class Batch:
         drafted, accepted = n.tolist(), accepted.tolist()
         for rid, d, a in zip(self.rows.tolist(), drafted, accepted):
             r = self.requests[rid]
-            r.rounds, r.drafted, r.accepted, r.max_batch = r.rounds + 1, r.drafted + d, r.accepted + a, max(r.max_batch, B)
+            r.rounds, r.drafted, r.accepted = r.rounds + 1, r.drafted + d, r.accepted + a
+            r.max_batch = max(r.max_batch, B)
         if self.on_round is not None:
             self.on_round(drafted, accepted)
 

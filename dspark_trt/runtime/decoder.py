@@ -64,7 +64,7 @@ class SpeculativeDecoder:
         self.backend = backend
         self.config = backend.config
         self.tokenizer = tokenizer
-        self.default_topk = self.config.draft_topk  # generate(topk=DEFAULT_TOPK); an export's own top-k in from_export
+        self.default_topk = self.config.draft_topk  # what DEFAULT_TOPK means; an export's own top-k in from_export
         check_pair(self.config, target)
         if self.config.has_reduced_vocab and getattr(backend, "d2t", None) is None:
             raise DSparkTrtError(f"backend {backend.name!r} does not expose the drafter's d2t table, needed for a "
