@@ -43,3 +43,11 @@ def test_served_settings_write_off_and_leave_the_default_out(tmp_path):
     dense = ModelSettings(**base, topk=None).to_parameters()
     assert dense["topk"] == "off" and ModelSettings.from_parameters(dense).topk is None
     assert ModelSettings.from_parameters({**dense, "topk": "0"}).topk is None  # repositories written before
+
+
+def test_dspark_serve_passes_the_default_on_and_off_as_dense():
+    from dspark_trt.serving.deployment import ServeOptions
+
+    assert "topk" not in ServeOptions().writer_options()
+    assert ServeOptions(topk=None).writer_options()["topk"] is None
+    assert ServeOptions(topk=16).writer_options()["topk"] == 16
