@@ -1,12 +1,12 @@
 """The package's layering: lower layers never import upper ones (read from the source, no imports run).
 
 Order, bottom to top: reference → plugins → export → runtime → synthetic → training → demo → models/serving →
-bench/tools → cli. ``errors``, ``config``, ``atomic`` and the other top-level modules sit below all of them.
+args → bench/tools → cli. ``errors``, ``config``, ``atomic`` and the other top-level modules sit below all of them.
 The synthetic checkpoints write files and run no model; the demo pair is built from them and the quick
 distiller (``training/quick.py``). ``testing/`` holds helpers for tests only: nothing in the package imports
 it, and it must not depend on the runtime. A GPU check or benchmark is a tool, not part of the op; a benchmark
 builds on the library, never on the CLI (what ``dspark generate`` and ``dspark bench e2e`` share — their
-options, the decoder built from them — is ``runtime/options.py``).
+options, the decoder built from them — is ``args/decoding.py``).
 """
 
 from __future__ import annotations
@@ -19,18 +19,19 @@ import dspark_trt
 ROOT = Path(dspark_trt.__file__).resolve().parent
 
 FORBIDDEN = {
-    "reference": {"plugins", "export", "runtime", "testing", "bench", "cli"},
-    "plugins": {"export", "runtime", "testing", "bench", "cli"},
-    "export": {"runtime", "testing", "bench", "cli"},
-    "runtime": {"testing", "bench", "cli"},
-    "testing": {"runtime", "bench", "cli"},
-    "synthetic": {"export", "runtime", "testing", "training", "demo", "models", "serving", "bench", "tools", "cli"},
-    "training": {"testing", "demo", "models", "serving", "bench", "tools", "cli"},
-    "demo": {"export", "runtime", "testing", "models", "serving", "bench", "tools", "cli"},
-    "serving": {"testing", "bench", "cli"},
+    "reference": {"plugins", "export", "runtime", "testing", "bench", "args", "cli"},
+    "plugins": {"export", "runtime", "testing", "bench", "args", "cli"},
+    "export": {"runtime", "testing", "bench", "args", "cli"},
+    "runtime": {"testing", "bench", "args", "cli"},
+    "testing": {"runtime", "bench", "args", "cli"},
+    "synthetic": {"export", "runtime", "testing", "training", "demo", "models", "serving", "bench", "tools", "args", "cli"},
+    "training": {"testing", "demo", "models", "serving", "bench", "tools", "args", "cli"},
+    "demo": {"export", "runtime", "testing", "models", "serving", "bench", "tools", "args", "cli"},
+    "serving": {"testing", "bench", "args", "cli"},
+    "args": {"testing", "bench", "tools", "cli"},
     "bench": {"testing", "cli"},
     "tools": {"testing", "cli"},
-    "models": {"testing", "cli"},
+    "models": {"testing", "args", "cli"},
     "cli": {"testing"},
 }
 # Known, tracked exceptions (remove an entry when its import goes): the target graph's validation runs the

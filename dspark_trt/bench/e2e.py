@@ -24,7 +24,7 @@ PROMPT_FORMATS = {"chat": "text through the chat template", "raw": "text as is",
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..runtime.options import add_arguments as add_decoding_arguments
+    from ..args.decoding import add_arguments as add_decoding_arguments
 
     add_decoding_arguments(p)
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
@@ -65,8 +65,8 @@ def batches_of(args, decoder) -> tuple[list, str, str]:
     """(batches, where the prompts come from, their format): the held-out prompts of the pair in chunks of
     --batch-size (default 1) when no prompt is given and the pair has them (format ``"held-out"``: as
     ``dspark smollm2`` rendered them, chat turns through the chat template and text as is), else one batch of
-    exactly --batch-size requests (``"chat"``/``"raw"`` text, or ``"ids"``: ``runtime/options.requests``)."""
-    from ..runtime.options import requests
+    exactly --batch-size requests (``"chat"``/``"raw"`` text, or ``"ids"``: ``args/decoding.requests``)."""
+    from ..args.decoding import requests
     from .heldout import find_heldout
 
     if args.prompt is None and args.input_ids is None:
@@ -141,7 +141,7 @@ def _transformers_twin(decoder, export_dir):
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
-    from ..runtime.options import build_decoder, generation_options
+    from ..args.decoding import build_decoder, generation_options
     from ..demo.pair import embedded_pair
 
     if args.no_draft:

@@ -29,9 +29,11 @@ import logging
 import time
 from pathlib import Path
 
+from ..topk import DEFAULT_TOPK
+
 log = logging.getLogger("dspark")
 
-SWEEP = (32, 64, 128, 256, 512, 1024, 0)  # 0 = dense
+SWEEP = (32, 64, 128, 256, 512, 1024, None)  # None = dense
 PARTS = {"matrix", "sweep", "verify", "seen", "export", "cost"}  # what --skip can leave out
 
 
@@ -52,14 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip", default="", help=f"comma-separated parts to skip: {', '.join(sorted(PARTS))}")
 
 
-def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=None, both=True,
+def _run_modes(decoder, prompts, *, batch: int, temperature: float, max_new: int, topk=DEFAULT_TOPK, both=True,
                verify_drafts=None) -> dict:
     """Speculative (and target-only, batch by batch: ``paired_runs``) over all prompts in batches of ``batch``."""
     from .e2e import paired_runs
 
-    opts = dict(max_new_tokens=max_new, temperature=temperature)
-    if topk is not None:
-        opts["topk"] = topk
+    opts = dict(max_new_tokens=max_new, temperature=temperature, topk=topk)
     if verify_drafts is not None:
         opts["verify_drafts"] = verify_drafts
     decoder.generate(prompts[:batch], **{**opts, "max_new_tokens": 4, "seed": list(range(batch))})  # warm-up
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     temperatures = _values(args.temperatures, "--temperatures", cast=float)  # checked before any model loads
     batches = _values(args.batches, "--batches")
     verify_caps = _values(args.verify_sweep, "--verify-sweep", ("all", "auto"))
-    ks = [0 if k in ("dense", "off") else k for k in _values(args.sweep, "--sweep", ("dense", "off"))]  # 0: dense
+    ks = [None if k in ("dense", "off") else k for k in _values(args.sweep, "--sweep", ("dense", "off"))]  # dense
     if args.threads:
         set_cpu_threads(args.threads)
     out = Path(args.out)

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace):
     """Only the flags the user gave; the library defaults stay the single source of truth."""
     from ..export.pipeline import ExportOptions
-    from ..plugins.contract import parse_topk
+    from ..topk import parse_topk
 
     if args.topk is not None:
         parse_topk(args.topk)  # a bad --topk fails before the demo pair is built

@@ -20,7 +20,7 @@ import argparse
 import json
 import logging
 
-from ..runtime.options import add_arguments as add_decoding_arguments
+from ..args.decoding import add_arguments as add_decoding_arguments
 
 PROMPT_FORMATS = {"chat": "chat (the tokenizer's chat template; --raw feeds the text as it is)",
                   "raw": "raw (the text as it is)"}
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runtime.options import build_decoder, generation_options, requests
+    from ..args.decoding import build_decoder, generation_options, requests
     from ..runtime.stats import GenerationResult
     from ..demo.pair import embedded_pair
 

@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
     from ..serving.repository import write_model_repository
+    from ..topk import DEFAULT_TOPK, parse_topk
 
     if (args.export_dir is None) == (args.drafter is None and args.target is None):
         raise DSparkTrtError("give an export directory OUT, or --drafter and --target (not both)")

@@ -32,7 +32,8 @@ import torch
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
-from ..plugins.contract import OP_CONTRACT_VERSION, TENSORRT_TOPK_LIMIT, parse_topk
+from ..plugins.contract import OP_CONTRACT_VERSION, TENSORRT_TOPK_LIMIT
+from ..topk import DEFAULT_TOPK, resolve_topk
 
 __all__ = [
     "DEFAULT_MAX_CONTEXT",
@@ -73,13 +74,13 @@ class ExportSpec:
         return OP_CONTRACT_VERSION if self.markov_topm else 1
 
     @classmethod
-    def resolve(cls, config: DSparkConfig, *, topk: int | str | None = None, dtype: str | torch.dtype | None = None,
+    def resolve(cls, config: DSparkConfig, *, topk: int | str | None = DEFAULT_TOPK, dtype: str | torch.dtype | None = None,
                 max_context: int | None = None, target: str | None = None,
                 block_size: int | None = None, markov_topm: int | str | None = None) -> "ExportSpec":
         """Defaults filled in and every argument checked against the drafter (one-line errors with the fix).
 
-        ``topk``: None → the checkpoint's ``draft_topk`` (vLLM ``dspark_draft_topk``), dense when absent;
-        ``"off"`` → dense; an int K >= 1 → that k (``plugins.contract.parse_topk``). ``block_size``, when given, must equal the checkpoint's.
+        ``topk``: ``DEFAULT_TOPK`` → the checkpoint's ``draft_topk`` (vLLM ``dspark_draft_topk``), dense when
+        absent; None or ``"off"`` → dense; an int K >= 1 → that k (``topk.parse_topk``). ``block_size``, when given, must equal the checkpoint's.
         ``markov_topm``: None → the checkpoint's ``draft_markov_topm`` where it applies (a top-k export; 0 for a
         dense one); an int M in [0, V_d] → that union width (M > 0 needs a top-k).
         """
@@ -92,7 +93,7 @@ class ExportSpec:
                 f"block size {block_size} does not match the checkpoint's block_size {config.block_size} (the "
                 f"drafter was trained for it and N is baked into the graphs); omit --block-size or pass "
                 f"{config.block_size}")
-        topk = config.draft_topk if topk is None else parse_topk(topk)
+        topk = resolve_topk(topk, config.draft_topk)
         vd = config.draft_vocab_size
         if topk is not None:
             if not 1 <= topk <= vd:
@@ -188,7 +189,7 @@ class OnnxFromDrafter:
         validate (*optional*, defaults to True): run both graphs in onnxruntime against the drafter.
     """
 
-    def __init__(self, drafter, *, topk: int | str | None = None, max_context: int | None = None,
+    def __init__(self, drafter, *, topk: int | str | None = DEFAULT_TOPK, max_context: int | None = None,
                  target: str | None = None, block_size: int | None = None, validate: bool = True,
                  context_graph=None, markov_topm: int | str | None = None):
         self._drafter = drafter

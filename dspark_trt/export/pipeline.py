@@ -39,6 +39,7 @@ from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
 from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
+from ..topk import DEFAULT_TOPK
 from .engine import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
                      union_engine_refusal, write_engine)
 from .disk import DiskEstimate, check_free_disk, disk_full_errors, estimate_export_bytes
@@ -62,7 +63,7 @@ RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  #
 class ExportOptions:
     """What ``dspark-export`` builds. ``None`` fields take the library defaults named beside them."""
 
-    topk: int | str | None = None  # None: the checkpoint's draft_topk, else dense; "off": dense
+    topk: int | str | None = DEFAULT_TOPK  # the checkpoint's draft_topk, else dense; None or "off": dense
     markov_topm: int | str | None = None  # None: the checkpoint's draft_markov_topm (top-k exports); 0: no union
     dtype: str = "bf16"
     engine: str = "auto"  # auto | tensorrt | tensorrt-rtx | none

@@ -28,7 +28,6 @@ __all__ = [
     "ATTRIBUTES",
     "TensorContract",
     "reference_op",
-    "parse_topk",
     "UNION_OP_NAME",
     "UNION_PLUGIN_ID",
     "UNION_INPUTS",
@@ -52,24 +51,6 @@ UNION_PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{UNION_OP_NAME}"
 #: 1 = DSparkTopKMarkov only; 2 = adds DSparkTopKMarkovUnion (the ``dspark`` ONNX domain version of an export
 #: that uses it; ``manifest.json["op_contract_version"]``, absent = 1). Readers accept every version ≤ this.
 OP_CONTRACT_VERSION = 2
-
-
-def parse_topk(value: int | str) -> int | None:
-    """The one ``--topk`` rule of every command: an integer K >= 1, or ``off`` (→ None: the dense Markov head).
-    (The range check against the drafter's vocabulary comes later, where the checkpoint is known.)"""
-    text = str(value).strip()
-    if text.lower() == "off":
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1 or isinstance(value, bool):
-        from ..errors import DSparkTrtError
-
-        raise DSparkTrtError(f"--topk {text}: use an integer K >= 1 (candidates per draft slot) or 'off' (the dense "
-                             f"Markov head)")
-    return k
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 
 One iteration of the loop (``step``): take the requests cancelled since the last round out of the batch,
 prefill the requests submitted since then into it (``Target.extend``, ``DrafterState.join``), run one
-round of the decoder (the same ``_Run`` code as ``SpeculativeDecoder.generate``), then hand every
+round of the decoder (the same ``Batch`` as ``SpeculativeDecoder.generate``), then hand every
 request its newly committed tokens; finished requests (EOS, ``max_new_tokens``) leave the batch.
 
 Requests are independent — own lengths, temperatures, seeds; noise keyed by (seed, position, token); a
@@ -29,8 +29,12 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import DSparkTrtError, ServerBusy
-from .decoder import (SpeculativeDecoder, _Request, _Run, check_context_budget, check_sampling, check_truncation,
-                      resolve_draft_options, resolve_verify_drafts)
+from ..topk import DEFAULT_TOPK
+from .batch import Batch
+from .decoder import SpeculativeDecoder
+from .draft_options import resolve_draft_options, resolve_verify_drafts
+from .requests import (Request, check_context_budget, check_max_new_tokens, check_sampling, check_truncation,
+                       eos_ids)
 
 __all__ = ["RequestScheduler", "RequestHandle", "SchedulerStats"]
 
@@ -47,7 +51,7 @@ MAX_STRIKES = 3
 class RequestHandle:
     """A submitted request: its tokens so far, how it ended, its acceptance statistics; ``cancel()``."""
 
-    def __init__(self, rid: int, request: _Request, on_update: UpdateCallback | None):
+    def __init__(self, rid: int, request: Request, on_update: UpdateCallback | None):
         self.id = rid
         self._request = request
         self._on_update = on_update
@@ -149,7 +153,8 @@ class RequestScheduler:
 
     Args:
         decoder: the decoder; its target must implement ``extend`` (``HFTarget`` does).
-        topk (*optional*): candidates per draft slot, as in ``generate`` (``None``: the drafter's default).
+        topk (*optional*): candidates per draft slot, as in ``generate`` (``DEFAULT_TOPK``: the drafter's own;
+            None: dense).
         confidence_threshold (*optional*): as in ``generate``.
         verify_drafts (*optional*): as in ``generate``.
         draft (bool, defaults to True): ``False`` decodes with the target alone (the baseline).
@@ -165,7 +170,7 @@ class RequestScheduler:
     new batch and still get exactly their ``generate`` tokens.
     """
 
-    def __init__(self, decoder: SpeculativeDecoder, *, topk: int | None = None,
+    def __init__(self, decoder: SpeculativeDecoder, *, topk: int | str | None = DEFAULT_TOPK,
                  confidence_threshold: float | None = None, draft: bool = True, max_batch_size: int = 64,
                  max_context: int | None = None, verify_drafts: int | None = None, max_queue: int | None = None,
                  on_round: RoundCallback | None = None):
@@ -186,7 +191,7 @@ class RequestScheduler:
         self.on_round = on_round
         self.max_context = max_context if max_context is not None else decoder.max_context
         self.stats = SchedulerStats()
-        self._run: _Run | None = None
+        self._run: Batch | None = None
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -207,20 +212,18 @@ class RequestScheduler:
         """
         dec = self.decoder
         nested = isinstance(prompt, (list, tuple)) and any(isinstance(t, (list, tuple, str)) for t in prompt)
-        prompts = dec._prompts([prompt] if isinstance(prompt, (list, tuple)) and not nested else prompt)
+        prompts = dec.prompts([prompt] if isinstance(prompt, (list, tuple)) and not nested else prompt)
         if len(prompts) != 1 or nested:
             raise DSparkTrtError(f"submit takes one prompt, got {len(prompts)}; submit each request separately")
         tokens = prompts[0]
-        if int(max_new_tokens) < 1:
-            raise DSparkTrtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_max_new_tokens(max_new_tokens)
         check_sampling(torch.tensor([float(temperature)]), torch.tensor([int(seed)]))
         check_truncation(torch.tensor([int(top_k)]), torch.tensor([float(top_p)]))
         stops = dec.stop_check(stop) if stop else None
         check_context_budget([len(tokens)], max_new_tokens, self.max_context)
-        eos = dec.target.eos_token_ids if eos_token_id is None else (
-            (int(eos_token_id),) if isinstance(eos_token_id, int) else tuple(int(e) for e in eos_token_id))
+        eos = eos_ids(eos_token_id, dec.target.eos_token_ids)
         rid = next(self._ids)
-        request = _Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos, stop=stops,
+        request = Request(rid, tokens, int(max_new_tokens), float(temperature), int(seed), eos, stop=stops,
                            top_k=int(top_k), top_p=float(top_p))
         handle = RequestHandle(rid, request, on_update)
         with self._lock:
@@ -283,8 +286,8 @@ class RequestScheduler:
             h._deliver(False)
         return bool(self._active or self._pending)
 
-    def _new_run(self) -> _Run:
-        run = _Run(self.decoder, self.topk, self.confidence_threshold, self.draft, verify_cap=self.verify_cap)
+    def _new_run(self) -> Batch:
+        run = Batch(self.decoder, self.topk, self.confidence_threshold, self.draft, verify_cap=self.verify_cap)
         run.on_round = self._on_round
         return run
 
@@ -304,7 +307,7 @@ class RequestScheduler:
     def _recover(self, handles: list[RequestHandle], error: BaseException) -> None:
         """A round (or a prefill) of ``handles`` raised: the batch is dropped, and each request runs one round
         alone. Those that raise again fail (alone, with their own error); the others resume together in a
-        new batch from the tokens they have (``_Run.admit``), so they still get exactly their ``generate``
+        new batch from the tokens they have (``Batch.admit``), so they still get exactly their ``generate``
         tokens. A request in ``MAX_STRIKES`` failed batches fails too (a fault that needs the whole batch)."""
         self._run = None
         self._active.clear()

@@ -111,8 +111,6 @@ def write_model_repository(out: str | Path, *, export_dir: str | Path | None = N
         check_servable_export(export_dir, wanted.runtime)
     decode = wanted.decode_settings()
     decode["runtime"] = choose_runtime(export_dir=resolve(export_dir), forced=wanted.runtime)
-    if decode["topk"] == "off":  # dense: the served model's encoding is 0
-        decode["topk"] = 0
     settings = ModelSettings(export_dir=resolve(export_dir), drafter_dir=resolve(drafter_dir),
                              target_dir=resolve(target_dir), **decode).check()
     copies = {}  # name in the version directory → source (ModelSettings.resolved reads the names back)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import DSparkTrtError
+from ..topk import DEFAULT_TOPK, parse_topk, topk_text
 
 __all__ = ["Setting", "SettingError", "setting_of", "DecodeSettings", "ModelSettings", "RepositorySettings",
            "ServeOptions", "RUNTIMES", "topk_value", "verify_length", "gpu_list"]
@@ -57,9 +58,16 @@ def setting_of(f: dataclasses.Field) -> Setting | None:
     return f.metadata.get(_SETTING)
 
 
-def topk_value(text: str) -> int | str:
-    """``--topk`` values: an integer K >= 0, or 'off' (argparse names this function in its error)."""
-    return "off" if text.strip().lower() == "off" else int(text)
+def topk_value(text: str) -> int | None:
+    """``--topk`` values and the ``topk`` parameter: K >= 1, or 'off' (dense; 0 too, as served models have always
+    read it): ``topk.parse_topk``, its refusal as a ``SettingError``. ``DEFAULT_TOPK`` (a ``str``, which argparse
+    passes through this function as a flag's default) stays itself."""
+    if text is DEFAULT_TOPK:
+        return DEFAULT_TOPK
+    try:
+        return parse_topk(text, zero_is_off=True)
+    except DSparkTrtError as e:
+        raise SettingError(str(e)) from None
 
 
 def verify_length(text: str) -> int | str:
@@ -86,8 +94,8 @@ class DecodeSettings:
         None, "force the runtime (default: tensorrt where TensorRT is importable and the export has engines, else "
         "onnxruntime; torch for a checkpoint pair)", flag="--runtime", choices=RUNTIMES)
     device: str | None = setting(None, "cpu or cuda (default: cuda for tensorrt, else cpu)", flag="--device")
-    topk: int | str | None = setting(
-        None, "draft top-k: K candidates per draft slot, or 'off' (dense) (default: the drafter's)", flag="--topk",
+    topk: int | None = setting(
+        DEFAULT_TOPK, "draft top-k: K candidates per draft slot, or 'off' (dense) (default: the drafter's)", flag="--topk",
         parse=topk_value, metavar="K|off")
     confidence_threshold: float | None = setting(
         None, "verify only drafts whose confidence is at least this", flag="--confidence-threshold", parse=float)
@@ -119,7 +127,10 @@ class ModelSettings(DecodeSettings):
             object.__setattr__(self, "device", "cuda" if self.runtime == "tensorrt" else "cpu")
 
     def to_parameters(self) -> dict[str, str]:
-        return {k: str(v) for k, v in asdict(self).items() if v is not None and v != ""}
+        """config.pbtxt's parameters: unset ones left out; the top-k as ``topk_text`` writes it (the drafter's own
+        top-k left out)."""
+        out = {k: str(v) for k, v in asdict(self).items() if v is not None and v != "" and k != "topk"}
+        return out if self.topk is DEFAULT_TOPK else {**out, "topk": topk_text(self.topk)}
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "ModelSettings":
@@ -135,8 +146,9 @@ class ModelSettings(DecodeSettings):
             else:
                 try:
                     out[f.name] = parse(raw)
-                except ValueError:
-                    raise DSparkTrtError(f"model parameter {f.name}={raw!r} is not a number; fix config.pbtxt") from None
+                except ValueError as e:
+                    why = str(e) if isinstance(e, SettingError) else "is not a number"
+                    raise DSparkTrtError(f"model parameter {f.name}={raw!r}: {why}; fix config.pbtxt") from None
         return cls(**out)
 
     def resolved(self, base: str | Path) -> "ModelSettings":
@@ -232,10 +244,7 @@ class ServeOptions(RepositorySettings):
     repository_flags: list[str] = field(default_factory=list)
 
     def writer_options(self) -> dict:
-        """Keyword arguments of ``write_model_repository`` beyond the source: the ``RepositorySettings`` fields
-        (topk 'off' left out: it shaped the export, whose drafter default is then dense)."""
+        """Keyword arguments of ``write_model_repository`` beyond the source: the ``RepositorySettings`` fields."""
         out = {f.name: getattr(self, f.name) for f in fields(RepositorySettings)}
-        if out["topk"] == "off":
-            out["topk"] = None
         out["gpus"] = list(self.gpus) if self.gpus else None
         return out

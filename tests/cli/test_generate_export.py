@@ -70,12 +70,12 @@ def one_error(capsys) -> str:
 def test_a_request_past_the_export_bound_is_refused_at_once(qwen3_topk_export, command, capsys, monkeypatch):
     """The export's KV bound (--max-context, 8192 here) against prompt + --max-new-tokens, before any prefill
     (the warm-up of the benchmark included), not after thousands of rounds."""
-    from dspark_trt.runtime.decoder import _Run
+    from dspark_trt.runtime.batch import Batch
 
     def poisoned(*_args, **_kwargs):
         raise AssertionError("a request was admitted before the bound was checked")
 
-    monkeypatch.setattr(_Run, "admit", poisoned)
+    monkeypatch.setattr(Batch, "admit", poisoned)
     code = main([*command, "--export", str(qwen3_topk_export), "--input-ids", "5 6 7", "--max-new-tokens", "100000"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1, err

@@ -20,9 +20,9 @@ def prompts_for(decoder, n, seed, **kw):
 
 # -- lossless greedy -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("batch", [1, 3, 5])
-@pytest.mark.parametrize("topk", [0, 1, 16, 257], ids=["dense", "k1", "k16", "kV"])
+@pytest.mark.parametrize("topk", [None, 1, 16, 257], ids=["dense", "k1", "k16", "kV"])
 def test_greedy_speculation_equals_target_only_greedy(distilled_decoder, batch, topk):
-    prompts = prompts_for(distilled_decoder, batch, seed=batch * 31 + topk)
+    prompts = prompts_for(distilled_decoder, batch, seed=batch * 31 + (topk or 0))
     spec = distilled_decoder.generate(prompts, 24, topk=topk)
     base = distilled_decoder.generate(prompts, 24, draft=False)
     assert spec.tokens == base.tokens
@@ -51,7 +51,7 @@ def test_a_padded_backend_drafts_from_the_cache_it_binds(distilled_pair, distill
 def test_greedy_with_a_random_drafter_is_lossless_too(random_pair):
     decoder = make_decoder(random_pair)
     prompts = prompts_for(decoder, 3, seed=5)
-    for topk in (0, 512):
+    for topk in (None, "off", 512):
         assert decoder.generate(prompts, 16, topk=topk).tokens == decoder.generate(prompts, 16, draft=False).tokens
 
 
@@ -317,7 +317,8 @@ def test_sampling_is_reproducible_and_seed_dependent(distilled_decoder):
     ([[1, 2]], {"verify_drafts": 99}, "verify_drafts must be an integer in 1 …"),
     ([[1, 2]], {"verify_drafts": 1.5}, "verify_drafts must be an integer in 1 …"),
     ([[1, 2]], {"topk": 4, "markov_topm": 258}, "--markov-topm 258 must be in [0, draft_vocab_size=257]"),
-    ([[1, 2]], {"topk": 0, "markov_topm": 2}, "--markov-topm needs a top-k head"),
+    ([[1, 2]], {"topk": None, "markov_topm": 2}, "--markov-topm needs a top-k head"),
+    ([[1, 2]], {"topk": 0}, "--topk 0: use an integer K >= 1 (candidates per draft slot) or 'off'"),
 ])
 def test_bad_requests_raise_one_line_errors(distilled_decoder, inputs, kwargs, message):
     with pytest.raises(DSparkTrtError) as e:

@@ -76,7 +76,7 @@ def run(decoder, topk, **options):
                             eos_token_id=[], **options)
 
 
-@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (0, {"confidence_threshold": 0.5}),
+@pytest.mark.parametrize("topk, options", [(None, {}), (4, {}), (None, {"confidence_threshold": 0.5}),
                                            (2, {"markov_topm": 3}), (4, {"verify_drafts": 1})],
                          ids=["dense", "top4", "dense-confidence-truncated", "top2-union3", "top4-verify-1"])
 def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joint, topk, options):
@@ -87,7 +87,7 @@ def test_speculative_sampling_matches_the_target_distribution(decoder, exact_joi
     assert min(chi_square_pvalues(out.tokens, exact_joint)) > 1e-4
 
 
-@pytest.mark.parametrize("topk, options", [(0, {}), (3, {}), (2, {"markov_topm": 4})],
+@pytest.mark.parametrize("topk, options", [(None, {}), (3, {}), (2, {"markov_topm": 4})],
                          ids=["dense", "top3", "top2-union4"])
 def test_reduced_draft_vocabulary_sampling_is_lossless(small_vocab_reduced_pair, topk, options):
     """d2t: candidates are draft ids; the verifier must see them as target ids."""
@@ -98,16 +98,16 @@ def test_reduced_draft_vocabulary_sampling_is_lossless(small_vocab_reduced_pair,
     assert min(chi_square_pvalues(out.tokens, target_joint(dec))) > 1e-4
 
 
-@pytest.mark.parametrize("topk, options", [(0, {}), (4, {}), (2, {"markov_topm": 3})],
+@pytest.mark.parametrize("topk, options", [(None, {}), (4, {}), (2, {"markov_topm": 3})],
                          ids=["dense", "top4", "top2-union3"])
 def test_a_wrong_draft_distribution_fails_the_same_test(decoder, exact_joint, topk, options, monkeypatch):
-    import dspark_trt.runtime.decoder as decoder_module
+    import dspark_trt.runtime.round as round_module
     from dspark_trt.reference.verify import draft_probs
 
     def wrong_q(cand_logits, cand_ids, tokens, temperature):  # drafts were sampled at T, verified as if at 2T
         return draft_probs(cand_logits, cand_ids, tokens, temperature * 2)
 
-    monkeypatch.setattr(decoder_module, "draft_probs", wrong_q)
+    monkeypatch.setattr(round_module, "draft_probs", wrong_q)
     out = run(decoder, topk, **options)
     assert min(chi_square_pvalues(out.tokens, exact_joint)) < 1e-6
 
@@ -122,7 +122,7 @@ TRUNCATIONS = [(8, 1.0), (0, 0.6), (12, 0.7)]
 
 
 @pytest.mark.parametrize("top_k, top_p", TRUNCATIONS, ids=["top_k8", "top_p0.6", "top_k12-top_p0.7"])
-@pytest.mark.parametrize("topk", [0, 4], ids=["dense", "top4"])
+@pytest.mark.parametrize("topk", [None, 4], ids=["dense", "top4"])
 def test_truncated_sampling_matches_the_truncated_target(decoder, topk, top_k, top_p):
     joint = target_joint(decoder, top_k, top_p)
     out = run(decoder, topk, top_k=top_k, top_p=top_p)
@@ -131,13 +131,13 @@ def test_truncated_sampling_matches_the_truncated_target(decoder, topk, top_k, t
 
 
 def test_a_verifier_that_ignores_the_truncation_fails_the_same_test(decoder, monkeypatch):
-    import dspark_trt.runtime.decoder as decoder_module
+    import dspark_trt.runtime.round as round_module
     from dspark_trt.reference.verify import verify_drafts
 
     def untruncated(*args, top_k=None, top_p=None, **kwargs):  # accepts against the full target distribution
         return verify_drafts(*args, **kwargs)
 
-    monkeypatch.setattr(decoder_module, "verify_drafts", untruncated)
+    monkeypatch.setattr(round_module, "verify_drafts", untruncated)
     out = run(decoder, 4, top_k=8, top_p=0.9)
     assert min(chi_square_pvalues(out.tokens, target_joint(decoder, 8, 0.9))) < 1e-6
 

@@ -50,10 +50,10 @@ def test_serve_command_line_to_options(tmp_path):
                               "--topk", "off", "--verify-drafts", "auto", "--chat-template", str(template)])
     options = _options(args)
     assert (options.openai_port, options.restart, options.threads, options.gpus) == (None, False, 2, [0, 1])
-    assert (options.startup_timeout, options.topk, options.verify_drafts) == (5.0, "off", "auto")
+    assert (options.startup_timeout, options.topk, options.verify_drafts) == (5.0, None, "auto")  # off: dense
     assert options.chat_template == "{{ messages }}"
     assert options.repository_flags == ["--topk", "--verify-drafts", "--threads", "--gpus"]
-    assert options.writer_options()["topk"] is None  # 'off' shaped the export
+    assert options.writer_options()["topk"] is None  # dense, written "off"
     defaults = _options(parser.parse_args([]))
     assert defaults == ServeOptions() and defaults.repository_flags == []
 
@@ -66,7 +66,7 @@ def test_bad_gpus_are_argparse_errors_in_their_own_words(capsys):
 
 
 def test_model_parameters_are_the_decode_settings_and_the_source(tmp_path):
-    s = ModelSettings(export_dir=str(tmp_path), runtime="tensorrt", topk=0, max_queue=4)
+    s = ModelSettings(export_dir=str(tmp_path), runtime="tensorrt", topk=None, max_queue=4)
     assert s.device == "cuda"  # the runtime's device when none is given
     assert set(s.to_parameters()) <= {f.name for f in fields(ModelSettings)}
     assert {f.name for f in fields(DecodeSettings)} < {f.name for f in fields(ModelSettings)}
@@ -77,6 +77,6 @@ def test_triton_repo_topk_off_is_written_as_dense(tiny_pair, tmp_path):
     from dspark_trt.serving.repository import read_model_config, write_model_repository
 
     repo = write_model_repository(tmp_path / "repo", drafter_dir=tiny_pair.drafter, target_dir=tiny_pair.target,
-                                  topk="off", gpus=None)
+                                  topk=None, gpus=None)
     params = read_model_config(repo / "dspark" / "config.pbtxt").parameters
-    assert params["topk"].string_value == "0"  # the served model's dense
+    assert params["topk"].string_value == "off"  # dense, as topk.topk_text writes it

@@ -113,7 +113,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         options = dict(target_dir=target_dir, dtype=dtype or "fp32", target="onnxruntime", max_context=max_context,
                        validate=validate)
         cache_dir = cache_dir or default_cache_dir()
-        path = cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk,
+        path = cached_onnx_export(drafter_dir, cache_dir, topk=topk,
                                   markov_topm=int(markov_topm), **options)
         backend = cls(path, **kwargs)
         backend._rebuild = (drafter_dir, cache_dir, options)
@@ -126,7 +126,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         drafter_dir, cache_dir, options = self._rebuild
         union = f", candidate union M {markov_topm}" if markov_topm else ""
         log.info(f"onnxruntime backend: switching to top-k {topk or 'off'}{union} (export cached in {cache_dir})")
-        self._load(cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk,
+        self._load(cached_onnx_export(drafter_dir, cache_dir, topk=topk,
                                       markov_topm=int(markov_topm), **options))
         if self._graphs is not None:
             self._graphs = None

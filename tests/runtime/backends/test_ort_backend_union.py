@@ -106,7 +106,10 @@ def test_other_markov_topm_is_refused_naming_dspark_export(union_decoder, tiny_p
     plain_dec = SpeculativeDecoder(dec.target, plain)
     with pytest.raises(DSparkTrtError, match="has no candidate union but --markov-topm 4 .*dspark-export --markov-topm 4"):
         plain_dec.generate([[1, 2]], max_new_tokens=2, topk=K, markov_topm=4)
-    assert plain_dec._resolve_markov_topm(None, K) == 0 and dec._resolve_markov_topm(None, K) == M
+    from dspark_trt.runtime.draft_options import resolve_markov_topm
+
+    assert resolve_markov_topm(plain_dec.config, plain, None, K) == 0
+    assert resolve_markov_topm(dec.config, dec.backend, None, K) == M
 
 
 def _strip_union_keys(record: dict) -> dict:
@@ -184,7 +187,9 @@ def test_dspark_export_with_a_union_decodes_through_from_export(tmp_path_factory
                       dtype="fp32")
     assert (read_manifest(out)["markov_topm"], read_manifest(out)["op_contract_version"]) == (M, 2)
     dec = SpeculativeDecoder.from_export(out, tokenizer=False)
-    assert dec.backend.fixed_markov_topm == M and dec._resolve_markov_topm(None, K) == M
+    from dspark_trt.runtime.draft_options import resolve_markov_topm
+
+    assert dec.backend.fixed_markov_topm == M and resolve_markov_topm(dec.config, dec.backend, None, K) == M
     prompts = [[1, 2, 3], [4, 5]]
     spec = dec.generate(prompts, max_new_tokens=8, eos_token_id=[])
     alone = dec.generate(prompts, max_new_tokens=8, eos_token_id=[], draft=False)

@@ -1,9 +1,9 @@
 """The decoding options ``dspark generate`` and ``dspark bench e2e`` share: their command-line arguments, the
 decoder they select, the requests they send and the ``generate`` options they give.
 
-It sits below both the CLI and the benchmarks (a benchmark builds on the library, never on the CLI). The
-default pair (none of --drafter/--target/--export given) is the caller's: both pass the embedded demo pair
-(``testing/embedded.py``), which the runtime itself does not import.
+It sits below both the CLI and the benchmarks (a benchmark builds on the library, never on the CLI), above the
+runtime it builds a decoder from (argparse stays out of the runtime). The default pair (none of --drafter/
+--target/--export given) is the caller's: both pass the embedded demo pair, which the runtime does not import.
 
     add_arguments(parser)                       the models / requests / output argument groups
     decoder = build_decoder(args, default_pair=embedded_pair)
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import DSparkTrtError
+from ..topk import parse_topk
 
 __all__ = ["DEFAULT_PROMPT", "Requests", "add_arguments", "build_decoder", "generation_options", "parse_ids",
-           "parse_topk", "requests", "resolve_pair", "verify_length"]
+           "requests", "resolve_pair", "verify_length"]
 
 DEFAULT_PROMPT = "Speculative decoding"  # the prompt when none is given and the target has a tokenizer
 
@@ -90,16 +91,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", action="store_true", help="print one JSON object {tokens, stats, prompt_format[, texts]}")
 
 
-def parse_topk(value: str | None) -> int | None:
-    """``--topk``: None → the checkpoint's draft_topk; ``off`` → 0 (dense); K >= 1 (``contract.parse_topk``)."""
-    if value is None:
-        return None
-    from ..plugins.contract import parse_topk as parse
-
-    k = parse(value)
-    return 0 if k is None else k
-
-
 def parse_ids(text: str) -> list[int]:
     parts = text.replace(",", " ").split()
     try:
@@ -129,7 +120,7 @@ def build_decoder(args: argparse.Namespace, *, default_pair: Callable | None = N
     """The ``SpeculativeDecoder`` the options select: ``--export OUT`` (its graphs), else ``--drafter/--target``
     (transformers target + drafter backend), else ``default_pair()``. Sets the CPU threads first."""
     from ..threads import default_cpu_threads, set_cpu_threads
-    from .decoder import SpeculativeDecoder
+    from ..runtime.decoder import SpeculativeDecoder
 
     set_cpu_threads(args.threads if args.threads is not None else default_cpu_threads())
     if getattr(args, "export", None) is not None:
@@ -165,7 +156,7 @@ def requests(args: argparse.Namespace, decoder) -> Requests:
             raise DSparkTrtError("--prompt needs a tokenizer, and the target directory has none; pass token ids "
                                  "instead (--input-ids \"1 2 3\")" if texts is not None else
                                  "pass --prompt TEXT or --input-ids \"1 2 3\" (the target has no tokenizer)")
-        from .prompting import encode_prompts
+        from ..runtime.prompting import encode_prompts
 
         prompts, fmt = encode_prompts(decoder.tokenizer, texts or [DEFAULT_PROMPT], raw=getattr(args, "raw", False))
     if args.batch_size is not None:
@@ -178,10 +169,12 @@ def requests(args: argparse.Namespace, decoder) -> Requests:
 
 def generation_options(args: argparse.Namespace, n: int, offset: int = 0) -> dict:
     """``SpeculativeDecoder.generate`` keyword arguments for ``n`` requests; request i gets seed + offset + i."""
-    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, topk=parse_topk(args.topk),
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    confidence_threshold=args.confidence_threshold, verify_drafts=args.verify_drafts,
                    top_p=args.top_p, top_k=args.top_k, stop=args.stop)  # target truncation, stop strings
     options = {k: v for k, v in options.items() if v is not None}
+    if args.topk is not None:  # not given: generate's DEFAULT_TOPK (the drafter's or the export's own)
+        options["topk"] = parse_topk(args.topk)  # "off" → None: dense
     if getattr(args, "markov_topm", None) is not None:  # 0 forces plain top-k (over a config or export default)
         if args.markov_topm < 0:
             raise DSparkTrtError(f"--markov-topm must be >= 0 (0 = top-k only), got {args.markov_topm}")
