@@ -19,6 +19,23 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _worker_threads() -> int | None:
+    """``pytest -n W`` on C cores: C // W intra-op threads per worker (at least 1); None outside xdist."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if not workers:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
+
+
+# Each xdist worker's torch, and every process it starts (OMP_NUM_THREADS: the dspark CLI, the SmolLM2 walk-through,
+# Triton's model stubs), gets its share of the cores: a second intra-op thread waiting for a core the other worker
+# holds stalls every parallel op (dspark_trt/threads.py: 4-20x slower). A given OMP_NUM_THREADS is kept.
+if _worker_threads() is not None and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(_worker_threads())
+    torch.set_num_threads(_worker_threads())
+
+
 @functools.cache
 def have_module(name: str) -> bool:
     try:
@@ -244,3 +261,4 @@ def speculators_llama_pair(tmp_path_factory):
 def llama_dense_export(tmp_path_factory, speculators_llama_pair):
     """The speculators/Llama pair, dense walk, fp32, target exported."""
     return export_once(tmp_path_factory, "export-llama-dense-fp32", speculators_llama_pair, topk="off", dtype="fp32")
+
