@@ -262,3 +262,33 @@ def llama_dense_export(tmp_path_factory, speculators_llama_pair):
     """The speculators/Llama pair, dense walk, fp32, target exported."""
     return export_once(tmp_path_factory, "export-llama-dense-fp32", speculators_llama_pair, topk="off", dtype="fp32")
 
+
+# -- the SmolLM2 walk-through, run once: tests/test_example_smollm2.py reads its output, tests/models its export ---
+#: the path, not the quality: a 3-step drafter on 8 tokens per prompt, no prompt bank, 2 held-out prompts benchmarked
+WALKTHROUGH_ARGS = ("--steps", "3", "--new-tokens", "8", "--bank-prompts", "0", "--heldout", "2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_walkthrough(tmp_path_factory):
+    """``examples/smollm2_walkthrough.py OUT`` (``WALKTHROUGH_ARGS``) once per run, shared by xdist workers (file
+    lock) → SimpleNamespace(returncode, stdout, stderr, out). Its export (SmolLM2 + the 3-step drafter, top-k 512,
+    fp32, both graphs validated) is also the SmolLM2 export of tests/models/test_smollm2.py."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, record = root / "smollm2-walkthrough", root / "smollm2-walkthrough.json"
+    with FileLock(str(root / "smollm2-walkthrough.lock")):
+        if not record.is_file():
+            script = Path(__file__).resolve().parents[1] / "examples" / "smollm2_walkthrough.py"
+            proc = subprocess.run([sys.executable, str(script), str(out), *WALKTHROUGH_ARGS], capture_output=True,
+                                  text=True, timeout=1800)
+            record.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                          "stderr": proc.stderr}))
+    return SimpleNamespace(**json.loads(record.read_text()), out=out)
