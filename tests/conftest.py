@@ -292,3 +292,33 @@ def smollm2_walkthrough(tmp_path_factory):
             record.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
                                           "stderr": proc.stderr}))
     return SimpleNamespace(**json.loads(record.read_text()), out=out)
+
+
+# -- the demo pair's export as `dspark serve CHECKPOINT` makes it on a CPU host, shared by the tritonserver tests -----
+@pytest.fixture(scope="session")
+def serve_cache_dir(tmp_path_factory):
+    """The export cache of this run's ``dspark serve`` starts (tests/serving/test_dspark_serve.py), shared by xdist
+    workers."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / "serve-cache").mkdir(exist_ok=True)
+    return root / "serve-cache"
+
+
+@pytest.fixture(scope="session")
+def embedded_export(serve_cache_dir):
+    """The embedded demo pair exported (fp32, no engine, target graph validated) into ``serve_cache_dir`` as ``dspark
+    serve`` exports it on a CPU host: the first start of test_dspark_serve.py, first of the tritonserver group, has
+    exported it already, and the other tritonserver modules serve that export instead of making their own."""
+    from dspark_trt.export.pipeline import ExportOptions
+    from dspark_trt.serving.export_cache import cached_export
+    from dspark_trt.testing.embedded import embedded_pair
+
+    drafter, target = embedded_pair()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return cached_export(drafter, target_dir=target, options=ExportOptions(dtype="fp32", engine="none"),
+                             cache_dir=serve_cache_dir).path
+    finally:
+        torch.set_num_threads(before)
