@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct end to end on a CPU: build the pair, export it, generate text, benchmark.
 
     python examples/smollm2_walkthrough.py OUT              # the real drafter: ~50 min on 2 cores (text + training)
-    python examples/smollm2_walkthrough.py OUT --steps 4 --bank-prompts 0   # checks the path, not the quality
+    python examples/smollm2_walkthrough.py OUT --steps 4 --bank-prompts 0 --heldout 2   # the path, not the quality
 
 The same steps as the commands
 
@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="drafter training steps (default: 30 minutes)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens the target writes per training prompt")
     p.add_argument("--bank-prompts", type=int, default=None, help="prompt-bank prompts for the training text (default 1344)")
+    p.add_argument("--heldout", type=int, default=None, help="benchmark the first N held-out prompts (default: all)")
     args = p.parse_args()
     out = Path(args.out)
 
@@ -62,8 +63,10 @@ def main() -> None:
 
     # 4. benchmark the export on the pair's held-out prompts (ratios measured in one run)
     buf = StringIO()
+    heldout = [] if args.heldout is None else ["--heldout", str(args.heldout)]
     with redirect_stdout(buf):
-        code = dspark(["bench", "e2e", "--export", str(export), "--max-new-tokens", "32", "--repeats", "1", "--json"])
+        code = dspark(["bench", "e2e", "--export", str(export), "--max-new-tokens", "32", "--repeats", "1", "--json",
+                       *heldout])
     report = next(iter(json.loads(buf.getvalue()).values()))
     if not report["enough_rounds"]:  # e.g. every prompt answered with EOS at once
         print(f"bench e2e (exit {code}): only {report['rounds']} draft rounds, too few for a speed-up")

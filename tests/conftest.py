@@ -19,6 +19,23 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _worker_threads() -> int | None:
+    """``pytest -n W`` on C cores: C // W intra-op threads per worker (at least 1); None outside xdist."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if not workers:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // workers)
+
+
+# Each xdist worker's torch, and every process it starts (OMP_NUM_THREADS: the dspark CLI, the SmolLM2 walk-through,
+# Triton's model stubs), gets its share of the cores: a second intra-op thread waiting for a core the other worker
+# holds stalls every parallel op (dspark_trt/threads.py: 4-20x slower). A given OMP_NUM_THREADS is kept.
+if _worker_threads() is not None and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(_worker_threads())
+    torch.set_num_threads(_worker_threads())
+
+
 @functools.cache
 def have_module(name: str) -> bool:
     try:
@@ -244,3 +261,64 @@ def speculators_llama_pair(tmp_path_factory):
 def llama_dense_export(tmp_path_factory, speculators_llama_pair):
     """The speculators/Llama pair, dense walk, fp32, target exported."""
     return export_once(tmp_path_factory, "export-llama-dense-fp32", speculators_llama_pair, topk="off", dtype="fp32")
+
+
+# -- the SmolLM2 walk-through, run once: tests/test_example_smollm2.py reads its output, tests/models its export ---
+#: the path, not the quality: a 3-step drafter on 8 tokens per prompt, no prompt bank, 2 held-out prompts benchmarked
+WALKTHROUGH_ARGS = ("--steps", "3", "--new-tokens", "8", "--bank-prompts", "0", "--heldout", "2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_walkthrough(tmp_path_factory):
+    """``examples/smollm2_walkthrough.py OUT`` (``WALKTHROUGH_ARGS``) once per run, shared by xdist workers (file
+    lock) → SimpleNamespace(returncode, stdout, stderr, out). Its export (SmolLM2 + the 3-step drafter, top-k 512,
+    fp32, both graphs validated) is also the SmolLM2 export of tests/models/test_smollm2.py."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out, record = root / "smollm2-walkthrough", root / "smollm2-walkthrough.json"
+    with FileLock(str(root / "smollm2-walkthrough.lock")):
+        if not record.is_file():
+            script = Path(__file__).resolve().parents[1] / "examples" / "smollm2_walkthrough.py"
+            proc = subprocess.run([sys.executable, str(script), str(out), *WALKTHROUGH_ARGS], capture_output=True,
+                                  text=True, timeout=1800)
+            record.write_text(json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                                          "stderr": proc.stderr}))
+    return SimpleNamespace(**json.loads(record.read_text()), out=out)
+
+
+# -- the demo pair's export as `dspark serve CHECKPOINT` makes it on a CPU host, shared by the tritonserver tests -----
+@pytest.fixture(scope="session")
+def serve_cache_dir(tmp_path_factory):
+    """The export cache of this run's ``dspark serve`` starts (tests/serving/test_dspark_serve.py), shared by xdist
+    workers."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (root / "serve-cache").mkdir(exist_ok=True)
+    return root / "serve-cache"
+
+
+@pytest.fixture(scope="session")
+def embedded_export(serve_cache_dir):
+    """The embedded demo pair exported (fp32, no engine, target graph validated) into ``serve_cache_dir`` as ``dspark
+    serve`` exports it on a CPU host: the first start of test_dspark_serve.py, first of the tritonserver group, has
+    exported it already, and the other tritonserver modules serve that export instead of making their own."""
+    from dspark_trt.export.pipeline import ExportOptions
+    from dspark_trt.serving.export_cache import cached_export
+    from dspark_trt.demo.pair import embedded_pair
+
+    drafter, target = embedded_pair()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return cached_export(drafter, target_dir=target, options=ExportOptions(dtype="fp32", engine="none"),
+                             cache_dir=serve_cache_dir).path
+    finally:
+        torch.set_num_threads(before)

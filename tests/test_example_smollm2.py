@@ -1,23 +1,19 @@
-"""The SmolLM2 walk-through runs end to end with a 3-step drafter (the path, not the quality)."""
+"""The SmolLM2 walk-through runs end to end with a 3-step drafter (the path, not the quality).
+
+It runs once per test run (``smollm2_walkthrough`` in tests/conftest.py); tests/models/test_smollm2.py uses its
+export, so the two share an xdist group and one worker runs them in a row instead of one waiting on the other.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.onnx, pytest.mark.xdist_group("smollm2")]
 
 
-@pytest.mark.slow
-@pytest.mark.onnx
-def test_smollm2_walkthrough(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "smollm2_walkthrough.py"), str(tmp_path / "ex"),
-                           "--steps", "3", "--new-tokens", "8", "--bank-prompts", "0"], capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+def test_smollm2_walkthrough(smollm2_walkthrough):
+    assert smollm2_walkthrough.returncode == 0, smollm2_walkthrough.stderr[-3000:]
+    out = smollm2_walkthrough.stdout
     assert "identical to the target alone: True" in out
     assert "greedy outputs identical: True" in out
     assert "text: " in out

@@ -7,6 +7,7 @@ median tokens/s of each, their ratio, and the acceptance of the speculative runs
   dspark bench e2e
   dspark bench e2e --drafter DRAFTER --target TARGET --input-ids "1 2 3" --max-new-tokens 256 --json
   dspark bench e2e --export OUT     the exported (onnxruntime) target next to the transformers one, same drafter
+  dspark bench e2e --export OUT --heldout 2     the first 2 of the pair's held-out prompts only
 
 --prompt text goes through the target tokenizer's chat template when it has one (--raw: as is), as in
 'dspark generate'; the report says which. A run with fewer than 5 draft rounds (e.g. a chat model that
@@ -28,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_decoding_arguments(p)
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each mode (median reported)")
+    p.add_argument("--heldout", type=int, default=None, metavar="N",
+                   help="the first N of the pair's held-out prompts (default: all of them)")
 
 
 def paired_runs(decoder, batches, options: dict, *, seed: int = 0, both: bool = True):
@@ -64,8 +67,9 @@ def _measure(decoder, batches, options, repeats: int):
 def batches_of(args, decoder) -> tuple[list, str, str]:
     """(batches, where the prompts come from, their format): the held-out prompts of the pair in chunks of
     --batch-size (default 1) when no prompt is given and the pair has them (format ``"held-out"``: as
-    ``dspark smollm2`` rendered them, chat turns through the chat template and text as is), else one batch of
-    exactly --batch-size requests (``"chat"``/``"raw"`` text, or ``"ids"``: ``args/decoding.requests``)."""
+    ``dspark smollm2`` rendered them, chat turns through the chat template and text as is; the first --heldout N
+    of them when given), else one batch of exactly --batch-size requests (``"chat"``/``"raw"`` text, or ``"ids"``:
+    ``args/decoding.requests``)."""
     from ..args.decoding import requests
     from .heldout import find_heldout
 
@@ -73,6 +77,7 @@ def batches_of(args, decoder) -> tuple[list, str, str]:
         found = find_heldout(drafter=args.drafter, target=args.target, export=getattr(args, "export", None))
         if found is not None:
             prompts, path = found
+            prompts = prompts[: args.heldout] if args.heldout else prompts
             size = args.batch_size or 1
             prompts = prompts[: len(prompts) - len(prompts) % size] or prompts[:size]
             return [prompts[i: i + size] for i in range(0, len(prompts), size)], f"held-out prompts {path}", "held-out"
@@ -146,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.no_draft:
         raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")
+    if args.heldout is not None and args.heldout < 1:
+        raise DSparkTrtError(f"--heldout must be >= 1 (the first N held-out prompts), got {args.heldout}")
     if args.max_new_tokens is None:
         args.max_new_tokens = 128
     decoder = build_decoder(args, default_pair=embedded_pair)

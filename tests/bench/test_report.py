@@ -35,6 +35,10 @@ def test_e2e_uses_the_pairs_heldout_prompts_in_batches(pair_with_prompts, capsys
     assert main(args + ["--batch-size", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["requests"], report["batch_size"]) == (4, 2)  # whole batches only
+    assert main(args + ["--heldout", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 3  # the first 3 held-out prompts
+    assert main(args + ["--heldout", "0"]) == 1
+    assert "--heldout must be >= 1" in capsys.readouterr().err
     assert main(args + ["--input-ids", "1 2"]) == 0  # given prompts win
     assert json.loads(capsys.readouterr().out)["requests"] == 1
 

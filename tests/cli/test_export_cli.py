@@ -20,6 +20,15 @@ def dspark(*args):
                           text=True, timeout=600)
 
 
+def dspark_here(capsys, *args):
+    """``dspark ARGS`` in this process → (returncode, stderr), as ``dspark`` gives them."""
+    from types import SimpleNamespace
+
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    return SimpleNamespace(returncode=code, stderr=capsys.readouterr().err)
+
+
 def one_error_line(proc) -> str:
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -46,7 +55,9 @@ def big_vocab_pair(tmp_path_factory):
     ("vc+plugin", "--version-compatible with the DSparkTopKMarkov AOT plugin is not supported"),
     ("vc+union", "--version-compatible with the DSparkTopKMarkovUnion AOT plugin is not supported"),
 ])
-def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pair, big_vocab_pair, tmp_path):
+def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pair, big_vocab_pair, tmp_path, capsys):
+    """In this process (``main``, as the entry point runs it): a refusal needs no process of its own; the ones
+    below run ``python -m dspark_trt.cli.main`` whole."""
     out = tmp_path / "out"
     args = {
         "missing": [tmp_path / "nope"],
@@ -63,7 +74,7 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pai
         "vc+union": [tiny_pair.drafter, "--topk", "16", "--markov-topm", "4", "--engine", "none",
                      "--version-compatible"],
     }[case]
-    proc = dspark("export", *args, "-o", out)
+    proc = dspark_here(capsys, "export", *args, "-o", out)
     assert proc.returncode == 1, proc.stderr
     assert message in one_error_line(proc)
     assert proc.stderr.rstrip().splitlines()[-1].startswith("FAILED | ")

@@ -1,7 +1,9 @@
 """SmolLM2-135M-Instruct as a real target: its directory, its ONNX export against transformers, and greedy
 speculative decoding from the export equal to transformers' own greedy output.
 
-The SmolLM2 directory is built once per machine (``$DSPARK_TRT_CACHE``), its export once per test run.
+The SmolLM2 directory is built once per machine (``$DSPARK_TRT_CACHE``). Its fp32 export is the SmolLM2
+walk-through's (``smollm2_walkthrough``, tests/conftest.py: run once per test run), its bf16 export is made here
+once per run; the tests that use an export share xdist groups, so that one worker runs each chain in a row.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 from dspark_trt.models.smollm2 import BUILD, STAMP, cached_smollm2_target, write_smollm2_target
 
 pytestmark = [pytest.mark.slow]
+FP32 = pytest.mark.xdist_group("smollm2")  # the walk-through's export (tests/test_example_smollm2.py runs it)
+BF16 = pytest.mark.xdist_group("smollm2-bf16")
 
 PROMPTS = [("chat", "What is the capital of Italy?"), ("chat", "Write a haiku about rain."),
            ("text", "def add(a, b):\n"), ("text", "The three primary colors are")]
@@ -72,9 +76,12 @@ def export_pair(smollm2, drafter, root, dtype: str):
 
 
 @pytest.fixture(scope="session")
-def smollm2_export(smollm2, smollm2_drafter, tmp_path_factory):
-    """The untrained drafter + SmolLM2, exported in fp32 (validated by the export)."""
-    return export_pair(smollm2, smollm2_drafter, _shared_root(tmp_path_factory), "fp32")
+def smollm2_export(smollm2_walkthrough):
+    """The walk-through's export: its 3-step drafter + SmolLM2, top-k 512, fp32 (validated by the export)."""
+    export = smollm2_walkthrough.out / "export"
+    assert (export / "manifest.json").is_file(), \
+        f"the SmolLM2 walk-through wrote no export: {smollm2_walkthrough.stderr[-3000:]}"
+    return export
 
 
 def test_directory_is_a_standard_llama(smollm2):
@@ -113,6 +120,7 @@ def _rowwise_relative_error(got: torch.Tensor, ref: torch.Tensor, width: int) ->
 
 
 @pytest.mark.onnx
+@FP32
 def test_exported_target_matches_transformers(smollm2_export, smollm2_model, smollm2):
     """Prefill of two chat prompts of different lengths, a verify of 4 tokens, a per-request rollback and a
     second verify: logits element-wise (fp32), taps norm-wise, on the exported target vs transformers."""
@@ -150,6 +158,7 @@ def test_exported_target_matches_transformers(smollm2_export, smollm2_model, smo
 
 
 @pytest.mark.onnx
+@FP32
 def test_greedy_speculative_from_the_export_equals_transformers_greedy(smollm2_export, smollm2_model, smollm2):
     from transformers import AutoTokenizer
 
@@ -172,8 +181,9 @@ def test_greedy_speculative_from_the_export_equals_transformers_greedy(smollm2_e
 
 
 @pytest.mark.onnx
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])  # fp16 too by `dspark bench export` (docs/export.md): 4 min
-def test_the_real_pair_exports_at_every_dtype(dtype, smollm2, smollm2_drafter, tmp_path_factory):
+@pytest.mark.parametrize("dtype", [pytest.param("fp32", marks=FP32),  # fp16 too by `dspark bench export`
+                                   pytest.param("bf16", marks=BF16)])  # (docs/export.md): 4 min
+def test_the_real_pair_exports_at_every_dtype(dtype, smollm2, smollm2_drafter, tmp_path_factory, request):
     """SmolLM2 (30 layers, massive activations of ~2.6·10⁴) passes its own export validation: the drafter's
     checks and the target's (the bf16/fp16 target tolerance grows with depth and the row's scale: docs/export.md,
     "Precision"; the fp16 tolerance's mechanism is tested on the tiny target with planted massive activations,
@@ -184,7 +194,8 @@ def test_the_real_pair_exports_at_every_dtype(dtype, smollm2, smollm2_drafter, t
     add_arguments(parser)
     offered = next(a for a in parser._actions if "--dtype" in a.option_strings).help
     assert offered.startswith("fp32 | fp16 | bf16"), offered  # the list: fp32, bf16 here, fp16 by the bench
-    out = export_pair(smollm2, smollm2_drafter, _shared_root(tmp_path_factory), dtype)
+    out = request.getfixturevalue("smollm2_export") if dtype == "fp32" else \
+        export_pair(smollm2, smollm2_drafter, _shared_root(tmp_path_factory), dtype)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["dtype"] == dtype and manifest["target"]["dtype"] == dtype
     target_lines = manifest["target"]["validation"]
@@ -192,18 +203,29 @@ def test_the_real_pair_exports_at_every_dtype(dtype, smollm2, smollm2_drafter, t
 
 
 @pytest.mark.onnx
-def test_bf16_validation_still_fails_taps_shifted_by_one_layer(smollm2, smollm2_drafter, tmp_path_factory):
+@BF16
+def test_bf16_validation_still_fails_taps_shifted_by_one_layer(smollm2, smollm2_drafter, tmp_path_factory,
+                                                               monkeypatch):
     """The derived bf16 tolerance is loose enough for two bf16 implementations of SmolLM2, not for a graph that
-    taps one layer deeper than declared (validated as if its taps were each one layer shallower)."""
+    taps one layer deeper than declared (validated as if its taps were each one layer shallower). One validation
+    run (SmolLM2 in bf16 on both sides): it raises, and its report, kept aside, says which checks failed."""
     from dspark_trt.errors import ValidationMismatch
+    from dspark_trt.export import validate_target
     from dspark_trt.export.target_onnx import load_target_model
-    from dspark_trt.export.validate_target import validate_target_onnx
+
+    reports = []
+
+    class KeptReport(validate_target.ValidationReport):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            reports.append(self)
 
     out = export_pair(smollm2, smollm2_drafter, _shared_root(tmp_path_factory), "bf16")
     layer_ids = json.loads((out / "manifest.json").read_text())["target"]["layer_ids"]
     model = load_target_model(smollm2, torch.bfloat16)
     shifted = [i - 1 for i in layer_ids]
+    monkeypatch.setattr(validate_target, "ValidationReport", KeptReport)  # after the export's own validation
     with pytest.raises(ValidationMismatch, match="taps"):
-        validate_target_onnx(out / "onnx" / "target.onnx", model, shifted, dtype="bf16")
-    failed = validate_target_onnx(out / "onnx" / "target.onnx", model, shifted, dtype="bf16", raise_on_failure=False)
+        validate_target.validate_target_onnx(out / "onnx" / "target.onnx", model, shifted, dtype="bf16")
+    (failed,) = reports
     assert [c.name for c in failed.checks if not c.ok] == [c.name for c in failed.checks if "taps" in c.name]

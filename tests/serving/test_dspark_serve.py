@@ -5,7 +5,8 @@ through a full queue (503, then served again), a killed model stub (readiness fa
 restart, served again; a request in flight at that moment is answered 503 at once), a killed tritonserver (the
 same, the server started again and its orphaned stub killed) and SIGTERM (exit 0); the
 second reuses the cached export and, with --no-restart, exits 1 when the stub dies. Each start runs in a
-process whose parent ignores SIGINT, as a script's background job does. No process may be left behind.
+process whose parent ignores SIGINT, as a script's background job does. No process may be left behind. The cache
+is the run's ``serve_cache_dir`` (tests/conftest.py): the other tritonserver modules serve the export made here.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ ANSWERS: dict[str, str] = {}  # the first start's greedy answer, compared with t
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("serve-cache")
+def cache_dir(serve_cache_dir, tmp_path_factory):
+    """The run's serve cache, whose export the other tritonserver modules then serve (``embedded_export``); a fresh
+    one when an export is in it already (they ran first): the first start must export."""
+    if any(serve_cache_dir.glob("exports/*/manifest.json")):
+        return tmp_path_factory.mktemp("serve-cache")
+    return serve_cache_dir
 
 
 def _ignore_sigint() -> None:

@@ -34,18 +34,6 @@ TEXTS = ["Speculative decoding", "A small drafter", "The target model checks", "
 
 
 @pytest.fixture(scope="module")
-def embedded_export(tmp_path_factory):
-    from types import SimpleNamespace
-
-    from dspark_trt.demo.pair import embedded_pair
-    from tests.conftest import export_once
-
-    drafter, target = embedded_pair()
-    return export_once(tmp_path_factory, "export-embedded-fp32", SimpleNamespace(drafter=drafter, target=target),
-                       dtype="fp32")
-
-
-@pytest.fixture(scope="module")
 def decoders(embedded_export, qwen3_topk_export):
     """In-process decoders for the two exports, as the server builds them."""
     from dspark_trt.runtime import SpeculativeDecoder
