@@ -136,7 +136,7 @@ class EngineBuildConfig:
 
 def onnx_inputs(onnx_path: str | Path) -> dict[str, list[int | str]]:
     """Graph inputs (not initializers) → dims, symbolic dims as their names (reads the header only)."""
-    from .external_data import load_graph_only
+    from ..artifact.external_data import load_graph_only
 
     model = load_graph_only(onnx_path)
     inits = {i.name for i in model.graph.initializer}
@@ -302,7 +302,7 @@ def check_version_compatible(version_compatible: bool, plugin_op: str | None) ->
 def check_engine_graph(onnx_path: str | Path, flavor: str) -> None:
     """Refuse, in one line, an ONNX graph this flavor cannot build: TensorRT-RTX and the candidate-union node."""
     from ..plugins.contract import OP_DOMAIN, UNION_OP_NAME
-    from .external_data import load_graph_only
+    from ..artifact.external_data import load_graph_only
 
     if flavor != "tensorrt-rtx":
         return
@@ -339,7 +339,7 @@ def _build_plan(onnx_path: str | Path, config: EngineBuildConfig):
     """The serialized engine as TensorRT's ``IHostMemory`` (buffer protocol). The parser reads the graph *from its
     path* (``parse_from_file``), so external data (``<graph>.onnx.data``, graphs over 2 GiB) resolves beside it."""
     check_engine_graph(onnx_path, config.flavor)  # before importing TensorRT: a one-line refusal anywhere
-    from .external_data import external_data_files
+    from ..artifact.external_data import external_data_files
 
     external_data_files(onnx_path)  # a missing or short .data file: one line now, not a parser error later
     trt = importlib.import_module(FLAVORS[config.flavor].module)

@@ -214,7 +214,7 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
 
     from ..loader import resolve_dtype
     from .disk import free_bytes
-    from .external_data import load_graph_only
+    from ..artifact.external_data import load_graph_only
     from .streaming import Placeholders
     from .target_onnx import build_target_model, export_target_onnx
 

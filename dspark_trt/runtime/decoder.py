@@ -171,13 +171,11 @@ class SpeculativeDecoder:
                     **backend_options) -> "SpeculativeDecoder":
         """The exported target and drafter of a ``dspark-export`` directory, run by ``backend``
         (``onnxruntime``: the ONNX graphs), with the tokenizer from ``OUT/tokenizer/``; no transformers model."""
-        from ..export.manifest import read_manifest
-        from ..export.target_onnx import target_section
+        from ..artifact.export_dir import ExportDir
         from .backends.base import target_backend_class
 
-        export_dir = Path(export_dir)
-        manifest = read_manifest(export_dir)
-        section = target_section(export_dir, manifest)  # one line saying how to add it when absent
+        export = ExportDir(export_dir)
+        export.target  # one line saying how to add it when absent
         target = target_backend_class(backend).from_export(export_dir, device=device, **backend_options)
         drafter_cls = backend_class(backend)
         if not hasattr(drafter_cls, "from_export"):
@@ -185,10 +183,10 @@ class SpeculativeDecoder:
                                  f"backend='onnxruntime'")
         drafter = drafter_cls.from_export(export_dir, device=device, **backend_options)
         tok = None
-        if tokenizer and section.get("tokenizer"):
-            tok = load_tokenizer(export_dir / section["tokenizer"])
+        if tokenizer and export.tokenizer_dir is not None:
+            tok = load_tokenizer(export.tokenizer_dir)
         decoder = cls(target, drafter, tokenizer=tok)
-        decoder.default_topk = manifest.get("topk")  # the graphs draft with the export's top-k
+        decoder.default_topk = export.topk  # the graphs draft with the export's top-k
         return decoder
 
     @property

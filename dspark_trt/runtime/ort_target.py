@@ -11,7 +11,7 @@ chunks of ``prefill_chunk`` tokens (peak memory bounded by the chunk, not the pr
 only at each prompt's last token. Taps are baked into
 the graph at export; ``set_taps`` checks they are the drafter's.
 
-bf16 graphs run on onnxruntime's CPU provider as their fp32 bf16-emulation twin (``export/ort_session.py``);
+bf16 graphs run on onnxruntime's CPU provider as their fp32 bf16-emulation twin (``runtime/ort_session.py``);
 the cache is then kept in fp32 (bf16 values, exactly), the dtype the twin reads.
 """
 
@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from ..errors import DSparkTrtError
-from ..export.target_onnx import MAX_NEW_TOKENS
+from ..artifact.target_io import MAX_NEW_TOKENS
 from .kv_cache import KVCache
 from .target import SlotTarget, TargetOutput
 
@@ -84,7 +84,7 @@ class OnnxRuntimeTarget(SlotTarget):
                  eos_token_ids: Sequence[int] = (), providers: list[str] | None = None, threads: int | None = None,
                  compact_ratio: float = 2.0, max_context: int | None = None,
                  prefill_chunk: int | None = PREFILL_CHUNK, low_memory: bool = False):
-        from ..export.ort_session import OrtGraph
+        from .ort_session import OrtGraph
 
         self.onnx_path = Path(onnx_path)
         if not self.onnx_path.is_file():
@@ -110,15 +110,15 @@ class OnnxRuntimeTarget(SlotTarget):
     @classmethod
     def from_export(cls, export_dir: str | Path, *, device=None, **opts) -> "OnnxRuntimeTarget":
         """The target of a ``dspark-export`` directory (its manifest's ``target`` section)."""
-        from ..export.target_onnx import target_section
+        from ..artifact.export_dir import ExportDir
 
         if device is not None and torch.device(device).type != "cpu" and opts.get("providers") is None:
             raise DSparkTrtError(f"the onnxruntime target runs on the CPU here (device {device!r} asked); pass "
                                  f"providers=[...] for another onnxruntime execution provider, or use the tensorrt "
                                  f"backend on GPUs")
-        export_dir = Path(export_dir)
-        t = target_section(export_dir)
-        return cls(export_dir / t["onnx"], num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
+        export = ExportDir(export_dir)
+        t = export.target
+        return cls(export.root / t["onnx"], num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
                    head_dim=t["head_dim"], hidden_size=t["hidden_size"], vocab_size=t["vocab_size"],
                    layer_ids=t["layer_ids"], dtype=t["dtype"], eos_token_ids=t.get("eos_token_ids") or (),
                    max_context=t.get("max_context"), **opts)
@@ -248,7 +248,7 @@ class OnnxRuntimeTarget(SlotTarget):
 
 def _past_names(inputs, num_layers: int, where) -> tuple[list[str], list[str]]:
     """The graph's per-layer cache inputs, checked: a graph with another K/V interface is refused in one line."""
-    from ..export.target_graph import past_names
+    from ..artifact.target_io import past_names
 
     keys, values = past_names(num_layers)
     if not set(keys + values) <= set(inputs):

@@ -92,14 +92,13 @@ class TensorRTTarget(OnnxRuntimeTarget):
     def __init__(self, export_dir: str | Path, *, max_batch: int | None = None, max_graph_tokens: int = 16,
                  graphs: str = "graph", device=None, compact_ratio: float = 2.0):
         require_tensorrt("the tensorrt target backend")
-        from ..export.manifest import read_manifest
-        from ..export.target_graph import past_names
-        from ..export.target_onnx import MAX_NEW_TOKENS, target_section
+        from ..artifact.export_dir import ExportDir
+        from ..artifact.target_io import MAX_NEW_TOKENS, past_names
         from .tensorrt_engine import TensorRTEngine, io_tensors
 
-        export_dir = Path(export_dir)
-        manifest = read_manifest(export_dir)
-        t = target_section(export_dir, manifest)  # refuses an older (stacked past_key) target in one line
+        export = ExportDir(export_dir)
+        export_dir, manifest = export.root, export.manifest
+        t = export.target  # refuses an older (stacked past_key) target in one line
         entry = engine_entry(manifest, "target")
         self.num_layers, self.hidden_size, self.vocab_size = int(t["num_layers"]), int(t["hidden_size"]), int(
             t["vocab_size"])
@@ -133,7 +132,7 @@ class TensorRTTarget(OnnxRuntimeTarget):
     def _graph_for(self, Q: int, K: int | None = None):
         """The bucketed graph for Q new tokens (≤ max_graph_tokens, logits for all of them), or an exact-shape one
         for longer Q (a prefill chunk); the cache inputs are bound, never copied."""
-        from ..export.kv_capacity import capacity_bucket
+        from ..artifact.kv_capacity import capacity_bucket
         from .tensorrt_engine import TensorRTGraph
 
         key = Q if Q <= self._max_graph_tokens and K in (None, Q) else 0

@@ -69,7 +69,7 @@ def test_version_compatible_is_refused_around_the_aot_plugin():
 def test_the_target_engine_gets_a_small_q_verify_profile():
     """Profile 0 prefills (Q up to a prefill chunk), profile 1 verifies (Q and K <= 16): a verify context's
     activation memory is sized for a few new tokens, not for max batch x a chunk."""
-    from dspark_trt.export.kv_capacity import capacity_bucket
+    from dspark_trt.artifact.kv_capacity import capacity_bucket
     from dspark_trt.export.pipeline import VERIFY_TOKENS, target_build_config
 
     base = EngineBuildConfig("tensorrt", max_batch_size=4, register_plugins=print)

@@ -17,7 +17,8 @@ import torch
 
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.export import streaming
-from dspark_trt.export.onnx import GRAPH_FILES, OnnxFromCheckpoint, SaveOnnx, _write
+from dspark_trt.artifact.layout import GRAPH_FILES
+from dspark_trt.export.onnx import OnnxFromCheckpoint, SaveOnnx, write_graphs
 
 
 def _bf16_copy(src, out):
@@ -60,7 +61,7 @@ def _both(drafter, target, tmp_path, **options):
                         tmp_path / "streamed")()
     memory = tmp_path / "memory"
     memory.mkdir()
-    _write(OnnxFromCheckpoint(drafter, target_dir=target, validate=False, stream=False, **options)(), memory)
+    write_graphs(OnnxFromCheckpoint(drafter, target_dir=target, validate=False, stream=False, **options)(), memory)
     return streamed, memory
 
 
@@ -71,9 +72,10 @@ def test_streamed_graphs_equal_in_memory(tiny_pair, tmp_path, dtype, topk, marko
     for name in GRAPH_FILES:
         _same_graph(streamed, memory, name)
         assert (streamed / f"{GRAPH_FILES[name]}.data").stat().st_size > 0  # weights outside the graph
-    assert json.loads((streamed / "onnx_export.json").read_text())["graphs"] == \
-        OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, validate=False, stream=False,
-                           dtype=dtype, topk=topk, markov_topm=markov_topm)().manifest()["graphs"]
+    from dspark_trt.artifact.manifest import graph_io
+
+    assert json.loads((streamed / "manifest.json").read_text())["graphs"] == \
+        {name: {"file": file, **graph_io(memory / file)} for name, file in GRAPH_FILES.items()}
 
 
 def test_streamed_bf16_checkpoint_speculators_into_fp32(tiny_odd_pair, tmp_path):
@@ -93,7 +95,7 @@ def test_streamed_validation_runs_on_the_written_files(tiny_pair, tmp_path, capl
     caplog.set_level(logging.INFO, logger="dspark.export")
     out = SaveOnnx(OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, dtype="bf16", topk=16),
                    tmp_path / "ok")()
-    record = json.loads((out / "onnx_export.json").read_text())
+    record = json.loads((out / "manifest.json").read_text())
     assert record["validation"] and all("FAIL" not in line for line in record["validation"])
     assert not list(out.glob(".twin-*"))  # the weightless twin is removed once loaded
     assert "stream from the checkpoint" in caplog.text
@@ -177,7 +179,7 @@ def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, tmp_p
     """The reference runs before the graph is mapped, so the full graph validates once one copy of the weights (+ the
     bf16 casts + 1 GB) fits; below that a subset, whose size free disk bounds too (the title says which bound)."""
     import dspark_trt.export.validate_target as vt
-    from dspark_trt.export.external_data import load_graph_only
+    from dspark_trt.artifact.external_data import load_graph_only
     from dspark_trt.export.target_onnx import build_target_model, export_target_onnx
 
     ph = streaming.Placeholders()

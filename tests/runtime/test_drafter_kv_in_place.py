@@ -110,7 +110,7 @@ def test_onnxruntime_drafter_feeds_the_cache_to_the_session_in_place(distilled_p
 @pytest.mark.onnx
 def test_an_export_of_an_older_context_interface_is_refused_in_one_line(tmp_path):
     from dspark_trt.errors import DSparkTrtError
-    from dspark_trt.export.graphs import check_draft_interface, draft_input_names
+    from dspark_trt.artifact.drafter_io import check_draft_interface, draft_input_names
 
     check_draft_interface(draft_input_names(1), "x")
     with pytest.raises(DSparkTrtError, match=r"stacked ctx_k .*re-export the drafter") as e:

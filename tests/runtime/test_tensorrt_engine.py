@@ -124,12 +124,12 @@ def test_padding_specs_from_the_manifest_io():
 @pytest.mark.onnx
 def test_a_padded_draft_graph_round_gives_the_unpadded_results(onnx_export, tiny_pair):
     """The draft graph's own I/O → padding specs → graph runner (eager), onnxruntime executing the graph."""
-    from dspark_trt.export.manifest import graph_io
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.artifact.manifest import graph_io
+    from dspark_trt.runtime.ort_session import OrtGraph
 
     path = onnx_export(tiny_pair, "fp32", 16)
-    graph = OrtGraph(path / "draft.onnx")
-    tensors = io_tensors(graph_io(path / "draft.onnx"))
+    graph = OrtGraph(path / "onnx" / "draft.onnx")
+    tensors = io_tensors(graph_io(path / "onnx" / "draft.onnx"))
     runner = GraphRunner(lambda x, key: graph.run(x), input_specs(tensors, "B", "T"), role="draft", device="cpu",
                          output_batch_dims=output_batch_dims(tensors))
     g = torch.Generator().manual_seed(0)
@@ -360,8 +360,8 @@ def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, o
     (Here the per-layer past is padded into the runner's buffers; the target binds its cache instead:
     tests/runtime/test_tensorrt_target.py.)"""
     from dspark_trt.config import DSparkConfig
-    from dspark_trt.export.manifest import graph_io
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.artifact.manifest import graph_io
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.export.target_onnx import export_target_onnx, load_target_model
     from dspark_trt.runtime.tensorrt_target import TARGET_FILLS, mask_symbol
 
@@ -431,7 +431,7 @@ def test_from_export_with_tensorrt_generates_the_onnxruntime_tokens(tiny_pair, t
 def test_the_tensorrt_drafter_reads_its_context_dimension_from_the_per_layer_inputs():
     """The draft engine's context dimension is axis 2 of ctx_key_0 [B, H_kv, T, D]; an engine of the older
     stacked ctx_k [L, B, T, H_kv, D] graph is refused in one line (re-export), before any buffer is sized."""
-    from dspark_trt.export.graphs import check_draft_interface
+    from dspark_trt.artifact.drafter_io import check_draft_interface
     from dspark_trt.runtime.backends.tensorrt_backend import _context_symbol
 
     tensors = io_tensors(DRAFT_IO)

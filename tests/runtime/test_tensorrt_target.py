@@ -45,8 +45,8 @@ def test_prefill_chunks_follow_the_engine_profile():
 @pytest.mark.onnx
 @pytest.mark.slow
 def test_the_bucketed_binding_gives_the_unpadded_results(qwen3_topk_export):
-    from dspark_trt.export.manifest import read_manifest
-    from dspark_trt.export.target_graph import past_names
+    from dspark_trt.artifact.export_dir import read_manifest
+    from dspark_trt.artifact.target_io import past_names
     from dspark_trt.runtime.cuda_graphs import GraphRunner
     from dspark_trt.runtime.kv_cache import KVCache
     from dspark_trt.runtime.ort_target import OnnxRuntimeTarget, capacity_mask

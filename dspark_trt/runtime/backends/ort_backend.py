@@ -4,17 +4,17 @@ It runs exactly what TensorRT is built from (the top-k walk through the node's s
 so it is both a portable executor and the proof that the ONNX hand-off computes what the reference does.
 Inputs and outputs are torch tensors on the CPU; ids come back as int64 like the reference's.
 
-Construct it from an export directory (``SaveOnnx`` / ``dspark export``; its top-k and candidate-union width M
-are fixed) or, with ``from_pretrained``, from a drafter checkpoint: the graphs are exported (and validated) once
-into a content-addressed cache directory, and a ``draft`` call with another top-k or M exports and loads that
-variant. An export with ``--markov-topm M`` walks the candidate union (``DSparkTopKMarkovUnion`` through its
+Construct it from an export directory (``artifact.ExportDir``: ``dspark-export``, ``SaveOnnx``, or one an older
+dspark-trt wrote; its top-k and candidate-union width M are fixed) or, with ``from_pretrained``, from a drafter
+checkpoint: the exporter (``runtime/exporter.py``: provided from above the runtime) exports and validates the
+graphs once into a content-addressed cache directory, and a ``draft`` call with another top-k or M exports and
+loads that variant. An export with ``--markov-topm M`` walks the candidate union (``DSparkTopKMarkovUnion`` through its
 local function): ``draft(..., markov_topm=M)``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -23,24 +23,18 @@ from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
 from .base import DrafterBackend, check_export_variant
 
-__all__ = ["OnnxRuntimeDrafterBackend", "default_cache_dir"]
+__all__ = ["OnnxRuntimeDrafterBackend"]
 
 log = logging.getLogger("dspark.runtime")
 
 _TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def default_cache_dir() -> Path:
-    """``$DSPARK_TRT_CACHE/onnx`` or ``~/.cache/dspark-trt/onnx`` (``$XDG_CACHE_HOME`` honoured)."""
-    root = os.environ.get("DSPARK_TRT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark-trt"
-    return Path(root) / "onnx"
-
-
 class OnnxRuntimeDrafterBackend(DrafterBackend):
     """Drafter backend over an ONNX export directory.
 
     Args:
-        export_dir: directory with ``context.onnx``, ``draft.onnx`` and ``onnx_export.json``.
+        export_dir: an export directory (``artifact.ExportDir``: its manifest and ``onnx/`` graphs).
         providers (*optional*, defaults to CPU): onnxruntime execution providers.
         threads (*optional*): intra-op threads per session.
 
@@ -64,23 +58,26 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         self._load(Path(export_dir))
 
     def _load(self, export_dir: Path) -> None:
-        from ...export.onnx import GRAPH_FILES, OnnxFromDir
+        from ...artifact.export_dir import ExportDir
 
-        self.export_dir = export_dir
-        source = OnnxFromDir(export_dir)
-        self.config, spec = source.config(), source.spec()
-        self.topk: int | None = spec.topk
-        self.markov_topm: int = int(spec.markov_topm)  # candidate union width of the graphs (0: none)
-        self.dtype = _TORCH_DTYPES[spec.dtype]
-        self.max_context: int = spec.max_context
+        export = ExportDir(export_dir)
+        if not export.exists():
+            raise DSparkTrtError(f"{export_dir} is not an ONNX export directory (no manifest.json); export the "
+                                 f"drafter first (dspark-export, or OnnxFromCheckpoint + SaveOnnx)")
+        self.export_dir = export.root
+        self.config, spec = export.config, export.spec
+        self.topk: int | None = spec["topk"]
+        self.markov_topm: int = int(spec.get("markov_topm") or 0)  # candidate union width of the graphs (0: none)
+        self.dtype = _TORCH_DTYPES[spec["dtype"]]
+        self.max_context: int = int(spec["max_context"])
         self.device = torch.device("cpu")
-        self._files = {name: export_dir / file for name, file in GRAPH_FILES.items()}
+        self._files = export.graph_paths
         self.d2t: torch.Tensor | None = None  # [V_d] int64, reduced draft vocabularies only
         if self.config.has_reduced_vocab:
-            d2t = source.manifest().get("d2t")
+            d2t = export.d2t
             if d2t is None or len(d2t) != self.config.draft_vocab_size:
                 raise DSparkTrtError(f"{export_dir} has a reduced draft vocabulary but no d2t table in its "
-                                     f"onnx_export.json (an older export); export the drafter again")
+                                     f"manifest (an older export); export the drafter again")
             self.d2t = torch.tensor(d2t, dtype=torch.int64)
 
     @property
@@ -95,49 +92,49 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
 
     @classmethod
     def from_export(cls, export_dir: str | Path, *, device=None, **kwargs) -> "OnnxRuntimeDrafterBackend":
-        """The drafter graphs of a ``dspark-export`` directory (``OUT/onnx``; the export's top-k and dtype)."""
-        export_dir = Path(export_dir)
-        return cls(export_dir / "onnx", device=device, **kwargs)
+        """The drafter graphs of a ``dspark-export`` directory (``OUT/onnx/``; the export's top-k and dtype)."""
+        return cls(export_dir, device=device, **kwargs)
 
     @classmethod
     def from_pretrained(cls, drafter_dir: str | Path, *, target_dir: str | Path | None = None,
                         dtype: str | None = None, topk: int | str | None = None, cache_dir: str | Path | None = None,
                         max_context: int | None = None, validate: bool = True, markov_topm: int = 0,
-                        **kwargs) -> "OnnxRuntimeDrafterBackend":
-        """Export ``drafter_dir`` into ``cache_dir`` (default ``default_cache_dir()``) unless cached, then load it.
+                        exporter=None, **kwargs) -> "OnnxRuntimeDrafterBackend":
+        """Export ``drafter_dir`` into ``cache_dir`` (default ``cache.cache_dir("onnx")``) unless cached, then load
+        it. ``exporter``: what exports (``runtime/exporter.py``; default: the installed one).
 
         ``dtype`` defaults to fp32 (onnxruntime's CPU provider computes bf16 only through emulation).
         """
-        from ...export.onnx import cached_onnx_export
+        from ...cache import cache_dir as default_cache_dir
+        from ..exporter import onnx_exporter
 
+        export = onnx_exporter(exporter)
         options = dict(target_dir=target_dir, dtype=dtype or "fp32", target="onnxruntime", max_context=max_context,
                        validate=validate)
-        cache_dir = cache_dir or default_cache_dir()
-        path = cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk,
-                                  markov_topm=int(markov_topm), **options)
+        cache_dir = cache_dir or default_cache_dir("onnx")
+        path = export(drafter_dir, cache_dir, topk="off" if topk is None else topk, markov_topm=int(markov_topm),
+                      **options)
         backend = cls(path, **kwargs)
-        backend._rebuild = (drafter_dir, cache_dir, options)
+        backend._rebuild = (export, drafter_dir, cache_dir, options)
         return backend
 
     def _switch_topk(self, topk: int | None, markov_topm: int = 0) -> None:
         """Load (exporting into the cache on a miss) the graphs for another top-k / union width (from_pretrained)."""
-        from ...export.onnx import cached_onnx_export
-
-        drafter_dir, cache_dir, options = self._rebuild
+        export, drafter_dir, cache_dir, options = self._rebuild
         union = f", candidate union M {markov_topm}" if markov_topm else ""
         log.info(f"onnxruntime backend: switching to top-k {topk or 'off'}{union} (export cached in {cache_dir})")
-        self._load(cached_onnx_export(drafter_dir, cache_dir, topk="off" if topk is None else topk,
-                                      markov_topm=int(markov_topm), **options))
+        self._load(export(drafter_dir, cache_dir, topk="off" if topk is None else topk, markov_topm=int(markov_topm),
+                          **options))
         if self._graphs is not None:
             self._graphs = None
             self.activate()
 
     # -- lifetime ----------------------------------------------------------------------------------------
     def activate(self) -> None:
-        from ...export.ort_session import OrtGraph
+        from ..ort_session import OrtGraph
 
         if self._graphs is None:
-            from ...export.graphs import check_draft_interface
+            from ...artifact.drafter_io import check_draft_interface
 
             graphs = {name: OrtGraph(file, providers=self._providers, threads=self._threads)
                       for name, file in self._files.items()}
@@ -154,14 +151,14 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
 
     # -- the interface -----------------------------------------------------------------------------------
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from ...export.graphs import run_context
+        from ..drafter_graphs import run_context
 
         self._check_context(taps.shape[1])
         return run_context(self._graph("context"), taps, positions)  # K, V [L, B, T, H_kv, D] model dtype
 
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed,
               markov_topm: int = 0, ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
-        from ...export.graphs import run_draft
+        from ..drafter_graphs import run_draft
 
         if (topk, int(markov_topm)) != (self.topk, self.markov_topm) and self._rebuild is not None:
             self._switch_topk(topk, markov_topm)

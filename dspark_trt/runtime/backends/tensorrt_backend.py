@@ -24,25 +24,13 @@ from pathlib import Path
 
 import torch
 
-from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
 from ..cuda_graphs import BoundAddresses, bound_context_plan, cache_rows
 from ..tensorrt_engine import TENSOR_ALIGNMENT, engine_entry, require_tensorrt
 from .base import DrafterBackend, check_export_variant
 
-__all__ = ["TensorRTDrafterBackend", "config_from_manifest", "markov_topm_from_manifest"]
-
-
-def config_from_manifest(manifest: dict) -> DSparkConfig:
-    """The drafter's ``DSparkConfig`` as the manifest recorded it."""
-    raw = manifest["checkpoint"]["config"]
-    return DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
-
-
-def markov_topm_from_manifest(manifest: dict) -> int:
-    """The export's candidate-union width M (0 = none; absent in exports made before the union)."""
-    return int(manifest.get("markov_topm") or 0)
+__all__ = ["TensorRTDrafterBackend"]
 
 
 class TensorRTDrafterBackend(DrafterBackend):
@@ -61,17 +49,17 @@ class TensorRTDrafterBackend(DrafterBackend):
                  device: str | torch.device | None = None, max_graph_tokens: int | None = None):
         # max_graph_tokens is the target's option (SpeculativeDecoder.from_export passes both the same options)
         require_tensorrt("the tensorrt drafter backend")
-        from ...export.manifest import read_manifest
+        from ...artifact.export_dir import ExportDir
         from ..tensorrt_engine import TensorRTEngine, TensorRTGraph, io_tensors
 
-        self.export_dir = Path(export_dir)
-        manifest = read_manifest(self.export_dir)
-        self.config = config_from_manifest(manifest)
-        self.topk: int | None = manifest.get("topk")
-        self.markov_topm = markov_topm_from_manifest(manifest)  # the engine's union width (0: none)
+        export = ExportDir(export_dir)
+        self.export_dir, manifest = export.root, export.manifest
+        self.config = export.config
+        self.topk: int | None = export.topk
+        self.markov_topm = export.markov_topm  # the engine's union width (0: none)
         self.supports_markov_topm = self.markov_topm > 0
         self.fixed_markov_topm = self.markov_topm
-        self.max_context = int(manifest.get("max_context", 8192))
+        self.max_context = export.max_context
         self.device = torch.device(device or "cuda")
         entries = {g: engine_entry(manifest, g) for g in ("context", "draft")}
         profile_max = int(entries["draft"]["build"]["batch"]["max"])
@@ -83,14 +71,14 @@ class TensorRTDrafterBackend(DrafterBackend):
             engine = TensorRTEngine(self.export_dir / entry["file"], entry, device=self.device, name=graph)
             io = io_tensors(manifest["graphs"][graph])
             if graph == "draft":
-                from ...export.graphs import check_draft_interface
+                from ...artifact.drafter_io import check_draft_interface
 
                 check_draft_interface([t.name for t in io], str(self.export_dir))
             if graph == "context":
                 self._graphs[graph] = TensorRTGraph(engine, io, max_batch=max_batch, role="draft", graphs=graphs,
                                                     device=self.device, bucketed=False)
             else:
-                from ...export.graphs import ctx_names
+                from ...artifact.drafter_io import ctx_names
 
                 keys, values = ctx_names(self.config.num_hidden_layers)
                 for name, bound in (("draft", ()), ("draft_bound", keys + values)):  # context copied / bound
@@ -123,13 +111,13 @@ class TensorRTDrafterBackend(DrafterBackend):
                 if name != "draft_bound"}  # the draft engine's, counted once
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from ...export.graphs import run_context
+        from ..drafter_graphs import run_context
 
         return run_context(self._graphs["context"], taps.to(self.device), positions.to(self.device))
 
     def draft(self, anchor, ctx_k, ctx_v, ctx_len, *, topk, temperature, seed, markov_topm: int = 0,
               ctx_start: torch.Tensor | None = None) -> MarkovWalkResult:
-        from ...export.graphs import run_draft
+        from ..drafter_graphs import run_draft
 
         check_export_variant("these engines", have_topk=self.topk, have_markov_topm=self.markov_topm, topk=topk,
                              markov_topm=markov_topm)

@@ -112,6 +112,7 @@ def test_other_markov_topm_is_refused_naming_dspark_export(union_decoder, tiny_p
 def _strip_union_keys(record: dict) -> dict:
     record.pop("op_contract_version", None), record.pop("markov_topm", None)
     record.get("spec", {}).pop("markov_topm", None)
+    (record.get("drafter") or {}).get("spec", {}).pop("markov_topm", None)
     return record
 
 
@@ -122,8 +123,8 @@ def test_onnx_export_written_before_the_union_still_loads(tiny_pair, onnx_export
 
     old = tmp_path / "old"
     shutil.copytree(onnx_export(tiny_pair, "fp32", K), old)
-    record = json.loads((old / "onnx_export.json").read_text())
-    (old / "onnx_export.json").write_text(json.dumps(_strip_union_keys(record)))
+    record = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps(_strip_union_keys(record)))
     drafter = reference(tiny_pair)
     c = drafter.config
     taps = torch.randn(2, 6, c.num_taps * c.hidden_size, generator=torch.Generator().manual_seed(1))
@@ -134,7 +135,7 @@ def test_onnx_export_written_before_the_union_still_loads(tiny_pair, onnx_export
     ref_k, ref_v = drafter.context_kv(taps, torch.arange(6).expand(2, 6))
     assert torch.equal(got.tokens, drafter.draft(torch.tensor([3, 99]), ref_k, ref_v, torch.tensor([6, 2]), topk=K).tokens)
     record["op_contract_version"] = 3
-    (old / "onnx_export.json").write_text(json.dumps(record))
+    (old / "manifest.json").write_text(json.dumps(record))
     with pytest.raises(DSparkTrtError, match="op contract version 3.*upgrade dspark-trt"):
         OnnxRuntimeDrafterBackend(old)
 
@@ -145,7 +146,7 @@ def test_dspark_export_written_before_the_union_decodes_through_from_export(qwen
 
     old = tmp_path / "old"
     shutil.copytree(qwen3_topk_export, old)
-    for file in (old / "manifest.json", old / "onnx" / "onnx_export.json"):
+    for file in (old / "manifest.json",):
         file.write_text(json.dumps(_strip_union_keys(json.loads(file.read_text()))))
     dec = SpeculativeDecoder.from_export(old, tokenizer=False)
     assert dec.backend.fixed_markov_topm == 0 and dec.default_topk == 16
@@ -158,7 +159,6 @@ def test_dspark_export_written_before_the_union_decodes_through_from_export(qwen
 def test_export_variant_check_of_both_export_backends():
     """The one refusal both export backends (onnxruntime, TensorRT) run before a round; pure."""
     from dspark_trt.runtime.backends.base import check_export_variant
-    from dspark_trt.runtime.backends.tensorrt_backend import markov_topm_from_manifest
 
     check_export_variant("these engines", have_topk=16, have_markov_topm=5, topk=16, markov_topm=5)
     with pytest.raises(DSparkTrtError, match="these engines draft with top-k 16 but top-k off"):
@@ -169,14 +169,13 @@ def test_export_variant_check_of_both_export_backends():
         check_export_variant("these engines", have_topk=16, have_markov_topm=5, topk=16, markov_topm=2)
     with pytest.raises(DSparkTrtError, match="these engines have no candidate union"):
         check_export_variant("these engines", have_topk=16, have_markov_topm=0, topk=16, markov_topm=2)
-    assert markov_topm_from_manifest({}) == 0 and markov_topm_from_manifest({"markov_topm": 7}) == 7
 
 
 @pytest.mark.slow  # a dspark-export directory with the union and the target graph (~60 s, once per run)
 def test_dspark_export_with_a_union_decodes_through_from_export(tmp_path_factory, random_pair):
     """``dspark-export --topk 16 --markov-topm 5`` → ``SpeculativeDecoder.from_export``: the export's M is the
     default, greedy output is the target's; M = 0 is refused naming ``dspark-export --markov-topm 0``."""
-    from dspark_trt.export.manifest import read_manifest
+    from dspark_trt.artifact.export_dir import read_manifest
     from dspark_trt.runtime import SpeculativeDecoder
     from tests.conftest import export_once
 

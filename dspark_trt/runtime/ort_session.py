@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DSparkTrtError
-from .external_data import external_refs, load_graph_only
+from ..artifact.external_data import external_refs, load_graph_only
 
 __all__ = ["OrtGraph", "model_proto"]
 

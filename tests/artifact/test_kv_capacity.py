@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.export.kv_capacity import capacity_bucket, capacity_buckets
+from dspark_trt.artifact.kv_capacity import capacity_bucket, capacity_buckets
 
 
 def test_capacity_buckets_are_four_per_octave_multiples_of_32():

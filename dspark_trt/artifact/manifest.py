@@ -1,9 +1,14 @@
-"""``manifest.json``: what an export directory holds, how it was built, and with which versions.
+"""``manifest.json``: what an export directory holds, how it was built, and with which versions — as a dict.
 
 Every later tool (``dspark build-engine``, the runtime backends, Triton repository generation) reads the
-manifest instead of guessing. ``graph_io`` reads an ONNX file's inputs/outputs; ``check_manifest``
-verifies a directory against its manifest (files present, I/O equal to the ONNX files) and is what the
-tests and ``build-engine`` use.
+manifest through ``ExportDir`` (``artifact/export_dir.py``) instead of guessing. ``new_manifest`` builds one;
+``upgrade_manifest`` turns what an older export holds (format 1: ``manifest.json`` + ``onnx/onnx_export.json``,
+or a drafter-only ONNX directory with ``onnx_export.json`` alone) into the current form; ``graph_io`` reads an
+ONNX file's inputs/outputs; ``file_records`` lists files with their sizes and digests (``check_manifest``, in
+``export_dir.py``, verifies a directory against its manifest).
+
+The drafter's ONNX record (its export spec, the versions that traced it, the ``d2t`` table of a reduced
+vocabulary) is the manifest's ``drafter`` section; format 1 kept it in ``onnx/onnx_export.json``.
 
 ``files`` lists every file of the export (the graphs' external ``.data`` files included) with its size and
 sha256, hashed in chunks (``file_sha256``: memory stays at one chunk whatever the file's size, so a multi-GB
@@ -18,16 +23,14 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
+from ..cache import file_sha256
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
+from .layout import FORMAT_VERSION, MANIFEST_FILE, READ_FORMAT_VERSIONS
 
-__all__ = ["MANIFEST_FILE", "FORMAT_VERSION", "graph_io", "new_manifest", "read_manifest", "check_manifest",
-           "package_versions", "op_contract_version", "check_op_contract_version", "file_sha256", "file_records"]
-
-MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
-
-HASH_CHUNK = 1 << 24  # 16 MiB per read: the most a digest holds in memory
+__all__ = ["MANIFEST_FILE", "FORMAT_VERSION", "graph_io", "new_manifest", "package_versions", "op_contract_version",
+           "check_op_contract_version", "check_format_version", "file_records", "upgrade_manifest",
+           "legacy_onnx_manifest"]
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
                 10: "float16", 11: "float64", 16: "bfloat16"}
@@ -49,19 +52,6 @@ def graph_io(onnx_path: str | Path) -> dict[str, list[dict[str, Any]]]:
         "inputs": [describe(v) for v in model.graph.input if v.name not in inits],
         "outputs": [describe(v) for v in model.graph.output],
     }
-
-
-def file_sha256(path: str | Path, chunk: int = HASH_CHUNK) -> str:
-    """sha256 of a file, read ``chunk`` bytes at a time into one reused buffer."""
-    import hashlib
-
-    h = hashlib.sha256()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
 
 
 def file_records(export_dir: str | Path, files=None) -> dict[str, dict[str, Any]]:
@@ -89,7 +79,7 @@ def package_versions() -> dict[str, str | None]:
 def new_manifest(
     config: DSparkConfig,
     *,
-    model_dir: str | Path,
+    model_dir: str | Path | None,
     topk: int | None,
     dtype: str,
     graphs: dict[str, Path],
@@ -98,8 +88,10 @@ def new_manifest(
     plugin: dict | None = None,
     kernel: dict | None = None,
     extra: dict | None = None,
+    drafter: dict | None = None,
 ) -> dict[str, Any]:
-    """The manifest for an export: config, shapes, I/O of each ONNX graph, plugin and kernel facts, versions."""
+    """The manifest for an export: config, shapes, I/O of each ONNX graph, plugin and kernel facts, versions;
+    ``drafter``: the ONNX step's record (``{"spec", "versions", "d2t"?}``)."""
     from .. import __version__
     from ..plugins.contract import OP_CONTRACT_VERSION
 
@@ -108,7 +100,7 @@ def new_manifest(
         "dspark_trt_version": __version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": {
-            "path": str(Path(model_dir).resolve()),
+            "path": str(Path(model_dir).resolve()) if model_dir is not None else None,
             "format": config.source_format,
             "config_digest": config.digest(),
             "config": dataclasses.asdict(config),
@@ -130,6 +122,7 @@ def new_manifest(
         "kernel": kernel,
         "engines": {},
         "packages": package_versions(),
+        "drafter": drafter,
         **(extra or {}),
     }
 
@@ -151,70 +144,53 @@ def check_op_contract_version(manifest: dict[str, Any], path: str | Path) -> Non
                              f"dspark-export")
 
 
-def read_manifest(export_dir: str | Path) -> dict[str, Any]:
-    from ..jsonfile import read_json
-
-    path = Path(export_dir) / MANIFEST_FILE
-    manifest = read_json(path, missing=f"{export_dir} has no {MANIFEST_FILE}: point at a directory written by "
-                                      f"dspark-export", fix="re-run dspark-export")
-    if manifest.get("format_version") != FORMAT_VERSION:
+def check_format_version(manifest: dict[str, Any], path: str | Path) -> None:
+    """Refuse, in one line naming the fix, a manifest of a format this dspark-trt does not read."""
+    if manifest.get("format_version") not in READ_FORMAT_VERSIONS:
         raise DSparkTrtError(f"{path} has format_version {manifest.get('format_version')}, this dspark-trt reads "
-                             f"{FORMAT_VERSION}; re-run dspark-export with this version")
-    check_op_contract_version(manifest, path)
-    return manifest
+                             f"{', '.join(map(str, READ_FORMAT_VERSIONS))}; re-run dspark-export with this version")
 
 
-def check_manifest(export_dir: str | Path, manifest: dict[str, Any] | None = None, *,
-                   digests: bool = False) -> list[str]:
-    """Problems with an export directory (empty list = consistent): missing files, I/O differing from the ONNX,
-    a graph's external data missing or short, a listed file of another size (``digests``: or another sha256,
-    streamed)."""
-    from .external_data import external_data_files
+def upgrade_manifest(manifest: dict[str, Any], onnx_record: dict[str, Any] | None) -> dict[str, Any]:
+    """A format-1 ``manifest.json`` and its ``onnx/onnx_export.json`` as one manifest of the current form (the
+    record becomes the ``drafter`` section; the graph files stay where they are). A current one is returned as
+    it is."""
+    if manifest.get("drafter") is not None or onnx_record is None:
+        return manifest
+    upgraded = dict(manifest)
+    upgraded["drafter"] = _drafter_section(onnx_record)
+    if upgraded.get("validation") is None:
+        upgraded["validation"] = onnx_record.get("validation")
+    return upgraded
 
-    export_dir = Path(export_dir)
-    manifest = manifest if manifest is not None else read_manifest(export_dir)
-    problems = []
-    for rel, record in (manifest.get("files") or {}).items():
-        path = export_dir / rel
-        if not path.is_file():
-            problems.append(f"file {rel} is missing")
-        elif path.stat().st_size != record["bytes"]:
-            problems.append(f"file {rel} has {path.stat().st_size} bytes, the manifest says {record['bytes']}")
-        elif digests and file_sha256(path) != record["sha256"]:
-            problems.append(f"file {rel} differs from the manifest's sha256")
-    graph_files = [g["file"] for g in manifest.get("graphs", {}).values()] + \
-        [f for f in (manifest.get("plugin_graph"), (manifest.get("target") or {}).get("onnx")) if f]
-    for rel in graph_files:
-        if (export_dir / rel).is_file():
-            try:
-                external_data_files(export_dir / rel)
-            except DSparkTrtError as e:
-                problems.append(str(e))
-    for name, graph in manifest.get("graphs", {}).items():
-        path = export_dir / graph["file"]
-        if not path.is_file():
-            problems.append(f"graph {name}: {graph['file']} is missing")
-            continue
-        actual = graph_io(path)
-        for side in ("inputs", "outputs"):
-            if actual[side] != graph[side]:
-                problems.append(f"graph {name}: manifest {side} differ from {graph['file']}")
-    target = manifest.get("target")
-    if target:
-        path = export_dir / target["onnx"]
-        if not path.is_file():
-            problems.append(f"target graph {target['onnx']} is missing")
-        elif any(graph_io(path)[k] != target["io"][k] for k in ("inputs", "outputs")):
-            problems.append(f"target: manifest io differs from {target['onnx']}")
-        for name in target.get("tokenizer_files") or []:
-            if not (export_dir / target["tokenizer"] / name).is_file():
-                problems.append(f"target tokenizer file {target['tokenizer']}/{name} is missing")
-    for name, engine in manifest.get("engines", {}).items():
-        if not (export_dir / engine["file"]).is_file():
-            problems.append(f"engine {name}: {engine['file']} is missing")
-    kernel = manifest.get("kernel") or {}
-    for entry in kernel.get("kernels", []):
-        path = export_dir / kernel.get("dir", "") / entry["file"]
-        if not path.is_file():
-            problems.append(f"kernel file {path.relative_to(export_dir)} is missing")
-    return problems
+
+def legacy_onnx_manifest(record: dict[str, Any], onnx_dir: str | Path | None = None) -> dict[str, Any]:
+    """The manifest of a format-1 drafter-only ONNX directory (graphs and ``onnx_export.json`` side by side)."""
+    spec, config = record.get("spec") or {}, record.get("config") or {}
+    graphs = {name: {"file": g["file"], "inputs": g.get("inputs", []), "outputs": g.get("outputs", [])}
+              for name, g in (record.get("graphs") or {}).items()}
+    return {
+        "format_version": record.get("format_version"),
+        "checkpoint": {"path": None, "format": config.get("source_format"),
+                       "config_digest": record.get("config_digest"), "config": config},
+        "target_layer_ids": config.get("target_layer_ids"),
+        "block_size": config.get("block_size"),
+        "num_draft_tokens": record.get("num_draft_tokens"),
+        "sample_from_anchor": config.get("sample_from_anchor"),
+        "topk": spec.get("topk"),
+        "markov_topm": int(record.get("markov_topm") or spec.get("markov_topm") or 0),
+        "op_contract_version": record.get("op_contract_version"),
+        "dtype": spec.get("dtype"),
+        "max_context": spec.get("max_context"),
+        "graphs": graphs,
+        "engines": {},
+        "validation": record.get("validation"),
+        "drafter": _drafter_section(record),
+    }
+
+
+def _drafter_section(record: dict[str, Any]) -> dict[str, Any]:
+    section = {"spec": record.get("spec"), "versions": record.get("versions")}
+    if record.get("d2t") is not None:
+        section["d2t"] = record["d2t"]
+    return section

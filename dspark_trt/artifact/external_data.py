@@ -29,9 +29,12 @@ from typing import Iterator
 from ..errors import DSparkTrtError
 
 __all__ = ["ExternalRef", "external_refs", "check_external_data", "share_external_data", "external_data_files",
-           "load_graph_only"]
+           "load_graph_only", "EXTERNAL_DATA_BYTES", "EXTERNAL_DATA_ALIGNMENT"]
 
 log = logging.getLogger("dspark.export")
+
+EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: above this, weights go to <graph>.onnx.data (protobuf caps at 2 GiB)
+EXTERNAL_DATA_ALIGNMENT = 1 << 16  # tensors ≥ 1 MiB start at 64 KiB offsets in .data files (mmap-able)
 
 
 @dataclass(frozen=True)

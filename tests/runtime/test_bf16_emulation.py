@@ -33,8 +33,8 @@ def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def test_twin_matches_torch_bf16_rounding():
     import onnx
 
-    from dspark_trt.export.bf16_emulation import emulate_bf16
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.bf16_emulation import emulate_bf16
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.torch_to_onnx import torch_onnx_export
 
     block = Block().to(torch.bfloat16)
@@ -62,8 +62,8 @@ def test_plain_fp32_twin_would_not_match():
     rounding is what makes the comparison meaningful."""
     import onnx
 
-    from dspark_trt.export.bf16_emulation import emulate_bf16
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.bf16_emulation import emulate_bf16
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.torch_to_onnx import torch_onnx_export
 
     block = Block().to(torch.bfloat16)
