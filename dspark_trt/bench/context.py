@@ -192,7 +192,7 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
 
     runners = {"in place": in_place}
     if padded is not None:
-        from ..runtime.backends.torch_backend import TorchDrafterBackend
+        from ..runtime.drafters.torch import TorchDrafterBackend
 
         def padded_round(torch_backend):
             def make(B, S):
@@ -347,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"export": str(args.export), "contexts": contexts, "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if {"steps", "e2e"} <= skip:  # the draft rounds alone: a drafter-only export directory will do
-        from ..runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+        from ..runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
         onnx_dir = Path(args.export) / "onnx" if (Path(args.export) / "onnx").is_dir() else Path(args.export)
         backend = OnnxRuntimeDrafterBackend(onnx_dir, threads=args.threads)

@@ -39,7 +39,7 @@ from ..atomic import atomic_output_dir, check_output_dir
 from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
-from .engine import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
+from .engine_build import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
                      union_engine_refusal, write_engine)
 from .disk import DiskEstimate, check_free_disk, disk_full_errors, estimate_export_bytes
 from ..artifact.external_data import external_data_files
@@ -95,7 +95,7 @@ class ExportResult:
 
 class Phases:
     """Progress per phase: a bar on a TTY (log lines routed around it), ``[i/n] name`` log lines otherwise;
-    TensorRT's own progress monitor reports inside the engine phase (export/engine.py)."""
+    TensorRT's own progress monitor reports inside the engine phase (export/engine_build.py)."""
 
     def __init__(self, names: list[str]):
         self.names, self.index = names, 0

@@ -26,12 +26,13 @@ import torch
 from ..errors import DSparkTrtError
 from ..reference.markov import draft_to_target
 from ..reference.verify import draft_probs, sample_tokens, verify_drafts
-from .backends.base import DrafterBackend, backend_class
+from .drafters.base import DrafterBackend, backend_class
 from .drafter_state import DrafterState
 from .nonfinite import NonFiniteMonitor
 from .stop import StopStrings
 from .stats import GenerationResult, GenerationStats, Stopwatch
-from .target import HFTarget, Target
+from .targets.base import Target
+from .targets.hf import HFTarget
 
 __all__ = ["SpeculativeDecoder", "check_context_budget", "check_pair", "check_sampling", "check_truncation"]
 
@@ -172,11 +173,11 @@ class SpeculativeDecoder:
         """The exported target and drafter of a ``dspark-export`` directory, run by ``backend``
         (``onnxruntime``: the ONNX graphs), with the tokenizer from ``OUT/tokenizer/``; no transformers model."""
         from ..artifact.export_dir import ExportDir
-        from .backends.base import target_backend_class
+        from .targets.base import target_class
 
         export = ExportDir(export_dir)
         export.target  # one line saying how to add it when absent
-        target = target_backend_class(backend).from_export(export_dir, device=device, **backend_options)
+        target = target_class(backend).from_export(export_dir, device=device, **backend_options)
         drafter_cls = backend_class(backend)
         if not hasattr(drafter_cls, "from_export"):
             raise DSparkTrtError(f"drafter backend {backend!r} cannot run from an export directory; use "
@@ -262,7 +263,7 @@ class SpeculativeDecoder:
                 raise DSparkTrtError("--markov-topm needs a top-k head (the dense head already scores every token); "
                                      "pass --topk K or --markov-topm 0")
         if fixed is not None and topk is not None:  # an export: its M only (a top-k mismatch: the backend says so)
-            from .backends.base import check_export_variant
+            from .drafters.base import check_export_variant
 
             check_export_variant("this export", have_topk=topk, have_markov_topm=fixed, topk=topk,
                                  markov_topm=markov_topm)

@@ -14,7 +14,7 @@ copy, as ``[:, :, :, :S]`` is not contiguous.
 Capacities are buckets (``artifact/kv_capacity.py``): 128, 160, 192, 224, 256, 320, … — four per octave, so the
 graph attends over at most 25 % more slots than it needs (plus a round's headroom), and growing (a copy of the used slots into
 bigger buffers) happens once per bucket, O(1) slots per generated token amortised. TensorRT captures one
-CUDA graph per (batch bucket, capacity bucket, Q) with these very buffers bound (``runtime/tensorrt_target.py``).
+CUDA graph per (batch bucket, capacity bucket, Q) with these very buffers bound (``runtime/targets/tensorrt.py``).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def test_tensorrt_rtx_builds_from_a_graph_with_external_data(small_draft, tmp_pa
     (not from the working directory), and the plan is written straight from TensorRT's buffer."""
     import onnx
 
-    from dspark_trt.export.engine import EngineBuildConfig, write_engine
+    from dspark_trt.export.engine_build import EngineBuildConfig, write_engine
 
     graph = tmp_path / "onnx" / "draft.onnx"
     graph.parent.mkdir()

@@ -68,7 +68,7 @@ def test_strongly_typed_engine_keeps_the_context_fusion_in_fp32(massive_pair, on
     """The engine is built strongly typed: the ONNX types are the engine's, so the fp32 island survives."""
     import tensorrt_rtx as trt
 
-    from dspark_trt.export.engine import EngineBuildConfig, build_engine
+    from dspark_trt.export.engine_build import EngineBuildConfig, build_engine
 
     path = onnx_export(massive_pair, "fp16", 16) / "onnx" / "context.onnx"
     logger = trt.Logger(trt.Logger.ERROR)

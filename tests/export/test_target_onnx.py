@@ -89,7 +89,7 @@ def test_a_model_builder_is_dropped_before_the_graph_opens(qwen3_topk_export, ra
     import gc
     import weakref
 
-    import dspark_trt.runtime.ort_target as ort_target
+    import dspark_trt.runtime.targets.onnxruntime as ort_target
     from dspark_trt.export.target_onnx import load_target_model
     from dspark_trt.export.validate_target import validate_target_onnx
 

@@ -156,7 +156,7 @@ def test_export_model_with_a_union_records_it_with_its_plugin_graph_and_ptx(tiny
     graph in one line in ``build-engine`` and ``build_engine``, and ``--engine auto`` builds no engine with it."""
     import onnx
 
-    from dspark_trt.export.engine import EngineBuildConfig, build_engine
+    from dspark_trt.export.engine_build import EngineBuildConfig, build_engine
     from dspark_trt.artifact.export_dir import check_manifest, read_manifest
     from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
     from dspark_trt.plugins.onnx_op import register_schema
@@ -212,7 +212,7 @@ def test_rtx_parses_and_builds_one_static_union_step():
     """TensorRT-RTX (real parser and builder, SM80) takes the union's local function: one step with static shapes
     builds (well under a second here). What it does not finish is the exported draft graph (N = 7 chained steps,
     dynamic batch and context: > 15 min; one step with a dynamic batch took 15 s vs 0.5 s for the plain op's),
-    which is why engines refuse the union graph (export/engine.py). The time is printed, not asserted."""
+    which is why engines refuse the union graph (export/engine_build.py). The time is printed, not asserted."""
     import time
 
     import tensorrt_rtx as trt

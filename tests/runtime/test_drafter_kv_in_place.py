@@ -77,7 +77,7 @@ def test_torch_drafter_reads_the_cache_in_place_and_stays_lossless(distilled_pai
 @pytest.mark.onnx
 def test_onnxruntime_drafter_feeds_the_cache_to_the_session_in_place(distilled_pair, onnx_export):
     from dspark_trt.runtime import HFTarget, SpeculativeDecoder
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     target = HFTarget.from_pretrained(distilled_pair.target, dtype="fp32", device="cpu")
     backend = OnnxRuntimeDrafterBackend(onnx_export(distilled_pair, "fp32", 16), threads=1)

@@ -11,7 +11,7 @@ import torch
 
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime import HFTarget
-from dspark_trt.runtime.ort_target import OnnxRuntimeTarget
+from dspark_trt.runtime.targets.onnxruntime import OnnxRuntimeTarget
 
 pytestmark = [pytest.mark.onnx, pytest.mark.slow]
 TOL = dict(atol=2e-5, rtol=2e-5)

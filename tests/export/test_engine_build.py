@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.export.engine import EngineBuildConfig, EngineFromOnnx, onnx_inputs, profile_shapes, resolve_flavor
+from dspark_trt.export.engine_build import EngineBuildConfig, EngineFromOnnx, onnx_inputs, profile_shapes, resolve_flavor
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_version_compatible_is_full_tensorrt_only():
 
 def test_version_compatible_is_refused_around_the_aot_plugin():
     """No TensorRT documentation says a lean-runtime (version-compatible) engine runs AOT plugin layers."""
-    from dspark_trt.export.engine import check_version_compatible
+    from dspark_trt.export.engine_build import check_version_compatible
 
     check_version_compatible(True, None)  # a dense draft graph: no plugin
     check_version_compatible(False, "DSparkTopKMarkov")

@@ -7,8 +7,8 @@ import torch
 
 from dspark_trt import load_drafter
 from dspark_trt.reference.markov import walk_candidates
-from dspark_trt.runtime.backends.base import backend_class
-from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+from dspark_trt.runtime.drafters.base import backend_class
+from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 from dspark_trt.testing.walk import by_candidate_id
 from tests.reference.test_markov_union import union_dense
 

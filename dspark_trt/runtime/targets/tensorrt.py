@@ -1,6 +1,6 @@
 """``TensorRTTarget``: the exported target graph's TensorRT engine (``engines/target.plan``) as a ``Target``.
 
-Same slot bookkeeping and K/V cache as ``OnnxRuntimeTarget`` (it subclasses it), on the GPU, with the graph
+Same slot bookkeeping and K/V cache as ``OnnxRuntimeTarget`` (both are ``ExportedTarget``s), on the GPU, with the graph
 run by ``TensorRTGraph``. The cache's buffers **are** the engine's past inputs: each layer's
 ``[rows, H, capacity, D]`` block of the ``[L, rows, H, capacity, D]`` buffers (``runtime/kv_cache.py``) is bound
 to ``past_key_<l>`` / ``past_value_<l>`` by address (``InputSpec.bound``), never copied; a step writes only its
@@ -27,12 +27,11 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..errors import DSparkTrtError
-from .cuda_graphs import BoundAddresses, PadPlan, cache_rows
-from .kv_cache import KVCache
-from .ort_target import OnnxRuntimeTarget, capacity_mask
-from .target import TargetOutput
-from .tensorrt_engine import engine_entry, require_tensorrt
+from ...errors import DSparkTrtError
+from ..cuda_graphs import BoundAddresses, PadPlan, cache_rows
+from .base import TargetOutput
+from .exported import ExportedTarget, capacity_mask
+from ..tensorrt_engine import engine_entry, require_tensorrt
 
 __all__ = ["TensorRTTarget", "target_fills", "mask_symbol", "cache_rows", "step_plan", "profile_new_tokens"]
 
@@ -77,7 +76,7 @@ def profile_new_tokens(entry: Mapping, default: int) -> int:
     return int(q[2]) if q else int(default)
 
 
-class TensorRTTarget(OnnxRuntimeTarget):
+class TensorRTTarget(ExportedTarget):
     """The exported target's TensorRT engine as a DSpark ``Target`` (CUDA tensors).
 
     Args:
@@ -92,25 +91,23 @@ class TensorRTTarget(OnnxRuntimeTarget):
     def __init__(self, export_dir: str | Path, *, max_batch: int | None = None, max_graph_tokens: int = 16,
                  graphs: str = "graph", device=None, compact_ratio: float = 2.0):
         require_tensorrt("the tensorrt target backend")
-        from ..artifact.export_dir import ExportDir
-        from ..artifact.target_io import MAX_NEW_TOKENS, past_names
-        from .tensorrt_engine import TensorRTEngine, io_tensors
+        from ...artifact.export_dir import ExportDir
+        from ...artifact.target_io import MAX_NEW_TOKENS, past_names
+        from ..tensorrt_engine import TensorRTEngine, io_tensors
 
         export = ExportDir(export_dir)
         export_dir, manifest = export.root, export.manifest
         t = export.target  # refuses an older (stacked past_key) target in one line
         entry = engine_entry(manifest, "target")
-        self.num_layers, self.hidden_size, self.vocab_size = int(t["num_layers"]), int(t["hidden_size"]), int(
-            t["vocab_size"])
-        self.num_key_value_heads, self.head_dim = int(t["num_key_value_heads"]), int(t["head_dim"])
-        self.layer_ids = tuple(int(i) for i in t["layer_ids"])
-        self.dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[t["dtype"]]
-        self.eos_token_ids = tuple(int(i) for i in (t.get("eos_token_ids") or ()))
-        self.device = torch.device(device or "cuda")
-        self.compact_ratio = compact_ratio
-        self.max_context = t.get("max_context")
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[t["dtype"]]
+        self._init_exported(num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
+                            head_dim=t["head_dim"], hidden_size=t["hidden_size"], vocab_size=t["vocab_size"],
+                            layer_ids=t["layer_ids"], dtype=dtype, eos_token_ids=t.get("eos_token_ids") or (),
+                            device=torch.device(device or "cuda"), compact_ratio=compact_ratio,
+                            max_context=t.get("max_context"),
+                            prefill_chunk=profile_new_tokens(entry, MAX_NEW_TOKENS),  # chunks the profile takes
+                            cache_dtype=dtype)
         self.onnx_path = export_dir / t["onnx"]
-        self._taps_set = False
         self._engine = TensorRTEngine(export_dir / entry["file"], entry, device=self.device, name="target")
         self._tensors = io_tensors(t["io"])
         self._engine.check_io(self._tensors)  # buffers are sized from the manifest: refuse another graph's plan
@@ -119,9 +116,6 @@ class TensorRTTarget(OnnxRuntimeTarget):
         profile_max = int(entry["build"]["batch"]["max"])
         self._max_batch = min(max_batch or profile_max, profile_max)
         self._max_graph_tokens, self._graph_mode = max_graph_tokens, graphs
-        self.prefill_chunk = profile_new_tokens(entry, MAX_NEW_TOKENS)  # prompts run in chunks the profile takes
-        self.cache = KVCache(num_layers=self.num_layers, kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
-                             dtype=self.dtype, device=self.device)
         self._graphs: dict[int, object] = {}  # Q → TensorRTGraph
         self._bound = BoundAddresses()  # the cache buffers the graphs are bound to
 
@@ -132,8 +126,8 @@ class TensorRTTarget(OnnxRuntimeTarget):
     def _graph_for(self, Q: int, K: int | None = None):
         """The bucketed graph for Q new tokens (≤ max_graph_tokens, logits for all of them), or an exact-shape one
         for longer Q (a prefill chunk); the cache inputs are bound, never copied."""
-        from ..artifact.kv_capacity import capacity_bucket
-        from .tensorrt_engine import TensorRTGraph
+        from ...artifact.kv_capacity import capacity_bucket
+        from ..tensorrt_engine import TensorRTGraph
 
         key = Q if Q <= self._max_graph_tokens and K in (None, Q) else 0
         if key not in self._graphs:

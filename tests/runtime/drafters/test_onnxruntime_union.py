@@ -33,7 +33,7 @@ def union_dir(tiny_pair, onnx_export):
 @pytest.fixture(scope="module")
 def union_decoder(tiny_pair, union_dir):
     from dspark_trt.runtime import HFTarget, SpeculativeDecoder
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     target = HFTarget.from_pretrained(tiny_pair.target, dtype="fp32", device="cpu")
     return SpeculativeDecoder(target, OnnxRuntimeDrafterBackend(union_dir))
@@ -51,7 +51,7 @@ def dense_q(result, temperature, vocab: int) -> torch.Tensor:
 def test_union_export_decodes_with_the_torch_backends_q(union_decoder, tiny_pair, temperature, monkeypatch):
     """Every round: the graph's drafts and q equal the torch backend's union round on the same inputs; greedy
     output is the target's own greedy output."""
-    from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 
     dec = union_decoder
     backend = dec.backend
@@ -87,7 +87,7 @@ def test_union_export_decodes_with_the_torch_backends_q(union_decoder, tiny_pair
 
 
 def test_other_markov_topm_is_refused_naming_dspark_export(union_decoder, tiny_pair, onnx_export):
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     dec = union_decoder
     for other in (3, 0):
@@ -119,7 +119,7 @@ def _strip_union_keys(record: dict) -> dict:
 def test_onnx_export_written_before_the_union_still_loads(tiny_pair, onnx_export, tmp_path):
     """An ONNX export directory without the new keys loads as M = 0 and drafts like the reference; a newer
     contract version is refused in one line."""
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     old = tmp_path / "old"
     shutil.copytree(onnx_export(tiny_pair, "fp32", K), old)
@@ -158,7 +158,7 @@ def test_dspark_export_written_before_the_union_decodes_through_from_export(qwen
 
 def test_export_variant_check_of_both_export_backends():
     """The one refusal both export backends (onnxruntime, TensorRT) run before a round; pure."""
-    from dspark_trt.runtime.backends.base import check_export_variant
+    from dspark_trt.runtime.drafters.base import check_export_variant
 
     check_export_variant("these engines", have_topk=16, have_markov_topm=5, topk=16, markov_topm=5)
     with pytest.raises(DSparkTrtError, match="these engines draft with top-k 16 but top-k off"):

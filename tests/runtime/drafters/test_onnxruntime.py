@@ -21,7 +21,7 @@ def reference(pair):
 
 @pytest.fixture(scope="module", params=[16, "off"], ids=["topk16", "dense"])
 def backend_and_topk(request, tiny_pair, onnx_export, onnx_cache_dir):
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     onnx_export(tiny_pair, "fp32", request.param)  # the shared (pre)built export, so from_pretrained hits the cache
     backend = OnnxRuntimeDrafterBackend.from_pretrained(tiny_pair.drafter, target_dir=tiny_pair.target,
@@ -31,8 +31,8 @@ def backend_and_topk(request, tiny_pair, onnx_export, onnx_cache_dir):
 
 
 def test_registered_under_its_name():
-    from dspark_trt.runtime.backends.base import backend_class
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.base import backend_class
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     assert backend_class("onnxruntime") is OnnxRuntimeDrafterBackend
 
@@ -122,7 +122,7 @@ def test_decode_rounds_match_reference(backend_and_topk, tiny_pair, temperature)
 def test_windowed_drafter_decodes_like_the_reference(pair_name, pattern, onnx_export, onnx_cache_dir, request):
     """Sliding-window layers through the backend — speculators' causal one, and the recipe's context window
     (bidirectional in the block) — over rounds whose contexts outgrow the window."""
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     pair = request.getfixturevalue(pair_name)
     onnx_export(pair, "fp32", 16)  # cache hit below
@@ -141,7 +141,7 @@ def test_windowed_drafter_decodes_like_the_reference(pair_name, pattern, onnx_ex
 
 
 def test_export_dir_backend_refuses_other_topk_and_long_context(tiny_pair, onnx_export):
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     c = reference(tiny_pair).config
     kv = torch.zeros(c.num_hidden_layers, 1, 4, c.num_key_value_heads, c.head_dim)
@@ -158,7 +158,7 @@ def test_export_dir_backend_refuses_other_topk_and_long_context(tiny_pair, onnx_
 
 def test_from_pretrained_backend_switches_topk(tiny_pair, onnx_export, onnx_cache_dir):
     """Built from a checkpoint, the backend loads (exporting on a miss) the graphs for a requested top-k."""
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     onnx_export(tiny_pair, "fp32", 16), onnx_export(tiny_pair, "fp32", "off")  # both cached: no export here
     drafter = reference(tiny_pair)
@@ -180,7 +180,7 @@ def test_from_pretrained_backend_switches_topk(tiny_pair, onnx_export, onnx_cach
 
 
 def test_not_an_export_directory(tmp_path):
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     with pytest.raises(DSparkTrtError, match="not an ONNX export directory"):
         OnnxRuntimeDrafterBackend(tmp_path)

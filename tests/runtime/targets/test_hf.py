@@ -116,7 +116,7 @@ def test_select_drops_requests(target):
 
 def test_llama_family_target(tmp_path):
     from dspark_trt.runtime.decoder import SpeculativeDecoder
-    from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
     from dspark_trt.testing import write_tiny_checkpoint
 
     pair = write_tiny_checkpoint(tmp_path / "llama", target_family="llama", vocab_size=301, seed=3)

@@ -7,7 +7,7 @@ import torch
 
 from dspark_trt import load_drafter
 from dspark_trt.errors import DSparkTrtInternalError
-from dspark_trt.runtime.backends.scripted import ScriptedDrafterBackend
+from tests.runtime.scripted_drafter import ScriptedDrafterBackend
 from dspark_trt.testing import write_tiny_checkpoint
 
 

@@ -1,4 +1,5 @@
-"""The drafter-backend interface: what the runtime needs from any executor of the DSpark drafter.
+"""The drafter interface: what the runtime needs from any executor of the DSpark drafter (the one base of the
+drafter family; targets are their siblings in ``runtime/targets/``).
 
 A backend owns the drafter's weights on one device and runs two things, both checked against the
 reference ``DSparkDrafter`` (whose methods have the same names and meaning):
@@ -38,35 +39,14 @@ from ...config import DSparkConfig
 from ...errors import DSparkTrtError
 from ...reference.markov import MarkovWalkResult
 
-__all__ = ["DrafterBackend", "BACKENDS", "backend_class", "TARGET_BACKENDS", "target_backend_class",
-           "check_export_variant"]
+__all__ = ["DrafterBackend", "BACKENDS", "backend_class", "check_export_variant"]
 
 #: backend name → "module:Class" (imported on demand so optional packages stay optional)
 BACKENDS: dict[str, str] = {
-    "torch": "dspark_trt.runtime.backends.torch_backend:TorchDrafterBackend",
-    "onnxruntime": "dspark_trt.runtime.backends.ort_backend:OnnxRuntimeDrafterBackend",
-    "tensorrt": "dspark_trt.runtime.backends.tensorrt_backend:TensorRTDrafterBackend",
+    "torch": "dspark_trt.runtime.drafters.torch:TorchDrafterBackend",
+    "onnxruntime": "dspark_trt.runtime.drafters.onnxruntime:OnnxRuntimeDrafterBackend",
+    "tensorrt": "dspark_trt.runtime.drafters.tensorrt:TensorRTDrafterBackend",
 }
-
-
-#: target backend name → "module:Class": a ``Target`` over an export directory (``Class.from_export(export_dir,
-#: device=, **options)``), used by ``SpeculativeDecoder.from_export(..., backend=NAME)``
-TARGET_BACKENDS: dict[str, str] = {
-    "onnxruntime": "dspark_trt.runtime.ort_target:OnnxRuntimeTarget",
-    "tensorrt": "dspark_trt.runtime.tensorrt_target:TensorRTTarget",
-}
-
-
-def target_backend_class(name: str):
-    """The target class registered as ``name`` in ``TARGET_BACKENDS`` (imported on demand)."""
-    if name not in TARGET_BACKENDS:
-        raise DSparkTrtError(f"unknown target backend {name!r}: choose one of {', '.join(sorted(TARGET_BACKENDS))}")
-    module, _, cls = TARGET_BACKENDS[name].partition(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except ModuleNotFoundError as e:
-        raise DSparkTrtError(f"target backend {name!r} needs the optional package {e.name!r}: "
-                             f"pip install 'dspark-trt[onnx]'") from None
 
 
 def backend_class(name: str) -> type["DrafterBackend"]:

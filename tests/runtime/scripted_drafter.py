@@ -19,9 +19,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ...errors import DSparkTrtInternalError
-from ...reference.markov import MarkovWalkResult
-from .base import DrafterBackend
+from dspark_trt.errors import DSparkTrtInternalError
+from dspark_trt.reference.markov import MarkovWalkResult
+from dspark_trt.runtime.drafters.base import DrafterBackend
 
 __all__ = ["ScriptedDrafterBackend"]
 

@@ -10,7 +10,7 @@ import torch
 
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime.cuda_graphs import PadPlan
-from dspark_trt.runtime.tensorrt_target import cache_rows, profile_new_tokens, step_plan
+from dspark_trt.runtime.targets.tensorrt import cache_rows, profile_new_tokens, step_plan
 
 
 def test_the_cache_keeps_a_batch_bucket_of_rows():
@@ -49,9 +49,10 @@ def test_the_bucketed_binding_gives_the_unpadded_results(qwen3_topk_export):
     from dspark_trt.artifact.target_io import past_names
     from dspark_trt.runtime.cuda_graphs import GraphRunner
     from dspark_trt.runtime.kv_cache import KVCache
-    from dspark_trt.runtime.ort_target import OnnxRuntimeTarget, capacity_mask
+    from dspark_trt.runtime.targets.exported import capacity_mask
+    from dspark_trt.runtime.targets.onnxruntime import OnnxRuntimeTarget
     from dspark_trt.runtime.tensorrt_engine import input_specs, io_tensors, output_batch_dims
-    from dspark_trt.runtime.tensorrt_target import mask_symbol, target_fills
+    from dspark_trt.runtime.targets.tensorrt import mask_symbol, target_fills
 
     ort = OnnxRuntimeTarget.from_export(qwen3_topk_export, threads=1)
     ort.set_taps([1, 2, 4])
