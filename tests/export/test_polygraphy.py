@@ -101,7 +101,7 @@ def test_the_documented_commands_run_on_the_default_bf16_export(tiny_pair, onnx_
     assert [c.split()[:2] for c in commands] == [["polygraphy", "inspect"], ["python", "-m"], ["polygraphy", "run"]]
     export = onnx_export(tiny_pair, "bf16", 16)
     for command in commands:
-        argv = shlex.split(command.replace("out/export/onnx", str(export)).replace("out/", f"{tmp_path}/"))
+        argv = shlex.split(command.replace("out/export", str(export)).replace("out/", f"{tmp_path}/"))
         argv[0] = POLYGRAPHY if argv[0] == "polygraphy" else sys.executable
         result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, (command, result.stdout[-3000:] + result.stderr[-2000:])

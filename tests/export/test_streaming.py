@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from dspark_trt.errors import DSparkTrtError
+from dspark_trt import streaming as placeholders
 from dspark_trt.export import streaming
 from dspark_trt.artifact.layout import GRAPH_FILES
 from dspark_trt.export.onnx import OnnxFromCheckpoint, SaveOnnx, write_graphs
@@ -123,14 +124,14 @@ def test_streamed_validation_runs_on_the_written_files(tiny_pair, tmp_path, capl
 def test_placeholders_hold_no_memory_and_refuse_small_sizes():
     import resource
 
-    ph = streaming.Placeholders()
+    ph = placeholders.Placeholders()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t = ph.tensor(streaming.Recipe(__import__("pathlib").Path("."), "w", (1 << 15, 1 << 15), torch.bfloat16))  # 2 GiB
+    t = ph.tensor(placeholders.Recipe(__import__("pathlib").Path("."), "w", (1 << 15, 1 << 15), torch.bfloat16))  # 2 GiB
     assert t.shape == (1 << 15, 1 << 15) and ph.nbytes == 2 << 30
     assert float(t[123, 456]) == 0.0 and ph.find(t[7].data_ptr()) is not None
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: nothing resident
     with pytest.raises(DSparkTrtError, match="larger than 1024"):
-        streaming.Placeholders(lazy_numel=100)
+        placeholders.Placeholders(lazy_numel=100)
 
 
 def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
@@ -142,8 +143,8 @@ def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
     last = max(json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).items(),
                key=lambda kv: kv[1]["data_offsets"][1] if isinstance(kv[1], dict) and "data_offsets" in kv[1] else -1)
     with pytest.raises(DSparkTrtError, match="truncated|not a readable safetensors"):
-        streaming.read_tensor(drafter, last[0])
-    assert np.isfinite(streaming.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
+        placeholders.read_tensor(drafter, last[0])
+    assert np.isfinite(placeholders.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
 
 
 def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair, tmp_path):
@@ -156,7 +157,7 @@ def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair
     from dspark_trt.export.target_onnx import build_target_model, export_target_onnx, load_target_model
     from dspark_trt.export.validate_target import validate_target_files
 
-    ph = streaming.Placeholders()
+    ph = placeholders.Placeholders()
     a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
                            tmp_path / "s" / "target.onnx", placeholders=ph)
     b = export_target_onnx(load_target_model(tiny_pair.target, torch.bfloat16), [1, 2, 4], tmp_path / "m" / "target.onnx")
@@ -182,7 +183,7 @@ def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, tmp_p
     from dspark_trt.artifact.external_data import load_graph_only
     from dspark_trt.export.target_onnx import build_target_model, export_target_onnx
 
-    ph = streaming.Placeholders()
+    ph = placeholders.Placeholders()
     a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
                            tmp_path / "s" / "target.onnx", placeholders=ph)
     sizes = [vt._nbytes(i) for i in load_graph_only(a).graph.initializer]
