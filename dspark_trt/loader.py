@@ -91,7 +91,7 @@ def load_drafter(
         target_dir (*optional*): the target model directory; required when the drafter shares
             ``embed_tokens`` / ``lm_head`` with it, and used to check the tapped layer ids. Default: the
             verifier a speculators checkpoint names, when that is a local directory (``default_target_dir``).
-        placeholders (*optional*): an ``export.streaming.Placeholders``: tensors it ``wants`` (the large ones)
+        placeholders (*optional*): a ``streaming.Placeholders``: tensors it ``wants`` (the large ones)
             are not read but stood in for by placeholders recording where they come from (checkpoint or target
             file, name, dtype), for an export that streams its weights; the rest load as usual.
         num_layers (*optional*): only the first draft layers (validation of an export on a subset at size).
@@ -152,7 +152,7 @@ def load_drafter(
 
 
 def _placeholder(placeholders, source: Path, key: str, shape, dtype: torch.dtype) -> torch.Tensor:
-    from .export.streaming import Recipe
+    from .streaming import Recipe
 
     return placeholders.tensor(Recipe(Path(source), key, tuple(int(s) for s in shape), dtype))
 

@@ -13,6 +13,10 @@ import os
 import pytest
 import torch
 
+from dspark_trt.export import on_demand
+
+on_demand.install()  # the onnxruntime drafter exports checkpoints on demand (what the CLI and serving install)
+
 # Without CUDA, Triton kernels run in Triton's CPU interpreter. `triton.jit` reads TRITON_INTERPRET when a
 # kernel module is imported, so it is set here, before any test module can import triton.
 if not torch.cuda.is_available():

@@ -1,84 +1,59 @@
-"""The package's layering: lower layers never import upper ones (read from the source, no imports run).
+"""The package's layers, as import contracts (pyproject.toml ``[tool.importlinter]``, docs/architecture.md).
 
-Order, bottom to top: reference → plugins → export → runtime → synthetic → training → demo → models/serving →
-args → bench/tools → cli. ``errors``, ``config``, ``atomic`` and the other top-level modules sit below all of them.
-The synthetic checkpoints write files and run no model; the demo pair is built from them and the quick
-distiller (``training/quick.py``). ``testing/`` holds helpers for tests only: nothing in the package imports
-it, and it must not depend on the runtime. A GPU check or benchmark is a tool, not part of the op; a benchmark
-builds on the library, never on the CLI (what ``dspark generate`` and ``dspark bench e2e`` share — their
-options, the decoder built from them — is ``args/decoding.py``).
+``lint-imports`` (import-linter) reads every import in the package, lazy ones inside functions included, and
+checks two contracts: the one-way house (each layer imports only the layers below it; ``testing/`` sits on top,
+so nothing in the package imports it) and no import circle between sibling modules or packages at any depth.
+CI runs ``lint-imports`` on its own too; here the contracts are run on the package and shown to fail on a copy of
+the package with one import that breaks each.
 """
 
 from __future__ import annotations
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import dspark_trt
 
 ROOT = Path(dspark_trt.__file__).resolve().parent
+REPO = ROOT.parent
+LINT = Path(sys.executable).with_name("lint-imports")
 
-FORBIDDEN = {
-    "reference": {"plugins", "export", "runtime", "testing", "bench", "args", "cli"},
-    "plugins": {"export", "runtime", "testing", "bench", "args", "cli"},
-    "export": {"runtime", "testing", "bench", "args", "cli"},
-    "runtime": {"testing", "bench", "args", "cli"},
-    "testing": {"runtime", "bench", "args", "cli"},
-    "synthetic": {"export", "runtime", "testing", "training", "demo", "models", "serving", "bench", "tools", "args", "cli"},
-    "training": {"testing", "demo", "models", "serving", "bench", "tools", "args", "cli"},
-    "demo": {"export", "runtime", "testing", "models", "serving", "bench", "tools", "args", "cli"},
-    "serving": {"testing", "bench", "args", "cli"},
-    "args": {"testing", "bench", "tools", "cli"},
-    "bench": {"testing", "cli"},
-    "tools": {"testing", "cli"},
-    "models": {"testing", "args", "cli"},
-    "cli": {"testing"},
-}
-# Known, tracked exceptions (remove an entry when its import goes): the target graph's validation runs the
-# runtime's own targets side by side (transformers' HFTarget vs OnnxRuntimeTarget through a prefill, verifies
-# and a rollback), so it checks the graph with the code that will execute it.
-KNOWN = {("export/validate_target.py", "runtime")}
+pytestmark = pytest.mark.skipif(not LINT.is_file(), reason="import-linter not installed (pip install -e '.[test]')")
 
 
-def _imported_subpackages(path: Path) -> set[str]:
-    """The ``dspark_trt.<name>`` first components that ``path`` imports (absolute or relative)."""
-    package = ["dspark_trt", *path.relative_to(ROOT).parent.parts]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            names = ".".join(base + ([node.module] if node.module else [])).split(".")
-            if names[0] == "dspark_trt" and len(names) > 1:
-                found.add(names[1])
-            elif names == ["dspark_trt"]:
-                found.update(a.name for a in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("dspark_trt."))
-    return found
+def lint(repo: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # this tree's dspark_trt, ahead of the installed one
+    return subprocess.run([str(LINT), "--no-cache", str(repo / "pyproject.toml")], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
-def test_no_layer_imports_a_layer_above_it():
-    violations = []
-    for layer, forbidden in FORBIDDEN.items():
-        for path in sorted((ROOT / layer).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            for name in sorted(_imported_subpackages(path) & forbidden):
-                if (rel, name) not in KNOWN:
-                    violations.append(f"{rel} imports dspark_trt.{name}")
-    assert not violations, violations
+def test_the_package_keeps_its_import_contracts():
+    run = lint(REPO)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Contracts: 2 kept, 0 broken" in run.stdout
 
 
-def test_nothing_in_the_product_imports_the_test_helpers():
-    """``testing/`` is for tests only: no module outside it imports it, not even through a known exception."""
-    assert not [p.relative_to(ROOT).as_posix() for p in sorted(ROOT.rglob("*.py"))
-                if p.relative_to(ROOT).parts[0] != "testing" and "testing" in _imported_subpackages(p)]
+def _copy_with(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the package and its pyproject.toml with ``line`` added inside a function of ``module``."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo / "dspark_trt", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
+    path = repo / "dspark_trt" / module
+    path.write_text(path.read_text() + f"\n\ndef _injected():\n    {line}\n")
+    return repo
 
 
-def test_no_benchmark_imports_the_cli():
-    """Not even through a known exception: every module under bench/ is free of dspark_trt.cli."""
-    assert not [p.name for p in sorted((ROOT / "bench").rglob("*.py")) if "cli" in _imported_subpackages(p)]
-
-
-def test_the_checker_sees_relative_imports():
-    assert {"errors", "reference"} <= _imported_subpackages(ROOT / "export" / "validate.py")
-    assert "base" not in _imported_subpackages(ROOT / "runtime" / "backends" / "scripted.py")
+@pytest.mark.parametrize("module, line, broken", [
+    ("runtime/decoder.py", "from ..export import pipeline  # noqa: F401", "dspark_trt.runtime.decoder -> dspark_trt.export.pipeline"),
+    ("serving/repository.py", "from ..testing import massive  # noqa: F401", "dspark_trt.serving.repository -> dspark_trt.testing.massive"),
+    ("plugins/ptx_isa.py", "from . import aot  # noqa: F401", "- .ptx_isa -> .aot"),
+])
+def test_one_wrong_import_breaks_a_contract(tmp_path, module, line, broken):
+    run = lint(_copy_with(tmp_path, module, line))
+    assert run.returncode != 0 and "BROKEN" in run.stdout, run.stdout + run.stderr
+    assert broken in run.stdout, run.stdout

@@ -28,7 +28,7 @@ prefilled copy per S (``OnnxRuntimeTarget.fork``: one graph session), then:
   torch backend's padded CUDA-graph path without capture (``graphs="eager"``, the round a GPU host replays)
   over the ``DrafterState`` the runtime keeps for it, its context bound by address (*padded, bound*) and
   copied into the bucket's buffers every round as before (*padded, copied*). ``--skip
-  steps,e2e,transformers`` with a drafter-only export directory (``onnx_export.json``) times only the rounds.
+  steps,e2e,transformers`` with a drafter-only export directory (no target graph) times only the rounds.
 
 Writes ``OUT/context.json``, ``OUT/context.png`` and ``OUT/context.md`` (the table for docs/benchmarks.md)
 with ``-o OUT``; prints the table. The goals of the long-context work are evaluated as ratios of this run
@@ -192,7 +192,7 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
 
     runners = {"in place": in_place}
     if padded is not None:
-        from ..runtime.backends.torch_backend import TorchDrafterBackend
+        from ..runtime.drafters.torch import TorchDrafterBackend
 
         def padded_round(torch_backend):
             def make(B, S):
@@ -213,7 +213,7 @@ def draft_runners(backend, *, topk, before_dir: str | Path | None = None, thread
     if c.context_window is not None:  # the runtime's cache for a windowed drafter: the last rows only
         runners["sliding"] = lambda B, S: in_place(B, S, c.context_window)
     if before_dir is not None:
-        from ..export.ort_session import OrtGraph
+        from ..runtime.ort_session import OrtGraph
 
         graph = OrtGraph(Path(before_dir) / "draft.onnx", threads=threads)
         if "ctx_k" not in graph.inputs:
@@ -347,7 +347,7 @@ def run(args: argparse.Namespace) -> int:
     report = {"export": str(args.export), "contexts": contexts, "max_new_tokens": args.max_new_tokens,
               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if {"steps", "e2e"} <= skip:  # the draft rounds alone: a drafter-only export directory will do
-        from ..runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+        from ..runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
         onnx_dir = Path(args.export) / "onnx" if (Path(args.export) / "onnx").is_dir() else Path(args.export)
         backend = OnnxRuntimeDrafterBackend(onnx_dir, threads=args.threads)
@@ -387,11 +387,11 @@ def run(args: argparse.Namespace) -> int:
 def _padded_drafter(export: str | Path):
     """The reference drafter of the checkpoint ``export`` was made from (fp32, CPU), its shared weights from the
     export's target source when it has one."""
+    from ..artifact.export_dir import ExportDir
     from ..errors import DSparkTrtError
-    from ..export.manifest import read_manifest
     from ..loader import load_drafter
 
-    manifest = read_manifest(Path(export))
+    manifest = ExportDir(export).manifest
     path = Path((manifest.get("checkpoint") or {}).get("path") or "")
     target = (manifest.get("target") or {}).get("source")
     if not path.is_dir():

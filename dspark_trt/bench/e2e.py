@@ -130,10 +130,10 @@ def _transformers_twin(decoder, export_dir):
     from pathlib import Path
 
     from ..errors import DSparkTrtError
-    from ..export.target_onnx import target_section
+    from ..artifact.export_dir import ExportDir
     from ..runtime import HFTarget, SpeculativeDecoder
 
-    section = target_section(export_dir)
+    section = ExportDir(export_dir).target
     source = Path(section.get("source") or "")
     if not (source / "config.json").is_file():
         raise DSparkTrtError(f"the export's target source {source} is gone; the transformers comparison needs it "
@@ -148,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import DSparkTrtError
     from ..args.decoding import build_decoder, generation_options
     from ..demo.pair import embedded_pair
+    from ..export import on_demand
 
+    on_demand.install()  # --backend onnxruntime with a checkpoint: the drafter is exported on demand
     if args.no_draft:
         raise DSparkTrtError("dspark bench e2e always runs both modes; drop --no-draft")
     if args.heldout is not None and args.heldout < 1:

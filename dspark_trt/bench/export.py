@@ -165,11 +165,11 @@ def measure_export(source: Path, out: Path, export_args: list[str], *, interval:
 def validation_titles(export_dir: Path) -> list[str]:
     """What the export validated: the first line of each validation report in its manifest (the drafter's, the
     target's; each says full graphs or which layer subset, and why); [] without a manifest or validation."""
+    from ..artifact.export_dir import ExportDir
     from ..errors import DSparkTrtError
-    from ..export.manifest import read_manifest
 
     try:
-        manifest = read_manifest(export_dir)
+        manifest = ExportDir(export_dir).manifest
     except DSparkTrtError:  # the export failed before its manifest
         return []
     reports = [manifest.get("validation"), (manifest.get("target") or {}).get("validation")]

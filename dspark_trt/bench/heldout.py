@@ -31,9 +31,9 @@ def find_heldout(*, drafter=None, target=None, export=None) -> tuple[list[list[i
     if export:
         dirs.append(Path(export))
         try:
-            from ..export.manifest import read_manifest
+            from ..artifact.export_dir import ExportDir
 
-            source = (read_manifest(export).get("target") or {}).get("source")
+            source = (ExportDir(export).manifest.get("target") or {}).get("source")
             if source:
                 dirs.append(Path(source).parent)
         except Exception:  # an export without a target section: no held-out prompts, not an error here

@@ -34,9 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..args.decoding import build_decoder, generation_options, requests
+    from ..export import on_demand
     from ..runtime.stats import GenerationResult
     from ..demo.pair import embedded_pair
 
+    on_demand.install()  # --backend onnxruntime with a checkpoint: the drafter is exported on demand
     decoder = build_decoder(args, default_pair=embedded_pair)
     batch = requests(args, decoder)
     prompts = batch.prompts

@@ -30,7 +30,7 @@ its heads (``reference/layers.py: two_part_attention``). Row r holds position ``
 whose layers read only the last W rows keeps a sliding cache of them (``DrafterState``'s ``start``), and the
 mask, not the keys (RoPE'd at their own positions), follows the offset. Older exports took one stacked
 ``ctx_k [L, B, T, H_kv, D]`` (v0) or no ``ctx_start`` (v1); the runtimes refuse them in one line
-(``check_draft_interface``).
+(``artifact/drafter_io.py: check_draft_interface``). The runtime feeds them (``runtime/drafter_graphs.py``).
 
 Shapes: batch B is dynamic; N is fixed (the checkpoint's block); the context length T is dynamic but
 **bounded** by ``max_context``. Bounded rather than static because a static T would make every round attend
@@ -45,61 +45,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..artifact.drafter_io import CONTEXT_INPUTS, CONTEXT_OUTPUTS, draft_input_names, draft_outputs
 from ..reference.markov import select_candidates
 
-__all__ = [
-    "CONTEXT_INPUTS",
-    "CONTEXT_OUTPUTS",
-    "DRAFT_INPUTS",
-    "DRAFT_KV_INTERFACE",
-    "check_draft_interface",
-    "ctx_names",
-    "draft_input_names",
-    "ContextGraph",
-    "DraftGraph",
-    "draft_outputs",
-    "export_context",
-    "export_draft",
-    "GraphInfo",
-    "run_context",
-    "run_draft",
-]
-
-CONTEXT_INPUTS = ("taps", "positions")
-CONTEXT_OUTPUTS = ("ctx_k", "ctx_v")
-DRAFT_INPUTS = ("anchor", "ctx_key_<l>", "ctx_value_<l>", "ctx_len", "ctx_start", "temperature", "seed")  # l: layer
-#: the draft graph's context interface (per-layer heads-first inputs read in place, row 0 at ``ctx_start``)
-DRAFT_KV_INTERFACE = "per-layer-heads-first-v2"
-
-
-def ctx_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """The draft graph's per-layer context inputs: ``ctx_key_0 … ctx_key_{L-1}``, ``ctx_value_0 …``."""
-    return [f"ctx_key_{i}" for i in range(num_layers)], [f"ctx_value_{i}" for i in range(num_layers)]
-
-
-def draft_input_names(num_layers: int) -> list[str]:
-    keys, values = ctx_names(num_layers)
-    return ["anchor", *keys, *values, "ctx_len", "ctx_start", "temperature", "seed"]
-
-
-def check_draft_interface(input_names, where: str) -> None:
-    """One line refusing a draft graph (or engine) of an older interface: the stacked ``ctx_k [L, B, T, H_kv, D]``
-    input, or per-layer inputs without ``ctx_start``."""
-    names = set(input_names)
-    if "ctx_k" in names or "ctx_key_0" not in names or "ctx_start" not in names:
-        from ..errors import DSparkTrtError
-
-        older = ("one stacked ctx_k [L, B, T, H_kv, D]" if "ctx_key_0" not in names
-                 else "per-layer ctx_key_<l> without ctx_start")
-        raise DSparkTrtError(f"the draft graph of {where} takes its context as {older} (an older export); this "
-                             f"dspark-trt runs {DRAFT_KV_INTERFACE} (ctx_key_<l> / ctx_value_<l>, ctx_start): "
-                             f"re-export the drafter (dspark-export DRAFTER --target TARGET -o OUT --force)")
-
-
-def draft_outputs(topk: int | None, has_confidence: bool) -> tuple[str, ...]:
-    names = ("draft_tokens",) + (("cand_ids",) if topk is not None else ()) + ("cand_logits",)
-    return names + (("confidence",) if has_confidence else ())
-
+__all__ = ["ContextGraph", "DraftGraph", "export_context", "export_draft", "GraphInfo"]
 
 class ContextGraph(torch.nn.Module):
     def __init__(self, drafter):
@@ -261,55 +210,3 @@ def _finish(model, info: GraphInfo):
     for key, value in info.metadata().items():
         model.metadata_props[key] = value
     return model
-
-
-# -- running the graphs (onnxruntime backend and validation) ---------------------------------------------
-def run_context(graph, taps: torch.Tensor, positions: torch.Tensor):
-    """Context graph (an ``OrtGraph``): taps [B, T, m·d], positions [B, T] → K, V [L, B, T, H_kv, D]."""
-    out = graph.run({"taps": taps, "positions": positions})
-    return out["ctx_k"], out["ctx_v"]
-
-
-def run_draft(graph, anchor, ctx_k, ctx_v, ctx_len, temperature, seed, *, draft_vocab: int, union_width: int = 0,
-              ctx_start: torch.Tensor | None = None, plan=None):
-    """Draft graph → ``MarkovWalkResult`` (int64 ids as the reference returns them; ``union_width`` = the export's
-    M: the last M candidates are union ids, −inf there = a masked duplicate).
-
-    ``ctx_k``/``ctx_v``: ``[L, B, T, H_kv, D]`` or per-layer heads-first ``L × [B, H_kv, T, D]``; each layer is fed
-    as its heads-first view, which is the cache's own memory when the tensor is a ``DrafterState.context()``
-    view (no copy), and a copy otherwise.
-
-    ``ctx_start`` [B] (None: zeros) is the position of context row 0 (a sliding ``DrafterState``'s ``start``).
-    ``temperature=None`` drafts greedily (fed as zeros); seeds are reduced modulo the hash prime, which the
-    noise hash does first anyway, so any non-negative int64 seed fits the graph's int32 input.
-
-    ``plan`` (a ``TensorRTGraph``'s ``PadPlan``, optional): the bucket the context is bound in (its rows may then
-    exceed B: a ``DrafterState`` of ``state_rows(B)`` rows, ``runtime/cuda_graphs.py: bound_context_plan``).
-    """
-    from ..reference.markov import MarkovWalkResult
-    from ..reference.sampling import HASH_PRIME
-
-    B = anchor.shape[0]
-    if temperature is None:
-        temperature = torch.zeros(B, device=anchor.device)
-    seed = torch.zeros(B, dtype=torch.int64, device=anchor.device) if seed is None else seed.to(torch.int64)
-    from ..reference.drafter import context_length, layer_context
-
-    L = ctx_k.shape[0] if isinstance(ctx_k, torch.Tensor) else len(ctx_k)
-    keys, values = ctx_names(L)
-    start = torch.zeros_like(ctx_len) if ctx_start is None else ctx_start  # [B]: row 0 holds this position
-    feeds = {"anchor": anchor, "ctx_len": ctx_len, "ctx_start": start, "temperature": temperature.to(torch.float32),
-             "seed": seed % HASH_PRIME}
-    empty = context_length(ctx_k) == 0  # the graph reads at least one slot: a masked one stands for none
-    for i in range(L):
-        k, v = layer_context(ctx_k, i), layer_context(ctx_v, i)  # [B, H_kv, T, D]
-        if empty:
-            k = v = k.new_zeros((k.shape[0], k.shape[1], 1, k.shape[3]))
-        feeds[keys[i]], feeds[values[i]] = k, v
-    out = graph.run(feeds) if plan is None else graph.run(feeds, plan=plan)
-    logits = out["cand_logits"]
-    ids = out.get("cand_ids")
-    ids = (torch.arange(draft_vocab, device=logits.device).expand(logits.shape) if ids is None
-           else ids.to(torch.int64))
-    return MarkovWalkResult(tokens=out["draft_tokens"].to(torch.int64), cand_ids=ids, cand_logits=logits,
-                            confidence=out.get("confidence"), union_width=int(union_width))

@@ -1,19 +1,20 @@
 """Checkpoint → ONNX: lazy loaders (Polygraphy style) that a ``dspark-export`` pipeline chains.
 
     exported = OnnxFromCheckpoint("drafter/", target_dir="target/", topk=512, dtype="bf16")   # nothing ran yet
-    out_dir = SaveOnnx(exported, "out/onnx")()       # export (+ validation in onnxruntime), then write atomically
-    again = OnnxFromDir("out/onnx")()                 # ExportedOnnx, as written
+    out_dir = SaveOnnx(exported, "out/drafter")()    # export (+ validation in onnxruntime), then write atomically
+    again = OnnxFromDir("out/drafter")()              # ExportedOnnx, as written
 
 Loaders are callables whose constructor only stores arguments; ``__call__`` does the work and each accepts
 another loader (or its result) as input. ``OnnxFromCheckpoint`` validates by default: both graphs run in
 onnxruntime on random inputs against the reference drafter (``export/validate.py``); a mismatch raises
 ``ValidationMismatch`` (CLI exit 3).
 
-Export directory::
+The directory written is a drafter-only export directory (``artifact/layout.py``, read by ``ExportDir``)::
 
-    context.onnx, draft.onnx            the graphs (``*.onnx.data`` beside them when weights exceed 1.5 GiB)
-    onnx_export.json                    ExportSpec, config digest, I/O, versions, validation summary,
-                                        op_contract_version (2 with the candidate union, 1 without; absent = 1)
+    manifest.json                       config, I/O, validation summary, op_contract_version (2 with the
+                                        candidate union, 1 without; absent = 1), and the ``drafter`` section:
+                                        ExportSpec, versions, d2t
+    onnx/context.onnx, onnx/draft.onnx  the graphs (``*.onnx.data`` beside them when weights exceed 1.5 GiB)
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import torch
 
+from ..artifact.external_data import EXTERNAL_DATA_ALIGNMENT, EXTERNAL_DATA_BYTES
+from ..artifact.layout import GRAPH_FILES, MANIFEST_FILE
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
@@ -49,11 +51,6 @@ __all__ = [
 log = logging.getLogger("dspark.export")
 
 DEFAULT_MAX_CONTEXT = 8192  # bound of the dynamic context length T (TensorRT optimisation profile)
-EXTERNAL_DATA_BYTES = 3 << 29  # 1.5 GiB: above this, weights go to <graph>.onnx.data (protobuf caps at 2 GiB)
-EXTERNAL_DATA_ALIGNMENT = 1 << 16  # tensors ≥ 1 MiB start at 64 KiB offsets in .data files (mmap-able)
-FORMAT_VERSION = 1
-MANIFEST = "onnx_export.json"
-GRAPH_FILES = {"context": "context.onnx", "draft": "draft.onnx"}
 _DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -147,32 +144,30 @@ class ExportedOnnx:
     def num_draft_tokens(self) -> int:
         return self.config.num_draft_tokens
 
-    def manifest(self) -> dict:
+    def drafter_record(self) -> dict:
+        """The manifest's ``drafter`` section: the spec, the versions that traced the graphs, ``d2t``."""
         import onnx
         import onnxruntime
         import onnxscript
 
         return {
-            "format_version": FORMAT_VERSION,
-            "op_contract_version": self.spec.op_contract_version,
-            "markov_topm": self.spec.markov_topm,
             "spec": dataclasses.asdict(self.spec),
-            "config": dataclasses.asdict(self.config),
-            "config_digest": self.config.digest(),
-            "num_draft_tokens": self.num_draft_tokens,
-            "graphs": {name: {"file": GRAPH_FILES[name], **_io(getattr(self, name))} for name in GRAPH_FILES},
             "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
                          "onnxruntime": onnxruntime.__version__},
-            "validation": self.validation,
             **({"d2t": self.d2t} if self.d2t is not None else {}),
         }
 
+    def manifest(self, root: Path, *, model_dir: str | Path | None = None, extra: dict | None = None, **kw) -> dict:
+        """The manifest of an export whose graphs were written below ``root`` (``artifact.manifest.new_manifest``
+        with this export's ``drafter`` section and validation report)."""
+        from ..artifact.manifest import new_manifest
 
-def _io(model) -> dict:
-    def describe(values):
-        return [{"name": v.name, "dtype": str(v.dtype), "shape": [str(d) for d in v.shape]} for v in values]
-
-    return {"inputs": describe(model.graph.inputs), "outputs": describe(model.graph.outputs)}
+        manifest = new_manifest(self.config, model_dir=model_dir, topk=self.spec.topk, dtype=self.spec.dtype,
+                                graphs={g: root / f for g, f in GRAPH_FILES.items()}, export_dir=root,
+                                markov_topm=self.spec.markov_topm, drafter=self.drafter_record(),
+                                extra={"max_context": self.spec.max_context, **(extra or {})}, **kw)
+        manifest["validation"] = self.validation
+        return manifest
 
 
 def _resolve(source):
@@ -202,7 +197,7 @@ class OnnxFromDrafter:
         drafter = _resolve(self._drafter)
         exported = self._export(drafter)
         if self.validate:
-            from .ort_session import OrtGraph
+            from ..runtime.ort_session import OrtGraph
             from .validate import validate_onnx
 
             s = exported.spec
@@ -317,7 +312,7 @@ class OnnxFromCheckpoint(OnnxFromDrafter):
         return lines
 
     def _check(self, out: Path) -> list[str]:
-        from .ort_session import OrtGraph
+        from ..runtime.ort_session import OrtGraph
         from .validate import validate_onnx
 
         drafter = self._load()
@@ -354,33 +349,37 @@ def _union_table(model_dir: Path, dtype: torch.dtype, topm: int, config: DSparkC
 class SaveOnnx:
     """Write an ``ExportedOnnx`` (or a loader of one) to ``out_dir`` atomically; ``force`` replaces."""
 
-    def __init__(self, exported, out_dir: str | Path, *, force: bool = False):
-        self._exported, self.out_dir, self.force = exported, Path(out_dir), force
+    def __init__(self, exported, out_dir: str | Path, *, force: bool = False, model_dir: str | Path | None = None):
+        self._exported, self.out_dir, self.force, self.model_dir = exported, Path(out_dir), force, model_dir
 
     def __call__(self) -> Path:
         from ..atomic import atomic_output_dir, check_output_dir
 
-        check_output_dir(self.out_dir, force=self.force, marker=MANIFEST)  # refuse before the (slow) export
+        check_output_dir(self.out_dir, force=self.force, marker=MANIFEST_FILE)  # refuse before the (slow) export
         exported = _resolve(self._exported)
-        with atomic_output_dir(self.out_dir, force=self.force, marker=MANIFEST) as tmp:
+        model_dir = self.model_dir or getattr(self._exported, "model_dir", None)
+        with atomic_output_dir(self.out_dir, force=self.force, marker=MANIFEST_FILE) as tmp:
             write_graphs(exported, tmp)
             validate_written(exported, tmp)
-            write_record(exported, tmp)
+            write_manifest(exported, tmp, model_dir=model_dir)
         log.info(f"wrote {self.out_dir}")
         return self.out_dir
 
 
-def write_graphs(exported: ExportedOnnx, out: Path) -> None:
-    """Write both graphs into ``out``; a streamed export's weights go to ``<graph>.onnx.data``, tensor by tensor."""
+def write_graphs(exported: ExportedOnnx, root: Path) -> None:
+    """Write both graphs below the export root (``onnx/context.onnx``, ``onnx/draft.onnx``); a streamed export's
+    weights go to ``<graph>.onnx.data``, tensor by tensor."""
     import onnx_ir as ir
 
     for name, file in GRAPH_FILES.items():
-        model = getattr(exported, name)
+        model, path = getattr(exported, name), root / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = f"{path.name}.data"
         if exported.streamed:
-            ir.save(model, out / file, external_data=f"{file}.data", alignment=EXTERNAL_DATA_ALIGNMENT)
+            ir.save(model, path, external_data=data, alignment=EXTERNAL_DATA_ALIGNMENT)
             continue
         size = sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
-        ir.save(model, out / file, external_data=f"{file}.data" if size > EXTERNAL_DATA_BYTES else None)
+        ir.save(model, path, external_data=data if size > EXTERNAL_DATA_BYTES else None)
 
 
 def validate_written(exported: ExportedOnnx, out: Path) -> None:
@@ -389,62 +388,64 @@ def validate_written(exported: ExportedOnnx, out: Path) -> None:
         exported.validation = exported.validate_files(out)
 
 
-def write_record(exported: ExportedOnnx, out: Path) -> None:
-    from ..atomic import atomic_write_text
+def write_manifest(exported: ExportedOnnx, root: Path, *, model_dir: str | Path | None = None) -> None:
+    """``manifest.json`` of a drafter-only export (``ExportDir.write_manifest``), every file recorded."""
+    from ..artifact.export_dir import ExportDir
+    from ..artifact.manifest import file_records
 
-    atomic_write_text(out / MANIFEST, json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
-
-
-def _write(exported: ExportedOnnx, out: Path) -> None:
-    write_graphs(exported, out)
+    manifest = exported.manifest(root, model_dir=model_dir)
+    manifest["files"] = file_records(root)
+    ExportDir(root).write_manifest(manifest)
 
 
 class OnnxFromDir:
-    """Read an export directory back: ``ExportedOnnx`` (graphs as ``onnx_ir.Model``, weights lazily)."""
+    """Read an export directory back (``ExportDir``: a current one, or one an older dspark-trt wrote):
+    ``ExportedOnnx`` (graphs as ``onnx_ir.Model``, weights lazily)."""
 
     def __init__(self, path: str | Path):
+        from ..artifact.export_dir import ExportDir
+
         self.path = Path(path)
+        self.export = ExportDir(path)
 
     def manifest(self) -> dict:
-        file = self.path / MANIFEST
-        if not file.is_file():
-            raise DSparkTrtError(f"{self.path} is not an ONNX export directory (no {MANIFEST}); export the "
+        if not self.export.exists():
+            raise DSparkTrtError(f"{self.path} is not an ONNX export directory (no {MANIFEST_FILE}); export the "
                                  f"drafter first (OnnxFromCheckpoint + SaveOnnx, or dspark export)")
-        manifest = json.loads(file.read_text())
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise DSparkTrtError(f"{file} has format version {manifest.get('format_version')}, this dspark-trt "
-                                 f"reads {FORMAT_VERSION}; re-export the drafter")
-        from .manifest import check_op_contract_version
-
-        check_op_contract_version(manifest, file)
-        return manifest
+        return self.export.manifest
 
     def config(self) -> DSparkConfig:
-        raw = self.manifest()["config"]
-        return DSparkConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        self.manifest()
+        return self.export.config
 
     def spec(self) -> ExportSpec:
-        return ExportSpec(**self.manifest()["spec"])
+        self.manifest()
+        return ExportSpec(**self.export.spec)
 
     def __call__(self) -> ExportedOnnx:
         import onnx_ir as ir
 
         m = self.manifest()
-        return ExportedOnnx(config=self.config(), spec=self.spec(), validation=m.get("validation"), d2t=m.get("d2t"),
-                            **{name: ir.load(self.path / file) for name, file in GRAPH_FILES.items()})
+        return ExportedOnnx(config=self.config(), spec=self.spec(), validation=m.get("validation"), d2t=self.export.d2t,
+                            **{name: ir.load(path) for name, path in self.export.graph_paths.items()})
 
 
 # -- a content-addressed cache (runtime backend, tests) ----------------------------------------------------
-def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_dir: str | Path | None = None,
-                       dtype: str | torch.dtype | None = None, validate: bool = True, **options) -> Path:
-    """Export directory for this checkpoint and these options under ``cache_dir``, exporting on a miss.
+def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path | None = None, *,
+                       target_dir: str | Path | None = None, dtype: str | torch.dtype | None = None,
+                       validate: bool = True, **options) -> Path:
+    """Export directory (drafter-only, ``ExportDir``) for this checkpoint and these options under ``cache_dir``
+    (default ``cache.cache_dir("onnx")``), exporting on a miss.
 
-    The key hashes the checkpoint files' contents, the options and the exporter's sources, so an edited
-    checkpoint or a new dspark-trt never reuses a stale export. Concurrent callers (processes, pytest-xdist
-    workers) take a file lock per entry, so each entry is exported once.
+    The key hashes the checkpoint files' contents, the options and the package's sources
+    (``cache.sources_digest``), so an edited checkpoint or a new dspark-trt never reuses a stale export.
+    Concurrent callers (processes, pytest-xdist workers) take a file lock per entry, so each entry is exported
+    once.
     """
+    from ..cache import cache_dir as default_cache_dir
     from ..loader import load_drafter, resolve_target_dir
 
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir("onnx")
     dtype_name = _DTYPE_NAMES[resolve_dtype(dtype if dtype is not None else ExportSpec.dtype)]
     config = DSparkConfig.from_pretrained(model_dir)
     spec = ExportSpec.resolve(config, dtype=dtype_name, **options)  # bad options fail before hashing
@@ -454,22 +455,22 @@ def cached_onnx_export(model_dir: str | Path, cache_dir: str | Path, *, target_d
     context_key = _digest(inputs, spec.dtype, spec.max_context)
     stem = f"{config.digest()[:12]}-{spec.dtype}-{context_key[:8]}"  # entries with equal stems share a context
     union = f"-m{spec.markov_topm}" if spec.markov_topm else ""
-    out = Path(cache_dir) / f"{stem}-topk{spec.topk or 'off'}{union}-{key[:16]}"
-    if (out / MANIFEST).is_file():
+    out = cache_dir / f"{stem}-topk{spec.topk or 'off'}{union}-{key[:16]}"
+    if (out / MANIFEST_FILE).is_file():
         return out
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    with _file_lock(Path(cache_dir) / f".{out.name}.lock"):  # one exporter per entry; the others wait
-        if (out / MANIFEST).is_file():
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_dir / f".{out.name}.lock"):  # one exporter per entry; the others wait
+        if (out / MANIFEST_FILE).is_file():
             return out
         drafter = load_drafter(model_dir, dtype=dtype_name, target_dir=target_dir)
-        sibling = next((d for d in sorted(Path(cache_dir).glob(f"{stem}-topk*")) if (d / MANIFEST).is_file()), None)
+        sibling = next((d for d in sorted(cache_dir.glob(f"{stem}-topk*")) if (d / MANIFEST_FILE).is_file()), None)
         context = None if sibling is None else (lambda: _load_ir(sibling / GRAPH_FILES["context"]))
         exported = OnnxFromDrafter(drafter, validate=validate, context_graph=context, **options)()
         from ..atomic import atomic_output_dir
 
-        with atomic_output_dir(out, marker=MANIFEST) as tmp:
-            _write(exported, tmp)
-            (tmp / MANIFEST).write_text(json.dumps(exported.manifest(), indent=2, sort_keys=True) + "\n")
+        with atomic_output_dir(out, marker=MANIFEST_FILE) as tmp:
+            write_graphs(exported, tmp)
+            write_manifest(exported, tmp, model_dir=model_dir)
     return out
 
 
@@ -496,25 +497,21 @@ def _file_lock(path: Path):
 
 
 def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    from ..cache import json_digest
+
+    return json_digest(*parts)
 
 
 def _inputs_digest(model_dir, target_dir) -> str:
-    """sha256 over the exporter's sources, dspark-trt's version and the checkpoint files' contents."""
-    from .. import __version__
+    """sha256 over the package's sources (``cache.sources_digest``) and the checkpoint files' contents."""
+    from ..cache import file_sha256, sources_digest
 
-    h = hashlib.sha256(__version__.encode())
-    sources = Path(__file__).resolve().parents[1]
-    for rel in ("export", "plugins", "reference", "torch_to_onnx.py", "loader.py", "checkpoint.py", "config.py"):
-        for file in sorted((sources / rel).rglob("*.py")) if (sources / rel).is_dir() else [sources / rel]:
-            h.update(file.read_bytes())
+    h = hashlib.sha256(sources_digest().encode())
     for directory in (model_dir, target_dir):
         if directory is None:
             continue
         for file in sorted(Path(directory).iterdir()):
             if file.suffix in (".json", ".safetensors") and file.is_file():
                 h.update(file.name.encode())
-                with open(file, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 23), b""):
-                        h.update(chunk)
+                h.update(file_sha256(file).encode())
     return h.hexdigest()

@@ -10,7 +10,8 @@ directory: the result appears complete or not at all, and an existing non-empty 
 
 Export directory::
 
-    manifest.json                  what was built, from what, with which versions (export/manifest.py)
+    manifest.json                  what was built, from what, with which versions (artifact/manifest.py; the
+                                   layout: artifact/layout.py; read and written through artifact.ExportDir)
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
                                    (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
@@ -18,7 +19,6 @@ Export directory::
                                    shares draft.onnx.data when the weights are external: no second copy)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
     tokenizer/                     the target's tokenizer files
-    onnx/onnx_export.json          the ONNX step's own record (spec, validation report)
     plugin/*.ptx, *.json           top-k: the walk kernel's PTX for sm_80 / sm_90 (embedded by TensorRT; the union
                                    kernel's with --markov-topm M)
     engines/<graph>.<flavor>.plan  when an engine flavor is available (else: ``dspark build-engine OUT``)
@@ -35,27 +35,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..atomic import atomic_output_dir, atomic_write_text, check_output_dir
+from ..atomic import atomic_output_dir, check_output_dir
 from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..topk import DEFAULT_TOPK
-from .engine import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
+from .engine_build import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
                      union_engine_refusal, write_engine)
 from .disk import DiskEstimate, check_free_disk, disk_full_errors, estimate_export_bytes
-from .external_data import external_data_files
-from .manifest import MANIFEST_FILE, file_records, new_manifest, read_manifest
+from ..artifact.external_data import external_data_files
+from ..artifact.layout import ENGINE_SUFFIX, EXPORT_ENTRIES, GRAPH_FILES, GRAPHS, PLUGIN_GRAPH
+from ..artifact.manifest import file_records, new_manifest
 
 __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "PtxForExport", "EnginesForExport",
            "TargetForExport", "Phases", "target_build_config", "VERIFY_TOKENS"]
 
 log = logging.getLogger("dspark.export")
 
-GRAPHS = ("context", "draft")
-#: the top-level entries of an export directory: ``--force`` replaces these and leaves anything else in OUT
-EXPORT_ENTRIES = (MANIFEST_FILE, "onnx", "plugin", "engines", "tokenizer")
 TRACE_PHASE = "trace ONNX graphs"
-ENGINE_SUFFIX = {"tensorrt": "plan", "tensorrt-rtx": "rtx.plan"}
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
 
@@ -99,7 +96,7 @@ class ExportResult:
 
 class Phases:
     """Progress per phase: a bar on a TTY (log lines routed around it), ``[i/n] name`` log lines otherwise;
-    TensorRT's own progress monitor reports inside the engine phase (export/engine.py)."""
+    TensorRT's own progress monitor reports inside the engine phase (export/engine_build.py)."""
 
     def __init__(self, names: list[str]):
         self.names, self.index = names, 0
@@ -177,7 +174,7 @@ class EnginesForExport:
         entries = {}
         target = self.manifest.get("target")
         if target:
-            from .target_graph import check_kv_interface
+            from ..artifact.target_io import check_kv_interface
 
             check_kv_interface(target, str(self.export_dir))  # an older target graph: re-export, not rebuild
         for graph in GRAPHS + (("target",) if target else ()):
@@ -282,10 +279,11 @@ class TargetForExport:
 
     def __call__(self, export_dir: Path) -> dict:
         from ..loader import resolve_dtype
-        from .manifest import graph_io
+        from ..artifact.manifest import graph_io
         from .streaming import Placeholders
-        from .target_onnx import (TARGET_ONNX, TOKENIZER_DIR, build_target_model, copy_tokenizer, export_target_onnx,
-                                  load_target_model, new_target_section)
+        from ..artifact.layout import TARGET_ONNX, TOKENIZER_DIR
+        from .target_onnx import (build_target_model, copy_tokenizer, export_target_onnx, load_target_model,
+                                  new_target_section)
 
         fp16_range = None
         if self.dtype == "fp16":  # massive activations: refuse a target that overflows (target_precision.py)
@@ -411,38 +409,37 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
 
 def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,
                 target: "TargetForExport | None" = None) -> dict:
-    from .onnx import OnnxFromCheckpoint, validate_written, write_graphs, write_record
+    from ..artifact.export_dir import ExportDir
+    from .onnx import OnnxFromCheckpoint, validate_written, write_graphs
     from .plugin_graph import plugin_graph
 
     with atomic_output_dir(out_dir, force=force, owned=EXPORT_ENTRIES) as tmp:  # --force: only what we write
-        onnx_dir = tmp / "onnx"
-        onnx_dir.mkdir()
         exported = phases.run(phases.names[0], OnnxFromCheckpoint(
             model_dir, target_dir=target_dir, dtype=spec.dtype, topk=spec.topk, max_context=spec.max_context,
             target="tensorrt", validate=options.validate, markov_topm=spec.markov_topm))
-        phases.run("write ONNX weights", lambda: write_graphs(exported, onnx_dir))
+        phases.run("write ONNX weights", lambda: write_graphs(exported, tmp))
         if options.validate:
-            phases.run("validate ONNX", lambda: validate_written(exported, onnx_dir))
-        write_record(exported, onnx_dir)
+            phases.run("validate ONNX", lambda: validate_written(exported, tmp))
+        drafter_record, validation = exported.drafter_record(), exported.validation
         del exported
         target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}
         if spec.topk:
             def plugin_step():
-                plugin_graph(tmp / "onnx" / "draft.onnx", tmp / "onnx" / "draft.plugin.onnx")
+                plugin_graph(tmp / GRAPH_FILES["draft"], tmp / PLUGIN_GRAPH)
                 return PtxForExport(tmp / "plugin", config, topk=spec.topk, dtype=spec.dtype,
                                     archs=options.ptx_archs, markov_topm=spec.markov_topm)()
 
             kernel = phases.run("plugin graph + PTX", plugin_step)
             kernel = {**kernel, "dir": "plugin"}
             plugin = _plugin_record(spec.topk, config.logit_scale, spec.markov_topm)
-            extra["plugin_graph"] = "onnx/draft.plugin.onnx"
+            extra["plugin_graph"] = PLUGIN_GRAPH
         manifest = new_manifest(config, model_dir=model_dir, topk=spec.topk, dtype=spec.dtype,
-                                graphs={g: tmp / "onnx" / f"{g}.onnx" for g in GRAPHS}, export_dir=tmp,
-                                plugin=plugin, kernel=kernel, extra=extra, markov_topm=spec.markov_topm)
-        onnx_record = json.loads((tmp / "onnx" / "onnx_export.json").read_text())
-        manifest["validation"] = onnx_record.get("validation")
+                                graphs={g: tmp / GRAPH_FILES[g] for g in GRAPHS}, export_dir=tmp,
+                                plugin=plugin, kernel=kernel, extra=extra, markov_topm=spec.markov_topm,
+                                drafter=drafter_record)
+        manifest["validation"] = validation
         if target_record is not None:
             manifest["target"] = target_record
         if flavor is not None:
@@ -453,7 +450,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
             notes.append(_no_engine_note(out_dir, requested=options.engine))
         def write_manifest():
             manifest["files"] = file_records(tmp)  # every file, .data included: size + sha256, streamed
-            atomic_write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+            ExportDir(tmp).write_manifest(manifest)
 
         phases.run("manifest", write_manifest)
     return manifest
@@ -462,8 +459,10 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
 def build_engines(export_dir: str | Path, *, engine: str = "auto", options: ExportOptions | None = None,
                   force: bool = False) -> dict:
     """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
-    export_dir = Path(export_dir)
-    manifest = read_manifest(export_dir)
+    from ..artifact.export_dir import ExportDir
+
+    export = ExportDir(export_dir)
+    export_dir, manifest = export.root, export.manifest
     options = options or ExportOptions()
     check_version_compatible(options.version_compatible,
                              _plugin_op(manifest.get("topk"), int(manifest.get("markov_topm") or 0)))
@@ -490,7 +489,7 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     if "files" in manifest:  # only the new engines are hashed; the rest of the export did not change
         manifest["files"] = dict(sorted({**manifest["files"],
                                          **file_records(export_dir, [e["file"] for e in built.values()])}.items()))
-    atomic_write_text(export_dir / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
+    export.write_manifest(manifest)
     return manifest
 
 

@@ -14,7 +14,7 @@ The weights are never loaded: the graph is read with ``load_external_data=False`
 function list change, so a draft graph over protobuf's 2 GiB cap (its initializers in ``draft.onnx.data``) is
 edited in the time it takes to read its nodes. The plugin graph references the *same* data file
 when it is written beside ``draft.onnx`` (as the export does), so the export holds one copy of the weights;
-another directory needs ``copy_weights=True`` (``export/external_data.py``: onnx accepts no link and no path
+another directory needs ``copy_weights=True`` (``artifact/external_data.py``: onnx accepts no link and no path
 outside the graph's directory). A small graph with its weights inside keeps them inside.
 """
 
@@ -38,7 +38,7 @@ def custom_nodes(model) -> list:
 def plugin_graph(src: str | Path, dst: str | Path, *, copy_weights: bool = False) -> Path:
     """Write ``dst``: ``src`` without the op's local function and with ``aot=1`` on its node (weights untouched)."""
     from ..atomic import atomic_write_bytes
-    from .external_data import load_graph_only, share_external_data
+    from ..artifact.external_data import load_graph_only, share_external_data
 
     src, dst = Path(src), Path(dst)
     model = load_graph_only(src)  # nodes, I/O and external-data references; inline weights of a small graph

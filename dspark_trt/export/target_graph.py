@@ -20,7 +20,7 @@ copies it either: ``export/capacity_attention.py``). The module runs the model's
 embedding, decoder layers (norms, projections, MLP) and final norm, with transformers' attention swapped for
 ``capacity_attention`` while it runs — the only change to the math is where the softmax is summed.
 
-``KV_INTERFACE`` names this I/O; the manifest's target section records it, and the runtimes refuse a target
+``KV_INTERFACE`` (``artifact/target_io.py``) names this I/O; the manifest's target section records it, and the runtimes refuse a target
 graph exported with another (older exports took one stacked ``past_key [L, B, H, P, D]``).
 """
 
@@ -37,32 +37,9 @@ from ..taps import LayerTaps, decoder_layers
 from .capacity_attention import NAME as ATTENTION_NAME
 from .capacity_attention import LayerKV, capacity_attention, slot_bias
 
-__all__ = ["TargetShape", "TargetGraph", "KV_INTERFACE", "input_names", "OUTPUT_NAMES", "target_shape",
-           "past_names", "check_kv_interface"]
+__all__ = ["TargetShape", "TargetGraph", "target_shape", "check_architecture"]
 
-#: the target graph's K/V interface (recorded in the manifest's target section as ``kv_interface``)
-KV_INTERFACE = "per-layer-capacity-v1"  # also: logits_index
-OUTPUT_NAMES = ["logits", "taps", "new_key", "new_value"]
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-def past_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """The per-layer cache inputs: ``past_key_0 … past_key_{L-1}``, ``past_value_0 …``."""
-    return [f"past_key_{i}" for i in range(num_layers)], [f"past_value_{i}" for i in range(num_layers)]
-
-
-def input_names(num_layers: int) -> list[str]:
-    keys, values = past_names(num_layers)
-    return ["input_ids", "position_ids", "attention_mask", "logits_index", *keys, *values]
-
-
-def check_kv_interface(section: dict, where: str = "the export") -> None:
-    """One line refusing a target graph whose K/V interface this runtime does not speak."""
-    found = section.get("kv_interface")
-    if found != KV_INTERFACE:
-        raise DSparkTrtError(f"the target graph of {where} has K/V interface {found or 'stacked past_key [L, B, H, P, D]'}, "
-                             f"this dspark-trt runs {KV_INTERFACE}; re-export the target (dspark-export DRAFTER "
-                             f"--target TARGET -o OUT --force)")
 
 
 @dataclass(frozen=True)

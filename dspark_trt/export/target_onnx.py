@@ -20,17 +20,16 @@ from typing import Sequence
 
 import torch
 
+from ..artifact.layout import TARGET_ONNX, TOKENIZER_DIR
+from ..artifact.target_io import MAX_NEW_TOKENS
 from ..config import DSparkConfig, check_layer_ids
 from ..errors import DSparkTrtError
 
-__all__ = ["TARGET_ONNX", "TOKENIZER_DIR", "check_target_pairing", "load_target_model", "export_target_onnx",
-           "target_section", "new_target_section", "copy_tokenizer", "target_eos_ids", "target_dynamic_ranges",
-           "MAX_NEW_TOKENS"]
+__all__ = ["check_target_pairing", "load_target_model", "export_target_onnx", "new_target_section", "copy_tokenizer",
+           "target_eos_ids", "target_dynamic_ranges"]
 
 log = logging.getLogger("dspark.export")
 
-TARGET_ONNX = "onnx/target.onnx"
-TOKENIZER_DIR = "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "generation_config.json")
@@ -146,8 +145,9 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
     from torch.export import Dim
 
     from ..torch_to_onnx import torch_onnx_export
-    from .onnx import EXTERNAL_DATA_BYTES
-    from .target_graph import OUTPUT_NAMES, TargetGraph, check_architecture, input_names
+    from ..artifact.external_data import EXTERNAL_DATA_BYTES
+    from ..artifact.target_io import OUTPUT_NAMES, input_names
+    from .target_graph import TargetGraph, check_architecture
 
     check_architecture(model.config)
     graph = TargetGraph(model, target_layer_ids)
@@ -171,7 +171,7 @@ def export_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | P
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if placeholders is not None:
-        from .onnx import EXTERNAL_DATA_ALIGNMENT
+        from ..artifact.external_data import EXTERNAL_DATA_ALIGNMENT
         from .streaming import name_placeholders, stream_initializers
 
         name_placeholders(graph, placeholders)
@@ -222,7 +222,8 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
     """The manifest's ``target`` section (CONTRACT: docs/export.md, "Target graph")."""
     from types import SimpleNamespace
 
-    from .target_graph import KV_INTERFACE, target_shape
+    from ..artifact.target_io import KV_INTERFACE
+    from .target_graph import target_shape
 
     shape = target_shape(SimpleNamespace(**target_config))
     return {
@@ -249,38 +250,15 @@ def new_target_section(*, target_dir: str | Path, target_config: dict, config: D
     }
 
 
-#: the most new tokens one target graph call scores: prompts run in chunks of this many (the runtime's
-#: ``prefill_chunk``), so the engine's activation memory is sized for a chunk, not a whole context
-MAX_NEW_TOKENS = 512
-
-
 def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new: int = 8,
                           max_new: int = MAX_NEW_TOKENS) -> dict:
     """Engine profile of the target graph: Q (new tokens) and K (rows with logits) 1 … a prefill chunk, P (the
     cache capacity the graph reads) 1 … the capacity bucket of ``max_context`` (``kv_capacity.capacity_bucket``),
     S = P + Q."""
-    from .kv_capacity import capacity_bucket
+    from ..artifact.kv_capacity import capacity_bucket
 
     q_max = min(max_new, max_context)
     p_opt, p_max = capacity_bucket(min(opt_context, max_context)), capacity_bucket(max_context)
     q_opt = min(opt_new, q_max)
     return {"Q": (1, q_opt, q_max), "K": (1, q_opt, q_max), "P": (1, p_opt, p_max),
             "S": (2, p_opt + q_opt, p_max + q_max)}
-
-
-def target_section(export_dir: str | Path, manifest: dict | None = None) -> dict:
-    """The ``target`` section of an export's manifest; a one-line error saying how to add it when absent."""
-    from .manifest import read_manifest
-    from .target_graph import check_kv_interface
-
-    export_dir = Path(export_dir)
-    manifest = manifest if manifest is not None else read_manifest(export_dir)
-    section = manifest.get("target")
-    if not section:
-        raise DSparkTrtError(f"{export_dir} has no exported target (exported with --skip-target or without "
-                             f"--target); re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
-    check_kv_interface(section, str(export_dir))
-    path = export_dir / section["onnx"]
-    if not path.is_file():
-        raise DSparkTrtError(f"{path} is missing; re-run dspark-export DRAFTER --target TARGET -o {export_dir} --force")
-    return section

@@ -293,7 +293,7 @@ def validate_onnx(context, draft, drafter, *, topk: int | None, dtype: str, batc
     ``ValidationMismatch`` on a failure unless ``raise_on_failure=False``. ``markov_topm`` M > 0: the draft graph
     walks the candidate union, checked against the reference round with the same M (its own table).
     """
-    from .graphs import run_context, run_draft
+    from ..runtime.drafter_graphs import run_context, run_draft
 
     from ..reference.precision import massive_channels, massive_taps
 

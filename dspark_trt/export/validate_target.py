@@ -142,8 +142,8 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     memory is one copy of the weights, not two)."""
     import gc
 
-    from ..runtime.ort_target import OnnxRuntimeTarget
-    from ..runtime.target import HFTarget
+    from ..runtime.targets.onnxruntime import OnnxRuntimeTarget
+    from ..runtime.targets.hf import HFTarget
     from .target_graph import target_shape
 
     build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
@@ -214,7 +214,7 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
 
     from ..loader import resolve_dtype
     from .disk import free_bytes
-    from .external_data import load_graph_only
+    from ..artifact.external_data import load_graph_only
     from .streaming import Placeholders
     from .target_onnx import build_target_model, export_target_onnx
 

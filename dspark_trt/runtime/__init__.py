@@ -9,7 +9,8 @@ from .decoder import SpeculativeDecoder, check_pair, load_tokenizer
 from .drafter_state import DrafterState
 from .scheduler import RequestHandle, RequestScheduler, SchedulerStats
 from .stats import GenerationResult, GenerationStats
-from .target import HFTarget, Target, TargetOutput
+from .targets.base import Target, TargetOutput
+from .targets.hf import HFTarget
 
 __all__ = [
     "DrafterState",

@@ -17,14 +17,15 @@ import torch
 
 from ..errors import DSparkTrtError
 from ..topk import DEFAULT_TOPK
-from .backends.base import DrafterBackend, backend_class
+from .drafters.base import DrafterBackend, backend_class
 from .batch import Batch
 from .draft_options import resolve_draft_options, resolve_markov_topm, resolve_verify_drafts
 from .requests import (Request, check_context_budget, check_max_new_tokens, check_sampling, check_truncation, eos_ids,
                        per_request, token_prompts)
 from .stop import StopStrings
 from .stats import GenerationResult
-from .target import HFTarget, Target
+from .targets.base import Target
+from .targets.hf import HFTarget
 
 __all__ = ["SpeculativeDecoder", "check_pair", "load_tokenizer"]
 
@@ -107,24 +108,22 @@ class SpeculativeDecoder:
                     **backend_options) -> "SpeculativeDecoder":
         """The exported target and drafter of a ``dspark-export`` directory, run by ``backend``
         (``onnxruntime``: the ONNX graphs), with the tokenizer from ``OUT/tokenizer/``; no transformers model."""
-        from ..export.manifest import read_manifest
-        from ..export.target_onnx import target_section
-        from .backends.base import target_backend_class
+        from ..artifact.export_dir import ExportDir
+        from .targets.base import target_class
 
-        export_dir = Path(export_dir)
-        manifest = read_manifest(export_dir)
-        section = target_section(export_dir, manifest)  # one line saying how to add it when absent
-        target = target_backend_class(backend).from_export(export_dir, device=device, **backend_options)
+        export = ExportDir(export_dir)
+        export.target  # one line saying how to add it when absent
+        target = target_class(backend).from_export(export_dir, device=device, **backend_options)
         drafter_cls = backend_class(backend)
         if not hasattr(drafter_cls, "from_export"):
             raise DSparkTrtError(f"drafter backend {backend!r} cannot run from an export directory; use "
                                  f"backend='onnxruntime'")
         drafter = drafter_cls.from_export(export_dir, device=device, **backend_options)
         tok = None
-        if tokenizer and section.get("tokenizer"):
-            tok = load_tokenizer(export_dir / section["tokenizer"])
+        if tokenizer and export.tokenizer_dir is not None:
+            tok = load_tokenizer(export.tokenizer_dir)
         decoder = cls(target, drafter, tokenizer=tok)
-        decoder.default_topk = manifest.get("topk")  # the graphs draft with the export's top-k
+        decoder.default_topk = export.topk  # the graphs draft with the export's top-k
         return decoder
 
     @property

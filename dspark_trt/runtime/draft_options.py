@@ -52,7 +52,7 @@ def resolve_markov_topm(c, backend, markov_topm: int | None, topk: int | None) -
             raise DSparkTrtError("--markov-topm needs a top-k head (the dense head already scores every token); "
                                  "pass --topk K or --markov-topm 0")
     if fixed is not None and topk is not None:  # an export: its M only (a top-k mismatch: the backend says so)
-        from .backends.base import check_export_variant
+        from .drafters.base import check_export_variant
 
         check_export_variant("this export", have_topk=topk, have_markov_topm=fixed, topk=topk,
                              markov_topm=markov_topm)

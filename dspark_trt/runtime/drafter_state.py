@@ -22,7 +22,7 @@ backends' layout; each layer's heads-first view is the block itself), the draft 
 and masks slots past ``ctx_len`` (``reference/layers.py: two_part_attention``), and ``append`` writes only
 the new rows. A round therefore costs O(new tokens) of cache bookkeeping, whatever the context; slicing the
 used prefix instead would hand the backends a non-contiguous tensor (a copy per round). Capacities are the
-target cache's buckets (``export/kv_capacity.py``: 128, 160, 192, 224, 256, 320, …, four per octave): the
+target cache's buckets (``artifact/kv_capacity.py``: 128, 160, 192, 224, 256, 320, …, four per octave): the
 draft round attends over at most 25 % more slots than it needs (plus a round's headroom), and growing (a
 copy of the cache into bigger buffers) happens once per bucket, O(1) rows per generated token amortised.
 
@@ -53,7 +53,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DSparkTrtInternalError
-from ..export.kv_capacity import capacity_bucket
+from ..artifact.kv_capacity import capacity_bucket
 
 __all__ = ["DrafterState"]
 

@@ -11,10 +11,10 @@ the slot mask hides the unused ones (``export/capacity_attention.py``). A step t
 slots) of bookkeeping — writing them — whatever the context; reading a used *prefix* instead would need a
 copy, as ``[:, :, :, :S]`` is not contiguous.
 
-Capacities are buckets (``export/kv_capacity.py``): 128, 160, 192, 224, 256, 320, … — four per octave, so the
+Capacities are buckets (``artifact/kv_capacity.py``): 128, 160, 192, 224, 256, 320, … — four per octave, so the
 graph attends over at most 25 % more slots than it needs (plus a round's headroom), and growing (a copy of the used slots into
 bigger buffers) happens once per bucket, O(1) slots per generated token amortised. TensorRT captures one
-CUDA graph per (batch bucket, capacity bucket, Q) with these very buffers bound (``runtime/tensorrt_target.py``).
+CUDA graph per (batch bucket, capacity bucket, Q) with these very buffers bound (``runtime/targets/tensorrt.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DSparkTrtError
-from ..export.kv_capacity import capacity_bucket, capacity_buckets
+from ..artifact.kv_capacity import capacity_bucket, capacity_buckets
 
 __all__ = ["capacity_bucket", "capacity_buckets", "KVCache"]
 

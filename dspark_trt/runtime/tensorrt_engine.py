@@ -511,10 +511,10 @@ class TensorRTGraph:
 
     @classmethod
     def from_export(cls, export_dir: str | Path, graph: str, **options) -> "TensorRTGraph":
-        from ..export.manifest import read_manifest
+        from ..artifact.export_dir import ExportDir
 
-        export_dir = Path(export_dir)
-        manifest = read_manifest(export_dir)
+        export = ExportDir(export_dir)
+        export_dir, manifest = export.root, export.manifest
         entry = engine_entry(manifest, graph)
         io = manifest["graphs"][graph] if graph in manifest.get("graphs", {}) else manifest["target"]["io"]
         engine = TensorRTEngine(export_dir / entry["file"], entry, device=options.get("device", "cuda"), name=graph)

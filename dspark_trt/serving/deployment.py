@@ -79,9 +79,9 @@ def resolve_source(path: str | Path, *, target: str | Path | None = None) -> Sou
             raise DSparkTrtError(f"the target {found} has no config.json: pass the target model's directory")
         return Source(kind, p, Path(found))
     if kind == "export":
-        from ..export.manifest import read_manifest
+        from ..artifact.export_dir import ExportDir
 
-        if not read_manifest(p).get("target"):
+        if not ExportDir(p).has_target:
             raise DSparkTrtError(f"the export {path} has no target graph (exported with --skip-target or without "
                                  f"--target): re-export it with --target DIR, or serve the checkpoint")
     return Source(kind, p)
@@ -124,13 +124,11 @@ def frontend_config(repository: str | Path, model: str, grpc_url: str, *, served
     settings = ModelSettings.from_parameters(params).resolved(model_dir / "1")
     tokenizer_dir, limit = None, settings.max_context
     if settings.export_dir:
-        from ..export.manifest import read_manifest
+        from ..artifact.export_dir import ExportDir
 
-        manifest = read_manifest(settings.export_dir)
-        target = manifest.get("target") or {}
-        if target.get("tokenizer"):
-            tokenizer_dir = Path(settings.export_dir) / target["tokenizer"]
-        limit = limit or target.get("max_context") or manifest.get("max_context")
+        export = ExportDir(settings.export_dir)
+        tokenizer_dir = export.tokenizer_dir
+        limit = limit or (export.manifest.get("target") or {}).get("max_context") or export.manifest.get("max_context")
     elif settings.target_dir:
         tokenizer_dir = Path(settings.target_dir)
         raw = read_json(Path(settings.target_dir) / "config.json", missing=f"no config.json in {settings.target_dir}",

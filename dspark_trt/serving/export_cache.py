@@ -111,15 +111,15 @@ def cached_export(drafter_dir: str | Path, *, target_dir: str | Path, options, c
     (``DSparkTrtError`` for a directory that is not a checkpoint, before anything is written)."""
     from filelock import FileLock
 
-    from ..export.manifest import MANIFEST_FILE
+    from ..artifact.export_dir import ExportDir
     from ..export.pipeline import export_model
 
     out, key = cache_entry(drafter_dir, target_dir=target_dir, options=options, cache_dir=cache_dir)
-    if (out / MANIFEST_FILE).is_file():
+    if ExportDir(out).exists():
         return CachedExport(out, True, key)
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
-        if (out / MANIFEST_FILE).is_file():  # another start exported it while this one waited
+        if ExportDir(out).exists():  # another start exported it while this one waited
             return CachedExport(out, True, key)
         log.info("exporting %s (target %s) into the cache %s; later starts reuse it", drafter_dir, target_dir, out)
         export_model(drafter_dir, out, options, target_dir=target_dir, force=True)

@@ -137,13 +137,13 @@ def check_servable_export(export_dir: str | Path, runtime: str | None = None) ->
     """The manifest of ``export_dir`` when it is a dspark-export directory the model can serve; else one line
     naming what is missing (no manifest or another format version, missing drafter graphs, no exported target,
     no engines for runtime ``tensorrt``)."""
-    from ..export.manifest import read_manifest
-    from ..export.target_onnx import target_section
+    from ..artifact.export_dir import ExportDir
 
     export_dir = Path(export_dir)
     if not export_dir.is_dir():
         raise DSparkTrtError(f"export directory {export_dir} does not exist; pass a dspark-export output directory")
-    manifest = read_manifest(export_dir)  # format_version checked
+    export = ExportDir(export_dir)
+    manifest = export.manifest  # format_version checked
     graphs = manifest.get("graphs")
     if not isinstance(graphs, dict) or not graphs:
         raise DSparkTrtError(f"{export_dir}/manifest.json lists no drafter graphs: it is not a complete "
@@ -153,7 +153,7 @@ def check_servable_export(export_dir: str | Path, runtime: str | None = None) ->
     if missing:
         raise DSparkTrtError(f"{export_dir} lacks the drafter graph {missing[0]} its manifest lists; re-run "
                              f"dspark-export -o {export_dir} --force")
-    target_section(export_dir, manifest)  # the exported target graph (and how to add it)
+    export.target  # the exported target graph (and how to add it)
     if runtime == "tensorrt":
         engines = manifest.get("engines") or (manifest.get("target") or {}).get("engines")
         if not engines:

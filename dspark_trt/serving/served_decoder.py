@@ -40,11 +40,10 @@ def choose_runtime(*, export_dir: str | None, forced: str | None = None) -> str:
         return forced
     if not export_dir:
         return "torch"
-    from ..jsonfile import read_json
+    from ..artifact.export_dir import ExportDir
 
-    manifest = read_json(Path(export_dir) / "manifest.json", missing=f"{export_dir} has no manifest.json: pass a "
-                         f"dspark-export output directory", fix="re-export it with dspark-export")
-    engines = manifest.get("engines") or (manifest.get("target") or {}).get("engines")
+    export = ExportDir(export_dir)
+    engines = export.engines or (export.manifest.get("target") or {}).get("engines")
     return "tensorrt" if engines and have_tensorrt() else "onnxruntime"
 
 
@@ -64,6 +63,9 @@ def load_decoder(settings: ModelSettings):
         options = {"threads": settings.threads} if settings.threads and settings.runtime == "onnxruntime" else {}
         return SpeculativeDecoder.from_export(settings.export_dir, backend=settings.runtime, device=settings.device,
                                               **options)
+    from ..export import on_demand
+
+    on_demand.install()  # runtime onnxruntime with a checkpoint pair: the drafter is exported on demand
     return SpeculativeDecoder.from_pretrained(settings.drafter_dir, settings.target_dir, backend=settings.runtime,
                                               device=settings.device, dtype="fp32" if settings.device == "cpu" else None)
 

@@ -332,7 +332,7 @@ def _median_ms(fn, repeats: int = 20, warmup: int = 3, device: str = "cuda") -> 
 
 
 def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> list[dict]:
-    from ..runtime.backends.torch_backend import TorchDrafterBackend
+    from ..runtime.drafters.torch import TorchDrafterBackend
 
     drafter = _drafter(num_layers)
     graphed = TorchDrafterBackend(drafter, graphs="graph")
@@ -478,7 +478,7 @@ class _OnCpu:
 def _tensorrt_drafter(export: dict, mode: str) -> tuple[str, dict]:
     from ..export.validate import validate_onnx
     from ..loader import load_drafter
-    from ..runtime.backends.tensorrt_backend import TensorRTDrafterBackend
+    from ..runtime.drafters.tensorrt import TensorRTDrafterBackend
 
     backend = TensorRTDrafterBackend(export["dir"], graphs=mode)
     drafter = load_drafter(export["drafter"], target_dir=export["target"])
@@ -500,8 +500,8 @@ def _tensorrt_target(export: dict, mode: str) -> tuple[str, dict]:
     from ..export.target_onnx import load_target_model
     from ..export.validate import _close
     from ..export.validate_target import TARGET_TOLERANCES
-    from ..runtime.target import HFTarget
-    from ..runtime.tensorrt_target import TensorRTTarget
+    from ..runtime.targets.hf import HFTarget
+    from ..runtime.targets.tensorrt import TensorRTTarget
 
     got = TensorRTTarget(export["dir"], graphs=mode)
     ref = HFTarget(load_target_model(export["target"], torch.float32))

@@ -124,7 +124,7 @@ def test_draft_round_costs_take_turns():
 @pytest.mark.onnx
 def test_draft_before_needs_a_stacked_draft_graph(qwen3_topk_export):
     from dspark_trt.bench.context import draft_runners
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     backend = OnnxRuntimeDrafterBackend.from_export(qwen3_topk_export)
     with pytest.raises(DSparkTrtError, match="no stacked ctx_k input"):
@@ -136,7 +136,7 @@ def test_draft_padded_times_the_torch_round_bound_and_copied(qwen3_topk_export):
     """``--draft-padded``: the export's drafter checkpoint (the manifest's path) through the torch backend's padded
     round, its DrafterState bound and copied, beside the onnxruntime round; a missing checkpoint is one line."""
     from dspark_trt.bench.context import _padded_drafter
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     with OnnxRuntimeDrafterBackend(qwen3_topk_export / "onnx") as backend:
         runners = draft_runners(backend, topk=16, padded=_padded_drafter(qwen3_topk_export))
@@ -197,7 +197,7 @@ def test_a_windowed_drafters_cache_stays_bounded_and_the_other_grows():
 @pytest.mark.onnx
 def test_a_windowed_drafter_gets_a_sliding_round_beside_the_in_place_one(tiny_windowed_pair, onnx_export, tmp_path):
     from dspark_trt.bench.context import plot
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     with OnnxRuntimeDrafterBackend(onnx_export(tiny_windowed_pair, "fp32", 16)) as backend:
         runners = draft_runners(backend, topk=16)

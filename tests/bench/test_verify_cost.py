@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_measuring_leaves_the_cache_as_the_prompt_left_it(distilled_pair):
     from dspark_trt.config import DSparkConfig
-    from dspark_trt.runtime.target import HFTarget
+    from dspark_trt.runtime.targets.hf import HFTarget
 
     prompt = [5, 9, 2, 7, 11]
     taps = DSparkConfig.from_pretrained(distilled_pair.drafter).target_layer_ids

@@ -115,7 +115,8 @@ def earlier_export(tiny_pair, tmp_path_factory):
 def test_the_manifest_lists_every_file_with_streamed_digests(earlier_export, tiny_pair):
     from dspark_trt.config import DSparkConfig
     from dspark_trt.export.disk import estimate_export_bytes
-    from dspark_trt.export.manifest import check_manifest, file_sha256, read_manifest
+    from dspark_trt.artifact.export_dir import check_manifest, read_manifest
+    from dspark_trt.cache import file_sha256
 
     m = read_manifest(earlier_export)
     files = {p.relative_to(earlier_export).as_posix() for p in earlier_export.rglob("*") if p.is_file()}
@@ -131,7 +132,7 @@ def test_a_failed_force_export_keeps_the_earlier_one(earlier_export, tiny_pair):
     """``--force`` over an earlier export, killed midway by a real write error (``ulimit -f`` 1 MiB: the 1.9 MB
     draft graph cannot be written, EFBIG): one line, exit 1; the earlier export is intact, file by file, the
     user's own file beside it too, and no temporary directory is left."""
-    from dspark_trt.export.manifest import check_manifest
+    from dspark_trt.artifact.export_dir import check_manifest
 
     (earlier_export / "notes.txt").write_text("mine")
     before = (earlier_export / "manifest.json").read_bytes()

@@ -23,9 +23,9 @@ def _drafter(path, dtype):
 
 @functools.cache
 def _graphs(export_dir):
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.ort_session import OrtGraph
 
-    return OrtGraph(export_dir / "context.onnx"), OrtGraph(export_dir / "draft.onnx")
+    return OrtGraph(export_dir / "onnx" / "context.onnx"), OrtGraph(export_dir / "onnx" / "draft.onnx")
 
 
 def round_inputs(drafter, B: int, *, seed: int = 0, sampled: bool):
@@ -44,7 +44,7 @@ def round_inputs(drafter, B: int, *, seed: int = 0, sampled: bool):
 
 
 def run_both(drafter, draft_graph, inputs, topk):
-    from dspark_trt.export.graphs import run_draft
+    from dspark_trt.runtime.drafter_graphs import run_draft
 
     ref = drafter.draft(inputs["anchor"], inputs["ctx_k"], inputs["ctx_v"], inputs["ctx_len"], topk=topk,
                         temperature=inputs["temperature"], seed=inputs["seed"])
@@ -91,7 +91,7 @@ def test_low_precision_draft_graph_matches_reference(tiny_pair, onnx_export, dty
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("B", [1, 3])
 def test_context_graph_matches_reference(tiny_pair, onnx_export, dtype, B):
-    from dspark_trt.export.graphs import run_context
+    from dspark_trt.runtime.drafter_graphs import run_context
 
     drafter = _drafter(tiny_pair, dtype)
     context, _ = _graphs(onnx_export(tiny_pair, dtype, 16))
@@ -114,7 +114,7 @@ def test_topk_full_vocab_graph_equals_dense_graph(tiny_pair, onnx_export):
     """docs/dspark.md §10.1 at graph level: the custom node with k = V_d drafts what the dense walk drafts."""
     drafter = _drafter(tiny_pair, "fp32")
     inputs = round_inputs(drafter, 3, seed=11, sampled=True)
-    from dspark_trt.export.graphs import run_draft
+    from dspark_trt.runtime.drafter_graphs import run_draft
 
     topk = run_draft(_graphs(onnx_export(tiny_pair, "fp32", V_D))[1], **inputs, draft_vocab=V_D)
     dense = run_draft(_graphs(onnx_export(tiny_pair, "fp32", "off"))[1], **inputs, draft_vocab=V_D)
@@ -173,7 +173,7 @@ def test_a_sliding_context_drafts_what_the_whole_context_drafts(tiny_windowed_pa
     row 0 (what ``DrafterState`` keeps), and ``ctx_start`` telling the graph their position. The exported graph
     over the slid rows = the reference over the whole context; the offset matters (fed without it, the mask
     reads the wrong rows and the drafts change)."""
-    from dspark_trt.export.graphs import run_draft
+    from dspark_trt.runtime.drafter_graphs import run_draft
 
     drafter = _drafter(tiny_windowed_pair, "fp32")
     _, draft = _graphs(onnx_export(tiny_windowed_pair, "fp32", 16))
@@ -227,7 +227,7 @@ def test_dynamic_batch_and_bounded_context(tiny_pair, onnx_export):
     import onnx
 
     path = onnx_export(tiny_pair, "fp32", 16)
-    model = onnx.load(str(path / "draft.onnx"), load_external_data=False)
+    model = onnx.load(str(path / "onnx" / "draft.onnx"), load_external_data=False)
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
     assert dims["anchor"] == ["B"] and "ctx_k" not in dims
     assert dims["ctx_key_0"] == dims["ctx_value_1"] == ["B", 2, "T", 16]  # per layer, heads first
@@ -257,7 +257,7 @@ def test_the_node_tensorrt_looks_up(tiny_pair, onnx_export, dtype):
 
     register_schema()
     path = onnx_export(tiny_pair, dtype, 16)
-    model = onnx.load(str(path / "draft.onnx"))
+    model = onnx.load(str(path / "onnx" / "draft.onnx"))
     onnx.checker.check_model(model, full_check=True)
     custom = [n for n in model.graph.node if n.domain == OP_DOMAIN]
     assert [n.op_type for n in custom] == [OP_NAME]
@@ -282,7 +282,7 @@ def test_the_node_tensorrt_looks_up(tiny_pair, onnx_export, dtype):
 def test_dense_export_has_no_custom_node(tiny_pair, onnx_export):
     import onnx
 
-    model = onnx.load(str(onnx_export(tiny_pair, "fp32", "off") / "draft.onnx"))
+    model = onnx.load(str(onnx_export(tiny_pair, "fp32", "off") / "onnx" / "draft.onnx"))
     assert not [n for n in model.graph.node if n.domain not in ("", "ai.onnx")] and not model.functions
     onnx.checker.check_model(model, full_check=True)
     assert [o.name for o in model.graph.output] == ["draft_tokens", "cand_logits", "confidence"]

@@ -56,7 +56,7 @@ def inflate_draft_graph(src: Path, dst_dir: Path, rows: int = ROWS) -> Path:
 
 @pytest.fixture(scope="module")
 def small_draft(tiny_pair, onnx_export) -> Path:
-    return onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"
+    return onnx_export(tiny_pair, "fp32", 16) / "onnx" / "draft.onnx"
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_the_inflated_graph_is_over_2gb_and_computes_what_the_small_one_does(sma
 def test_plugin_graph_over_2gb_edits_nodes_without_a_second_copy(small_draft, big_draft):
     import onnx
 
-    from dspark_trt.export.external_data import external_refs
+    from dspark_trt.artifact.external_data import external_refs
     from dspark_trt.export.plugin_graph import custom_nodes, plugin_graph
     from dspark_trt.plugins.contract import PLUGIN_NAMESPACE, PLUGIN_VERSION
     from dspark_trt.plugins.onnx_op import register_schema
@@ -164,7 +164,7 @@ def test_plugin_graph_elsewhere_copies_weights_only_when_asked(big_draft, small_
 
 
 def test_digests_over_2gb_are_streamed_and_correct(big_draft):
-    from dspark_trt.export.manifest import file_records
+    from dspark_trt.artifact.manifest import file_records
 
     directory = big_draft.parent
     tracemalloc.start()
@@ -184,7 +184,7 @@ def test_truncated_or_missing_external_data_is_one_line(small_draft, tmp_path):
     import onnx
 
     from dspark_trt.errors import DSparkTrtError
-    from dspark_trt.export.external_data import external_data_files
+    from dspark_trt.artifact.external_data import external_data_files
     from dspark_trt.export.plugin_graph import plugin_graph
 
     path = tmp_path / "draft.onnx"
@@ -208,7 +208,7 @@ def test_tensorrt_rtx_builds_from_a_graph_with_external_data(small_draft, tmp_pa
     (not from the working directory), and the plan is written straight from TensorRT's buffer."""
     import onnx
 
-    from dspark_trt.export.engine import EngineBuildConfig, write_engine
+    from dspark_trt.export.engine_build import EngineBuildConfig, write_engine
 
     graph = tmp_path / "onnx" / "draft.onnx"
     graph.parent.mkdir()
@@ -237,9 +237,9 @@ def test_the_bf16_twin_of_a_graph_with_external_data_streams_its_weights(tiny_pa
     import onnxruntime as ort
 
     from dspark_trt.export import bf16_emulation
-    from dspark_trt.export.external_data import external_refs
+    from dspark_trt.artifact.external_data import external_refs
 
-    small = onnx_export(tiny_pair, "bf16", 16) / "draft.onnx"
+    small = onnx_export(tiny_pair, "bf16", 16) / "onnx" / "draft.onnx"
     src = tmp_path / "onnx" / "draft.onnx"
     src.parent.mkdir()
     onnx.save(onnx.load(str(small)), str(src), save_as_external_data=True, location="draft.onnx.data",

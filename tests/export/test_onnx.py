@@ -82,8 +82,9 @@ def test_save_read_back_and_refuse_to_overwrite(tiny_pair, onnx_export, tmp_path
     assert exported.validation and all("FAIL" not in line for line in exported.validation)
 
     out = SaveOnnx(exported, tmp_path / "export")()
-    manifest = json.loads((out / "onnx_export.json").read_text())
-    assert manifest["num_draft_tokens"] == 7 and manifest["spec"]["topk"] == 16
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["num_draft_tokens"] == 7 and manifest["drafter"]["spec"]["topk"] == 16
+    assert not (out / "onnx" / "onnx_export.json").exists()  # one manifest
     assert [i["name"] for i in manifest["graphs"]["draft"]["inputs"]] == [
         "anchor", "ctx_key_0", "ctx_key_1", "ctx_value_0", "ctx_value_1", "ctx_len", "ctx_start", "temperature",
         "seed"]
@@ -94,7 +95,7 @@ def test_save_read_back_and_refuse_to_overwrite(tiny_pair, onnx_export, tmp_path
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     for force in (False, True):  # not an earlier ONNX export: refused even with force
-        with pytest.raises(DSparkTrtError, match="no onnx_export.json"):
+        with pytest.raises(DSparkTrtError, match="no manifest.json"):
             SaveOnnx(exported, tmp_path / "busy", force=force)()
         assert [p.name for p in (tmp_path / "busy").iterdir()] == ["keep.txt"]
     with pytest.raises(DSparkTrtError, match="holds an earlier output; pass --force"):
@@ -107,8 +108,11 @@ def test_save_read_back_and_refuse_to_overwrite(tiny_pair, onnx_export, tmp_path
 def test_read_back_rejects_other_directories(tmp_path):
     with pytest.raises(DSparkTrtError, match="not an ONNX export directory"):
         OnnxFromDir(tmp_path)()
-    (tmp_path / "onnx_export.json").write_text(json.dumps({"format_version": 99}))
-    with pytest.raises(DSparkTrtError, match="format version 99"):
+    (tmp_path / "onnx_export.json").write_text(json.dumps({"format_version": 99}))  # an older layout, too new
+    with pytest.raises(DSparkTrtError, match="format_version 99"):
+        OnnxFromDir(tmp_path)()
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 99}))
+    with pytest.raises(DSparkTrtError, match="format_version 99"):
         OnnxFromDir(tmp_path)()
 
 
@@ -120,11 +124,11 @@ def test_validation_mismatch_raises_and_exits_3(tiny_pair, onnx_export, caplog):
     from dspark_trt import load_drafter
     from dspark_trt.cli.common import EXIT_MISMATCH, run_guarded
     from dspark_trt.errors import ValidationMismatch
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.export.validate import validate_onnx
 
     path = onnx_export(tiny_pair, "fp32", 16)
-    graphs = OrtGraph(path / "context.onnx"), OrtGraph(path / "draft.onnx")
+    graphs = OrtGraph(path / "onnx" / "context.onnx"), OrtGraph(path / "onnx" / "draft.onnx")
     drafter = load_drafter(tiny_pair.drafter, dtype="fp32", target_dir=tiny_pair.target)
     report = validate_onnx(*graphs, drafter, topk=16, dtype="fp32", raise_on_failure=False)
     assert report.ok, report.lines()
@@ -148,8 +152,8 @@ def test_export_from_checkpoint_end_to_end(tiny_odd_pair, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="dspark.export")
     out = SaveOnnx(OnnxFromCheckpoint(tiny_odd_pair.drafter, target_dir=tiny_odd_pair.target, dtype="fp16",
                                       topk=16, max_context=512), tmp_path / "odd")()
-    manifest = json.loads((out / "onnx_export.json").read_text())
-    assert manifest["spec"] == {"topk": 16, "dtype": "fp16", "max_context": 512, "target": "tensorrt", "markov_topm": 0}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["drafter"]["spec"] == {"topk": 16, "dtype": "fp16", "max_context": 512, "target": "tensorrt", "markov_topm": 0}
     assert manifest["op_contract_version"] == 1 and manifest["markov_topm"] == 0
     assert manifest["validation"][0].startswith("validation (fp16")
     assert any("B=3 sampled draft tokens" in r.message for r in caplog.records)
@@ -162,18 +166,18 @@ def test_large_weights_go_to_external_data(tiny_pair, onnx_export, tmp_path, mon
     import onnx
 
     import dspark_trt.export.onnx as export_onnx
-    from dspark_trt.export.graphs import run_context
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.drafter_graphs import run_context
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.plugins.onnx_op import register_schema
 
     source = onnx_export(tiny_pair, "fp32", 16)  # the shared export, written before the threshold changes
     monkeypatch.setattr(export_onnx, "EXTERNAL_DATA_BYTES", 0)
     out = SaveOnnx(OnnxFromDir(source)(), tmp_path / "big")()
-    assert (out / "draft.onnx.data").is_file() and (out / "context.onnx.data").is_file()
-    assert (out / "draft.onnx").stat().st_size < (source / "draft.onnx").stat().st_size
+    assert (out / "onnx" / "draft.onnx.data").is_file() and (out / "onnx" / "context.onnx.data").is_file()
+    assert (out / "onnx" / "draft.onnx").stat().st_size < (source / "onnx" / "draft.onnx").stat().st_size
     register_schema()
-    onnx.checker.check_model(str(out / "draft.onnx"), full_check=True)
+    onnx.checker.check_model(str(out / "onnx" / "draft.onnx"), full_check=True)
     taps, positions = torch.randn(2, 5, 192), torch.arange(5).expand(2, 5)
-    k_small, _ = run_context(OrtGraph(source / "context.onnx"), taps, positions)
-    k_big, _ = run_context(OrtGraph(out / "context.onnx"), taps, positions)
+    k_small, _ = run_context(OrtGraph(source / "onnx" / "context.onnx"), taps, positions)
+    k_big, _ = run_context(OrtGraph(out / "onnx" / "context.onnx"), taps, positions)
     assert torch.equal(k_small, k_big)

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.export.kv_capacity import capacity_bucket
-from dspark_trt.export.manifest import check_manifest, graph_io, read_manifest
+from dspark_trt.artifact.kv_capacity import capacity_bucket
+from dspark_trt.artifact.export_dir import check_manifest, read_manifest
+from dspark_trt.artifact.manifest import graph_io
 from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
 
 pytestmark = [pytest.mark.onnx, pytest.mark.triton]
@@ -137,7 +138,7 @@ def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
 
 def test_build_engine_refuses_version_compatible_around_the_plugin(tmp_path):
     """Before TensorRT is even looked for: a version-compatible engine around the AOT plugin is unverified."""
-    from dspark_trt.export.manifest import FORMAT_VERSION
+    from dspark_trt.artifact.manifest import FORMAT_VERSION
 
     for topk, m, op in ((16, 0, "DSparkTopKMarkov"), (16, 4, "DSparkTopKMarkovUnion")):
         (tmp_path / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "topk": topk,

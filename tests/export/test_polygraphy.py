@@ -20,7 +20,7 @@ def polygraphy(*args):
 
 
 def test_inspect_model_shows_the_custom_node(tiny_pair, onnx_export):
-    path = onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"
+    path = onnx_export(tiny_pair, "fp32", 16) / "onnx" / "draft.onnx"
     result = polygraphy("inspect", "model", path, "--show", "layers", "attrs")
     assert result.returncode == 0, result.stderr
     text = result.stdout
@@ -68,7 +68,7 @@ def test_run_onnxrt_matches_saved_reference_outputs(tiny_pair, onnx_export, tmp_
     bad = ref.tokens.clone()
     bad[1, 3] += 1
     save_reference(tmp_path / "bad.json", bad)
-    model = onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"
+    model = onnx_export(tiny_pair, "fp32", 16) / "onnx" / "draft.onnx"
     common = [model, "--onnxrt", "--load-inputs", tmp_path / "in.json", "--atol", "1e-5", "--rtol", "1e-5"]
     good = polygraphy("run", *common, "--load-outputs", tmp_path / "ref.json")
     assert good.returncode == 0 and "PASSED" in good.stdout + good.stderr, good.stdout[-3000:] + good.stderr[-2000:]
@@ -81,7 +81,7 @@ def test_run_onnxrt_random_inputs(tiny_pair, onnx_export):
     kv = [f"ctx_{kind}_{layer}:[3,2,9,16]" for kind in ("key", "value") for layer in range(2)]  # [B, H_kv, T, D]
     shapes = ["anchor:[3]", *kv, "ctx_len:[3]", "ctx_start:[3]", "temperature:[3]", "seed:[3]"]
     for topk in (16, "off"):
-        result = polygraphy("run", onnx_export(tiny_pair, "fp32", topk) / "draft.onnx", "--onnxrt", "--validate",
+        result = polygraphy("run", onnx_export(tiny_pair, "fp32", topk) / "onnx" / "draft.onnx", "--onnxrt", "--validate",
                             "--input-shapes", *shapes)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
@@ -101,13 +101,13 @@ def test_the_documented_commands_run_on_the_default_bf16_export(tiny_pair, onnx_
     assert [c.split()[:2] for c in commands] == [["polygraphy", "inspect"], ["python", "-m"], ["polygraphy", "run"]]
     export = onnx_export(tiny_pair, "bf16", 16)
     for command in commands:
-        argv = shlex.split(command.replace("out/export/onnx", str(export)).replace("out/", f"{tmp_path}/"))
+        argv = shlex.split(command.replace("out/export", str(export)).replace("out/", f"{tmp_path}/"))
         argv[0] = POLYGRAPHY if argv[0] == "polygraphy" else sys.executable
         result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, (command, result.stdout[-3000:] + result.stderr[-2000:])
     assert "PASSED" in result.stdout + result.stderr
     shapes = shlex.split(commands[-1])[shlex.split(commands[-1]).index("--input-shapes") + 1:]
-    direct = polygraphy("run", export / "draft.onnx", "--onnxrt", "--input-shapes", *shapes)
+    direct = polygraphy("run", export / "onnx" / "draft.onnx", "--onnxrt", "--input-shapes", *shapes)
     assert direct.returncode != 0 and "NOT_IMPLEMENTED" in direct.stdout + direct.stderr  # why the twin is needed
 
 
@@ -115,7 +115,7 @@ def test_the_twin_tool_refuses_to_overwrite_and_non_bf16_graphs(tiny_pair, onnx_
     from dspark_trt.export.bf16_emulation import main
 
     (tmp_path / "t.onnx").write_text("mine")
-    assert main([str(onnx_export(tiny_pair, "bf16", 16) / "draft.onnx"), str(tmp_path / "t.onnx")]) == 1
+    assert main([str(onnx_export(tiny_pair, "bf16", 16) / "onnx" / "draft.onnx"), str(tmp_path / "t.onnx")]) == 1
     assert (tmp_path / "t.onnx").read_text() == "mine"
-    assert main([str(onnx_export(tiny_pair, "fp32", 16) / "draft.onnx"), str(tmp_path / "u.onnx")]) == 1
+    assert main([str(onnx_export(tiny_pair, "fp32", 16) / "onnx" / "draft.onnx"), str(tmp_path / "u.onnx")]) == 1
     assert not (tmp_path / "u.onnx").exists()

@@ -37,17 +37,17 @@ def test_check_finite_names_the_fix():
 @pytest.mark.slow  # an fp16 export + validation of the tiny pair (~15 s)
 def test_fp16_graphs_draft_what_fp32_drafts_on_massive_activations(massive_pair, onnx_export):
     from dspark_trt import load_drafter
-    from dspark_trt.export.graphs import run_context, run_draft
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.drafter_graphs import run_context, run_draft
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.testing.massive import massive_case
 
     out = onnx_export(massive_pair, "fp16", 16)  # validated on massive taps too, or it would have raised
-    io = json.loads((out / "onnx_export.json").read_text())["graphs"]
+    io = json.loads((out / "manifest.json").read_text())["graphs"]
     dtypes = {v["name"]: v["dtype"] for g in io.values() for v in g["inputs"] + g["outputs"]}
-    assert dtypes["taps"] == "FLOAT" and dtypes["ctx_k"] == dtypes["ctx_v"] == "FLOAT16"
+    assert dtypes["taps"] == "float32" and dtypes["ctx_k"] == dtypes["ctx_v"] == "float16"
     ref_drafter = load_drafter(massive_pair.drafter, target_dir=massive_pair.target)  # fp32
     case = massive_case(ref_drafter)  # the same planting: fc unchanged, inputs regenerated
-    context, draft = OrtGraph(out / "context.onnx"), OrtGraph(out / "draft.onnx")
+    context, draft = OrtGraph(out / "onnx" / "context.onnx"), OrtGraph(out / "onnx" / "draft.onnx")
     k, v = run_context(context, case.taps, case.positions)
     assert k.dtype == torch.float16 and bool(torch.isfinite(k).all() and torch.isfinite(v).all())
     ref_k, ref_v = ref_drafter.context_kv(case.taps, case.positions)
@@ -68,9 +68,9 @@ def test_strongly_typed_engine_keeps_the_context_fusion_in_fp32(massive_pair, on
     """The engine is built strongly typed: the ONNX types are the engine's, so the fp32 island survives."""
     import tensorrt_rtx as trt
 
-    from dspark_trt.export.engine import EngineBuildConfig, build_engine
+    from dspark_trt.export.engine_build import EngineBuildConfig, build_engine
 
-    path = onnx_export(massive_pair, "fp16", 16) / "context.onnx"
+    path = onnx_export(massive_pair, "fp16", 16) / "onnx" / "context.onnx"
     logger = trt.Logger(trt.Logger.ERROR)
     network = trt.Builder(logger).create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     assert trt.OnnxParser(network, logger).parse_from_file(str(path))

@@ -41,16 +41,16 @@ def parse_and_build(path, batch=(1, 2, 4), context=(1, 64, 256)):
 
 @pytest.mark.parametrize("dtype, topk", [("fp32", 16), ("bf16", 16), ("fp32", "off")])
 def test_rtx_parses_and_builds_the_draft_graph(tiny_pair, onnx_export, dtype, topk):
-    layers, size = parse_and_build(onnx_export(tiny_pair, dtype, topk) / "draft.onnx")
+    layers, size = parse_and_build(onnx_export(tiny_pair, dtype, topk) / "onnx" / "draft.onnx")
     assert layers > 100 and size > 0
 
 
 def test_rtx_parses_and_builds_the_context_graph(tiny_pair, onnx_export):
-    layers, size = parse_and_build(onnx_export(tiny_pair, "bf16", 16) / "context.onnx")
+    layers, size = parse_and_build(onnx_export(tiny_pair, "bf16", 16) / "onnx" / "context.onnx")
     assert layers > 10 and size > 0
 
 
 def test_rtx_parses_and_builds_the_causal_windowed_draft_graph(tiny_causal_pair, onnx_export):
     """speculators' causal sliding-window mask (per-query masks, a window on the context) in TensorRT-RTX."""
-    layers, size = parse_and_build(onnx_export(tiny_causal_pair, "fp32", 16) / "draft.onnx")
+    layers, size = parse_and_build(onnx_export(tiny_causal_pair, "fp32", 16) / "onnx" / "draft.onnx")
     assert layers > 100 and size > 0

@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from dspark_trt.errors import DSparkTrtError
+from dspark_trt import streaming as placeholders
 from dspark_trt.export import streaming
-from dspark_trt.export.onnx import GRAPH_FILES, OnnxFromCheckpoint, SaveOnnx, _write
+from dspark_trt.artifact.layout import GRAPH_FILES
+from dspark_trt.export.onnx import OnnxFromCheckpoint, SaveOnnx, write_graphs
 
 
 def _bf16_copy(src, out):
@@ -60,7 +62,7 @@ def _both(drafter, target, tmp_path, **options):
                         tmp_path / "streamed")()
     memory = tmp_path / "memory"
     memory.mkdir()
-    _write(OnnxFromCheckpoint(drafter, target_dir=target, validate=False, stream=False, **options)(), memory)
+    write_graphs(OnnxFromCheckpoint(drafter, target_dir=target, validate=False, stream=False, **options)(), memory)
     return streamed, memory
 
 
@@ -71,9 +73,10 @@ def test_streamed_graphs_equal_in_memory(tiny_pair, tmp_path, dtype, topk, marko
     for name in GRAPH_FILES:
         _same_graph(streamed, memory, name)
         assert (streamed / f"{GRAPH_FILES[name]}.data").stat().st_size > 0  # weights outside the graph
-    assert json.loads((streamed / "onnx_export.json").read_text())["graphs"] == \
-        OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, validate=False, stream=False,
-                           dtype=dtype, topk=topk, markov_topm=markov_topm)().manifest()["graphs"]
+    from dspark_trt.artifact.manifest import graph_io
+
+    assert json.loads((streamed / "manifest.json").read_text())["graphs"] == \
+        {name: {"file": file, **graph_io(memory / file)} for name, file in GRAPH_FILES.items()}
 
 
 def test_streamed_bf16_checkpoint_speculators_into_fp32(tiny_odd_pair, tmp_path):
@@ -93,7 +96,7 @@ def test_streamed_validation_runs_on_the_written_files(tiny_pair, tmp_path, capl
     caplog.set_level(logging.INFO, logger="dspark.export")
     out = SaveOnnx(OnnxFromCheckpoint(tiny_pair.drafter, target_dir=tiny_pair.target, dtype="bf16", topk=16),
                    tmp_path / "ok")()
-    record = json.loads((out / "onnx_export.json").read_text())
+    record = json.loads((out / "manifest.json").read_text())
     assert record["validation"] and all("FAIL" not in line for line in record["validation"])
     assert not list(out.glob(".twin-*"))  # the weightless twin is removed once loaded
     assert "stream from the checkpoint" in caplog.text
@@ -121,14 +124,14 @@ def test_streamed_validation_runs_on_the_written_files(tiny_pair, tmp_path, capl
 def test_placeholders_hold_no_memory_and_refuse_small_sizes():
     import resource
 
-    ph = streaming.Placeholders()
+    ph = placeholders.Placeholders()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t = ph.tensor(streaming.Recipe(__import__("pathlib").Path("."), "w", (1 << 15, 1 << 15), torch.bfloat16))  # 2 GiB
+    t = ph.tensor(placeholders.Recipe(__import__("pathlib").Path("."), "w", (1 << 15, 1 << 15), torch.bfloat16))  # 2 GiB
     assert t.shape == (1 << 15, 1 << 15) and ph.nbytes == 2 << 30
     assert float(t[123, 456]) == 0.0 and ph.find(t[7].data_ptr()) is not None
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: nothing resident
     with pytest.raises(DSparkTrtError, match="larger than 1024"):
-        streaming.Placeholders(lazy_numel=100)
+        placeholders.Placeholders(lazy_numel=100)
 
 
 def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
@@ -140,8 +143,8 @@ def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
     last = max(json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).items(),
                key=lambda kv: kv[1]["data_offsets"][1] if isinstance(kv[1], dict) and "data_offsets" in kv[1] else -1)
     with pytest.raises(DSparkTrtError, match="truncated|not a readable safetensors"):
-        streaming.read_tensor(drafter, last[0])
-    assert np.isfinite(streaming.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
+        placeholders.read_tensor(drafter, last[0])
+    assert np.isfinite(placeholders.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
 
 
 def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair, tmp_path):
@@ -154,7 +157,7 @@ def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair
     from dspark_trt.export.target_onnx import build_target_model, export_target_onnx, load_target_model
     from dspark_trt.export.validate_target import validate_target_files
 
-    ph = streaming.Placeholders()
+    ph = placeholders.Placeholders()
     a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
                            tmp_path / "s" / "target.onnx", placeholders=ph)
     b = export_target_onnx(load_target_model(tiny_pair.target, torch.bfloat16), [1, 2, 4], tmp_path / "m" / "target.onnx")
@@ -177,10 +180,10 @@ def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, tmp_p
     """The reference runs before the graph is mapped, so the full graph validates once one copy of the weights (+ the
     bf16 casts + 1 GB) fits; below that a subset, whose size free disk bounds too (the title says which bound)."""
     import dspark_trt.export.validate_target as vt
-    from dspark_trt.export.external_data import load_graph_only
+    from dspark_trt.artifact.external_data import load_graph_only
     from dspark_trt.export.target_onnx import build_target_model, export_target_onnx
 
-    ph = streaming.Placeholders()
+    ph = placeholders.Placeholders()
     a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
                            tmp_path / "s" / "target.onnx", placeholders=ph)
     sizes = [vt._nbytes(i) for i in load_graph_only(a).graph.initializer]

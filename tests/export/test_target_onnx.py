@@ -10,7 +10,7 @@ import torch
 
 from dspark_trt.cli.common import ValidationMismatch
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.export.manifest import check_manifest, read_manifest
+from dspark_trt.artifact.export_dir import check_manifest, read_manifest
 
 pytestmark = [pytest.mark.onnx, pytest.mark.slow]
 
@@ -89,7 +89,7 @@ def test_a_model_builder_is_dropped_before_the_graph_opens(qwen3_topk_export, ra
     import gc
     import weakref
 
-    import dspark_trt.runtime.ort_target as ort_target
+    import dspark_trt.runtime.targets.onnxruntime as ort_target
     from dspark_trt.export.target_onnx import load_target_model
     from dspark_trt.export.validate_target import validate_target_onnx
 
@@ -117,7 +117,7 @@ def test_a_model_builder_is_dropped_before_the_graph_opens(qwen3_topk_export, ra
 
 def test_the_last_layer_tap_is_pre_norm_in_the_graph(llama_dense_export, speculators_llama_pair):
     """Llama target, taps (0, 3, 5) of 6 layers: the third tap is layer 5's output before the final norm."""
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.export.target_onnx import load_target_model
 
     model = load_target_model(speculators_llama_pair.target, torch.float32)

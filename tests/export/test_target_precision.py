@@ -56,7 +56,7 @@ def test_fp16_target_graph_keeps_massive_activations_finite(tiny_pair, tmp_path)
     from dspark_trt.export.target_onnx import export_target_onnx
     from dspark_trt.export.target_graph import target_shape
     from dspark_trt.export.validate_target import validate_target_onnx
-    from dspark_trt.runtime.ort_target import OnnxRuntimeTarget
+    from dspark_trt.runtime.targets.onnxruntime import OnnxRuntimeTarget
 
     model = planted(tiny_pair).half()  # massive activations of 3·10⁴ at token 0: they fit fp16
     line = check_target_fp16(model)

@@ -42,7 +42,7 @@ def test_markov_topm_arguments(drafter):
 
 
 def test_newer_op_contract_is_refused_in_one_line(tmp_path):
-    from dspark_trt.export.manifest import read_manifest
+    from dspark_trt.artifact.export_dir import read_manifest
     from dspark_trt.export.onnx import OnnxFromDir
 
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 3}))
@@ -50,6 +50,7 @@ def test_newer_op_contract_is_refused_in_one_line(tmp_path):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 2}))
     assert read_manifest(tmp_path)["op_contract_version"] == 2
+    (tmp_path / "manifest.json").unlink()  # a format-1 drafter-only ONNX directory: its record alone
     (tmp_path / "onnx_export.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 3}))
     with pytest.raises(DSparkTrtError, match="op contract version 3"):
         OnnxFromDir(tmp_path).manifest()
@@ -89,8 +90,8 @@ def test_union_export_graph_and_record(union_export, drafter):
     from dspark_trt.reference.markov import markov_union_table
 
     register_schema()
-    onnx.checker.check_model(str(union_export / "draft.onnx"), full_check=True)
-    model = onnx.load(str(union_export / "draft.onnx"))
+    onnx.checker.check_model(str(union_export / "onnx" / "draft.onnx"), full_check=True)
+    model = onnx.load(str(union_export / "onnx" / "draft.onnx"))
     assert {o.domain: o.version for o in model.opset_import}["dspark"] == 2
     assert [n.op_type for n in model.graph.node if n.domain == "dspark"] == ["DSparkTopKMarkovUnion"]
     assert [(f.domain, f.name) for f in model.functions] == [("dspark", "DSparkTopKMarkovUnion")]
@@ -104,8 +105,9 @@ def test_union_export_graph_and_record(union_export, drafter):
     dims = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim] for o in model.graph.output}
     N = drafter.config.num_draft_tokens
     assert dims["cand_ids"][1:] == dims["cand_logits"][1:] == [N, 16 + M]
-    record = json.loads((union_export / "onnx_export.json").read_text())
-    assert record["op_contract_version"] == 2 and record["markov_topm"] == M and record["spec"]["markov_topm"] == M
+    record = json.loads((union_export / "manifest.json").read_text())
+    assert record["op_contract_version"] == 2 and record["markov_topm"] == M
+    assert record["drafter"]["spec"]["markov_topm"] == M
     assert any("union ids" in line and line.strip().startswith("ok") for line in record["validation"])
     assert all(line.strip().startswith(("validation", "ok")) for line in record["validation"])
 
@@ -121,15 +123,15 @@ def test_poisoned_table_fails_validation_and_exits_3(union_export, drafter):
 
     from dspark_trt.cli.common import EXIT_MISMATCH, run_guarded
     from dspark_trt.errors import ValidationMismatch
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.export.validate import validate_onnx
 
-    model = onnx.load(str(union_export / "draft.onnx"))
+    model = onnx.load(str(union_export / "onnx" / "draft.onnx"))
     node = next(n for n in model.graph.node if n.domain == "dspark")
     init = next(i for i in model.graph.initializer if i.name == node.input[11])
     init.CopyFrom(numpy_helper.from_array(numpy.roll(numpy_helper.to_array(init), 1, axis=0), init.name))
-    context = OrtGraph(union_export / "context.onnx")
-    good = validate_onnx(context, OrtGraph(union_export / "draft.onnx"), drafter, topk=16, dtype="fp32",
+    context = OrtGraph(union_export / "onnx" / "context.onnx")
+    good = validate_onnx(context, OrtGraph(union_export / "onnx" / "draft.onnx"), drafter, topk=16, dtype="fp32",
                          markov_topm=M, raise_on_failure=False)
     assert good.ok, good.lines()
     poisoned = OrtGraph(model)
@@ -154,8 +156,8 @@ def test_export_model_with_a_union_records_it_with_its_plugin_graph_and_ptx(tiny
     graph in one line in ``build-engine`` and ``build_engine``, and ``--engine auto`` builds no engine with it."""
     import onnx
 
-    from dspark_trt.export.engine import EngineBuildConfig, build_engine
-    from dspark_trt.export.manifest import check_manifest, read_manifest
+    from dspark_trt.export.engine_build import EngineBuildConfig, build_engine
+    from dspark_trt.artifact.export_dir import check_manifest, read_manifest
     from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
     from dspark_trt.plugins.onnx_op import register_schema
 
@@ -210,7 +212,7 @@ def test_rtx_parses_and_builds_one_static_union_step():
     """TensorRT-RTX (real parser and builder, SM80) takes the union's local function: one step with static shapes
     builds (well under a second here). What it does not finish is the exported draft graph (N = 7 chained steps,
     dynamic batch and context: > 15 min; one step with a dynamic batch took 15 s vs 0.5 s for the plain op's),
-    which is why engines refuse the union graph (export/engine.py). The time is printed, not asserted."""
+    which is why engines refuse the union graph (export/engine_build.py). The time is printed, not asserted."""
     import time
 
     import tensorrt_rtx as trt

@@ -126,8 +126,8 @@ def test_exported_target_matches_transformers(smollm2_export, smollm2_model, smo
     second verify: logits element-wise (fp32), taps norm-wise, on the exported target vs transformers."""
     from transformers import AutoTokenizer
 
-    from dspark_trt.runtime.ort_target import OnnxRuntimeTarget
-    from dspark_trt.runtime.target import HFTarget
+    from dspark_trt.runtime.targets.onnxruntime import OnnxRuntimeTarget
+    from dspark_trt.runtime.targets.hf import HFTarget
     from dspark_trt.training.prompts import render_prompts
 
     manifest = json.loads((smollm2_export / "manifest.json").read_text())

@@ -74,7 +74,7 @@ def test_the_exports_path_draft_plugin_onnx_parser_aot_plugin_dynamic_batch(tiny
     from dspark_trt import load_drafter
     from dspark_trt.export.pipeline import ExportOptions, export_model
     from dspark_trt.plugins.tensorrt_plugin import embedded_kernels
-    from dspark_trt.runtime.backends.tensorrt_backend import TensorRTDrafterBackend
+    from dspark_trt.runtime.drafters.tensorrt import TensorRTDrafterBackend
     from dspark_trt.plugins.walk_compare import by_candidate_id
 
     out = tmp_path / "export"

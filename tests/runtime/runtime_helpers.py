@@ -8,7 +8,7 @@ import torch
 def make_decoder(pair, **target_options):
     """A CPU fp32 SpeculativeDecoder (HFTarget + torch backend) for a TinyCheckpoint pair."""
     from dspark_trt.runtime import HFTarget, SpeculativeDecoder
-    from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 
     target = HFTarget.from_pretrained(pair.target, dtype="fp32", device="cpu", **target_options)
     backend = TorchDrafterBackend.from_pretrained(pair.drafter, target_dir=pair.target, dtype="fp32", device="cpu")

@@ -16,7 +16,7 @@ import torch
 from dspark_trt import load_drafter
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.reference.markov import MarkovWalkResult
-from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 from dspark_trt.runtime.cuda_graphs import (BucketPolicy, GraphKey, GraphRunner, InputSpec, PadPlan, batch_buckets,
                                             bound_context_plan, cache_rows, choose_bucket, context_buckets,
                                             loaded_library_path, unpad_tree)

@@ -8,8 +8,8 @@ import torch
 from tests.runtime.runtime_helpers import make_decoder, random_prompts
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime import SpeculativeDecoder
-from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
-from dspark_trt.runtime.backends.scripted import ScriptedDrafterBackend
+from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
+from tests.runtime.scripted_drafter import ScriptedDrafterBackend
 
 MASK = 256  # mask token of the vocabulary-257 distilled pairs
 
@@ -36,7 +36,7 @@ def test_a_padded_backend_drafts_from_the_cache_it_binds(distilled_pair, distill
     """The torch backend's padded path (graphs="eager": CUDA graphs' bucketing without capture): the decoder's
     ``DrafterState`` keeps the batch bucket's rows, every round binds it by address (the copying runner is never
     built), requests leave the batch as they finish, and the output is the target's, token for token."""
-    from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 
     backend = TorchDrafterBackend.from_pretrained(distilled_pair.drafter, target_dir=distilled_pair.target,
                                                   dtype="fp32", device="cpu", graphs="eager")
@@ -401,7 +401,7 @@ def test_a_sliding_drafter_cache_drafts_what_the_whole_cache_drafts(tiny_windowe
 
     dec = make_decoder(tiny_windowed_pair)
     if backend == "onnxruntime":
-        from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+        from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
         dec = SpeculativeDecoder(dec.target, OnnxRuntimeDrafterBackend.from_pretrained(
             tiny_windowed_pair.drafter, target_dir=tiny_windowed_pair.target, dtype="fp32", topk=16,

@@ -77,7 +77,7 @@ def test_torch_drafter_reads_the_cache_in_place_and_stays_lossless(distilled_pai
 @pytest.mark.onnx
 def test_onnxruntime_drafter_feeds_the_cache_to_the_session_in_place(distilled_pair, onnx_export):
     from dspark_trt.runtime import HFTarget, SpeculativeDecoder
-    from dspark_trt.runtime.backends.ort_backend import OnnxRuntimeDrafterBackend
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
 
     target = HFTarget.from_pretrained(distilled_pair.target, dtype="fp32", device="cpu")
     backend = OnnxRuntimeDrafterBackend(onnx_export(distilled_pair, "fp32", 16), threads=1)
@@ -110,7 +110,7 @@ def test_onnxruntime_drafter_feeds_the_cache_to_the_session_in_place(distilled_p
 @pytest.mark.onnx
 def test_an_export_of_an_older_context_interface_is_refused_in_one_line(tmp_path):
     from dspark_trt.errors import DSparkTrtError
-    from dspark_trt.export.graphs import check_draft_interface, draft_input_names
+    from dspark_trt.artifact.drafter_io import check_draft_interface, draft_input_names
 
     check_draft_interface(draft_input_names(1), "x")
     with pytest.raises(DSparkTrtError, match=r"stacked ctx_k .*re-export the drafter") as e:

@@ -103,7 +103,7 @@ def test_pending_context_is_checked_with_the_next_draft_round(config):
 def _decoder(pair, target, dtype, *, fc_scale, all_fp16=False):
     from dspark_trt import load_drafter
     from dspark_trt.runtime import SpeculativeDecoder
-    from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 
     drafter = load_drafter(pair.drafter, dtype=dtype, target_dir=pair.target)
     drafter.fc.weight.mul_(fc_scale)  # taps × 3·10⁵ as fc sees them: hidden_norm undoes it, unless fc overflows

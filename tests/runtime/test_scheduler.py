@@ -10,7 +10,7 @@ import torch
 from tests.runtime.runtime_helpers import random_prompts
 from dspark_trt.errors import DSparkTrtError
 from dspark_trt.runtime import RequestScheduler, SpeculativeDecoder
-from dspark_trt.runtime.backends.torch_backend import TorchDrafterBackend
+from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
 
 
 def prompts_for(dec, n, seed, **kw):

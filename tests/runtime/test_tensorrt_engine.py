@@ -124,12 +124,12 @@ def test_padding_specs_from_the_manifest_io():
 @pytest.mark.onnx
 def test_a_padded_draft_graph_round_gives_the_unpadded_results(onnx_export, tiny_pair):
     """The draft graph's own I/O → padding specs → graph runner (eager), onnxruntime executing the graph."""
-    from dspark_trt.export.manifest import graph_io
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.artifact.manifest import graph_io
+    from dspark_trt.runtime.ort_session import OrtGraph
 
     path = onnx_export(tiny_pair, "fp32", 16)
-    graph = OrtGraph(path / "draft.onnx")
-    tensors = io_tensors(graph_io(path / "draft.onnx"))
+    graph = OrtGraph(path / "onnx" / "draft.onnx")
+    tensors = io_tensors(graph_io(path / "onnx" / "draft.onnx"))
     runner = GraphRunner(lambda x, key: graph.run(x), input_specs(tensors, "B", "T"), role="draft", device="cpu",
                          output_batch_dims=output_batch_dims(tensors))
     g = torch.Generator().manual_seed(0)
@@ -316,7 +316,7 @@ def test_exact_shape_inputs_are_bound_aligned_contiguous_and_in_the_engine_dtype
 def test_without_tensorrt_the_backend_refuses_in_one_line(tmp_path):
     if tensorrt_available() is None:
         pytest.skip("TensorRT and a GPU are present")
-    from dspark_trt.runtime.backends.base import backend_class
+    from dspark_trt.runtime.drafters.base import backend_class
 
     cls = backend_class("tensorrt")
     with pytest.raises(DSparkTrtError, match="needs full TensorRT and a GPU") as e:
@@ -340,7 +340,7 @@ def test_generate_with_the_tensorrt_backend_exits_1_without_tensorrt(capsys):
 
 # ------------------------------------------------------------------------------------------ the target
 def test_target_padding_specs_keep_the_new_tokens_last():
-    from dspark_trt.runtime.tensorrt_target import TARGET_FILLS, mask_symbol
+    from dspark_trt.runtime.targets.tensorrt import TARGET_FILLS, mask_symbol
 
     tensors = io_tensors(TARGET_IO)
     assert mask_symbol(tensors) == "PQ"
@@ -358,12 +358,12 @@ def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, o
     """The exported target graph (CONTRACT I/O) through the target's padding specs and the graph runner, on the
     CPU with onnxruntime: batch 3 → bucket 4, past 5 → bucket 16, Q = 3 new tokens; equal to the unpadded call.
     (Here the per-layer past is padded into the runner's buffers; the target binds its cache instead:
-    tests/runtime/test_tensorrt_target.py.)"""
+    tests/runtime/targets/test_tensorrt.py.)"""
     from dspark_trt.config import DSparkConfig
-    from dspark_trt.export.manifest import graph_io
-    from dspark_trt.export.ort_session import OrtGraph
+    from dspark_trt.artifact.manifest import graph_io
+    from dspark_trt.runtime.ort_session import OrtGraph
     from dspark_trt.export.target_onnx import export_target_onnx, load_target_model
-    from dspark_trt.runtime.tensorrt_target import TARGET_FILLS, mask_symbol
+    from dspark_trt.runtime.targets.tensorrt import TARGET_FILLS, mask_symbol
 
     layer_ids = DSparkConfig.from_pretrained(tiny_pair.drafter).target_layer_ids
     path = export_target_onnx(load_target_model(tiny_pair.target, torch.float32), layer_ids, tmp_path / "target.onnx")
@@ -397,9 +397,9 @@ def test_a_padded_target_round_gives_the_unpadded_results(tiny_pair, tmp_path, o
 def test_without_tensorrt_the_target_backend_refuses_in_one_line(tmp_path):
     if tensorrt_available() is None:
         pytest.skip("TensorRT and a GPU are present")
-    from dspark_trt.runtime.backends.base import target_backend_class
+    from dspark_trt.runtime.targets.base import target_class
 
-    cls = target_backend_class("tensorrt")
+    cls = target_class("tensorrt")
     with pytest.raises(DSparkTrtError, match="the tensorrt target backend needs full TensorRT and a GPU") as e:
         cls.from_export(tmp_path)
     assert "\n" not in str(e.value)
@@ -431,8 +431,8 @@ def test_from_export_with_tensorrt_generates_the_onnxruntime_tokens(tiny_pair, t
 def test_the_tensorrt_drafter_reads_its_context_dimension_from_the_per_layer_inputs():
     """The draft engine's context dimension is axis 2 of ctx_key_0 [B, H_kv, T, D]; an engine of the older
     stacked ctx_k [L, B, T, H_kv, D] graph is refused in one line (re-export), before any buffer is sized."""
-    from dspark_trt.export.graphs import check_draft_interface
-    from dspark_trt.runtime.backends.tensorrt_backend import _context_symbol
+    from dspark_trt.artifact.drafter_io import check_draft_interface
+    from dspark_trt.runtime.drafters.tensorrt import _context_symbol
 
     tensors = io_tensors(DRAFT_IO)
     assert _context_symbol(tensors) == "T"

@@ -9,7 +9,7 @@ import torch
 
 from tests.runtime.runtime_helpers import make_decoder
 from dspark_trt.runtime import SpeculativeDecoder
-from dspark_trt.runtime.backends.scripted import ScriptedDrafterBackend
+from tests.runtime.scripted_drafter import ScriptedDrafterBackend
 from dspark_trt.runtime.verify_policy import VerifyPolicy, batch_bucket, measure_verify_costs
 
 N = 7

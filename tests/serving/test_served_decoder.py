@@ -41,9 +41,9 @@ def test_non_numeric_parameter_is_refused():
 
 def test_runtime_choice(tmp_path):
     assert choose_runtime(export_dir=None) == "torch"
-    (tmp_path / "manifest.json").write_text('{"engines": {"tensorrt": {"file": "x.engine"}}}')
+    (tmp_path / "manifest.json").write_text('{"format_version": 2, "engines": {"tensorrt": {"file": "x.engine"}}}')
     assert choose_runtime(export_dir=str(tmp_path)) == ("tensorrt" if have_tensorrt() else "onnxruntime")
-    (tmp_path / "manifest.json").write_text('{"engines": {}}')
+    (tmp_path / "manifest.json").write_text('{"format_version": 2, "engines": {}}')
     assert choose_runtime(export_dir=str(tmp_path)) == "onnxruntime"
     assert choose_runtime(export_dir=str(tmp_path), forced="tensorrt") == "tensorrt"
     with pytest.raises(DSparkTrtError, match="no manifest.json"):

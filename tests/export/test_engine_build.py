@@ -1,0 +1,120 @@
+"""Engine builds: the pure profile logic, flavour resolution, and a real TensorRT-RTX build on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_trt.errors import DSparkTrtError
+from dspark_trt.export.engine_build import EngineBuildConfig, EngineFromOnnx, onnx_inputs, profile_shapes, resolve_flavor
+
+
+@pytest.fixture(scope="module")
+def small_onnx(tmp_path_factory):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y0"]), helper.make_node("Relu", ["y0"], ["y"])],
+        "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "ctx", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "ctx", 8])],
+        initializer=[w],
+    )
+    path = tmp_path_factory.mktemp("onnx") / "small.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_profile_shapes_fill_batch_and_named_ranges():
+    shapes = profile_shapes({"x": ["B", "ctx", 16], "n": [7]}, (1, 4, 8), {"ctx": (1, 64, 128)})
+    assert shapes == {"x": ((1, 1, 16), (4, 64, 16), (8, 128, 16)), "n": ((7,), (7,), (7,))}
+
+
+def test_profile_without_a_range_for_a_dynamic_dim_is_refused():
+    with pytest.raises(DSparkTrtError, match="dynamic dimension 'ctx' without a range"):
+        profile_shapes({"x": ["B", "ctx", 16]}, (1, 1, 2))
+
+
+def test_onnx_inputs_reads_symbolic_dims(small_onnx):
+    assert onnx_inputs(small_onnx) == {"x": ["B", "ctx", 16]}
+
+
+def test_batch_sizes_are_validated():
+    with pytest.raises(DSparkTrtError, match="--opt-batch-size 9 must be in"):
+        EngineBuildConfig("tensorrt-rtx", max_batch_size=8, opt_batch_size=9)
+    assert EngineBuildConfig("tensorrt-rtx", max_batch_size=8).batch_range == (1, 8, 8)
+
+
+def test_version_compatible_is_full_tensorrt_only():
+    assert EngineBuildConfig("tensorrt", version_compatible=True).describe()["version_compatible"]
+    with pytest.raises(DSparkTrtError, match="--version-compatible is a full-TensorRT option"):
+        EngineBuildConfig("tensorrt-rtx", version_compatible=True)
+
+
+def test_version_compatible_is_refused_around_the_aot_plugin():
+    """No TensorRT documentation says a lean-runtime (version-compatible) engine runs AOT plugin layers."""
+    from dspark_trt.export.engine_build import check_version_compatible
+
+    check_version_compatible(True, None)  # a dense draft graph: no plugin
+    check_version_compatible(False, "DSparkTopKMarkov")
+    for op in ("DSparkTopKMarkov", "DSparkTopKMarkovUnion"):
+        message = f"--version-compatible with the {op} AOT plugin is not supported"
+        with pytest.raises(DSparkTrtError, match=message) as e:
+            check_version_compatible(True, op)
+        assert "\n" not in str(e.value) and "drop --version-compatible" in str(e.value)
+
+
+def test_the_target_engine_gets_a_small_q_verify_profile():
+    """Profile 0 prefills (Q up to a prefill chunk), profile 1 verifies (Q and K <= 16): a verify context's
+    activation memory is sized for a few new tokens, not for max batch x a chunk."""
+    from dspark_trt.artifact.kv_capacity import capacity_bucket
+    from dspark_trt.export.pipeline import VERIFY_TOKENS, target_build_config
+
+    base = EngineBuildConfig("tensorrt", max_batch_size=4, register_plugins=print)
+    cfg = target_build_config(base, 512)
+    assert cfg.register_plugins is None and VERIFY_TOKENS == 16
+    ranges = cfg.profile_ranges
+    assert len(ranges) == 2 and ranges[0]["Q"] == ranges[0]["K"] == (1, 8, 512)
+    assert ranges[1]["Q"] == ranges[1]["K"] == (1, 8, 16)
+    assert ranges[1]["P"] == ranges[0]["P"] == (1, 512, 512) and ranges[1]["S"] == ranges[0]["S"]  # Q, K narrow
+    inputs = {"input_ids": ["B", "Q"], "attention_mask": ["B", "S"], "past_key_0": ["B", 2, "P", 16]}
+    verify = profile_shapes(inputs, cfg.batch_range, ranges[1])
+    assert verify["input_ids"] == ((1, 1), (4, 8), (4, 16)) and verify["past_key_0"][2] == (4, 2, 512, 16)
+    assert cfg.describe()["extra_profiles"] == [{"Q": [1, 8, 16], "K": [1, 8, 16]}]
+    assert target_build_config(base, 12).profile_ranges == [target_build_config(base, 12).dynamic_ranges]  # Q <= 12
+    assert target_build_config(base, 8000).dynamic_ranges["P"][2] == capacity_bucket(8000) == 8192
+    assert EngineBuildConfig("tensorrt").profile_ranges == [{}]  # the drafter's engines: one profile
+
+
+def test_resolve_flavor():
+    from tests.conftest import have_module, have_tensorrt
+
+    assert resolve_flavor("none") is None
+    if not have_tensorrt():
+        with pytest.raises(DSparkTrtError, match="full TensorRT is not importable.*--engine tensorrt-rtx / --engine none"):
+            resolve_flavor("tensorrt")
+        with pytest.raises(DSparkTrtError, match="or use --engine tensorrt-rtx$"):
+            resolve_flavor("tensorrt", none_allowed=False)
+    expected = "tensorrt" if have_tensorrt() else ("tensorrt-rtx" if have_module("tensorrt_rtx") else None)
+    assert resolve_flavor("auto") == expected
+    with pytest.raises(DSparkTrtError, match="unknown engine 'trt'"):
+        resolve_flavor("trt")
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_builds_a_real_engine_on_cpu(small_onnx):
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=4, opt_batch_size=2, dynamic_ranges={"ctx": (1, 8, 32)})
+    plan = EngineFromOnnx(small_onnx, config)()
+    assert isinstance(plan, bytes) and len(plan) > 1000
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_parse_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx file")
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=1)
+    with pytest.raises(DSparkTrtError) as info:
+        EngineFromOnnx(bad, config)()
+    assert "\n" not in str(info.value)

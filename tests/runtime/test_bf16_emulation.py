@@ -1,0 +1,86 @@
+"""The bf16-emulation twin: onnxruntime CPU runs bf16 graphs with PyTorch's CPU bf16 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.onnx
+
+
+class Block(torch.nn.Module):
+    """Linear → RMSNorm-like scaling → softmax-weighted sum: bf16 matmuls, elementwise ops and casts."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(37, 24, generator=g) * 0.2)
+        self.scale = torch.nn.Parameter(1 + 0.1 * torch.randn(24, generator=g))
+
+    def forward(self, x):  # [B, 37] bf16
+        h = x @ self.w  # [B, 24]
+        h32 = h.float()
+        h = (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype) * self.scale
+        return h * torch.softmax(h.float(), -1).to(h.dtype), h.float().sum(-1)
+
+
+def ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in bf16 units in the last place (both tensors bf16)."""
+    ia, ib = a.view(torch.int16).to(torch.int32), b.view(torch.int16).to(torch.int32)
+    return (ia - ib).abs()
+
+
+def test_twin_matches_torch_bf16_rounding():
+    import onnx
+
+    from dspark_trt.runtime.bf16_emulation import emulate_bf16
+    from dspark_trt.runtime.ort_session import OrtGraph
+    from dspark_trt.torch_to_onnx import torch_onnx_export
+
+    block = Block().to(torch.bfloat16)
+    x = torch.randn(5, 37, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    program = torch_onnx_export(block, (x,), input_names=["x"], output_names=["y", "s"],
+                                dynamic_shapes=({0: torch.export.Dim("B")},))
+    proto = program.model_proto
+    twin = emulate_bf16(proto)
+    bf16 = onnx.TensorProto.BFLOAT16
+    assert all(i.data_type != bf16 for i in twin.graph.initializer)
+    assert {n.op_type for n in twin.graph.node if any(a.name == "to" and a.i == bf16 for a in n.attribute)} == {"Cast"}
+
+    graph = OrtGraph(proto)
+    assert graph.emulated_bf16
+    out = graph.run({"x": x})
+    y_ref, s_ref = block(x)
+    assert out["y"].dtype == torch.bfloat16 and out["s"].dtype == torch.float32
+    apart = ulps_apart(out["y"], y_ref)
+    assert (apart == 0).float().mean() >= 0.95 and int(apart.max()) <= 1  # same rounding points as torch
+    torch.testing.assert_close(out["s"], s_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_plain_fp32_twin_would_not_match():
+    """Control: without the rounding pairs (plain upcast) the results differ from torch bf16 — the twin's
+    rounding is what makes the comparison meaningful."""
+    import onnx
+
+    from dspark_trt.runtime.bf16_emulation import emulate_bf16
+    from dspark_trt.runtime.ort_session import OrtGraph
+    from dspark_trt.torch_to_onnx import torch_onnx_export
+
+    block = Block().to(torch.bfloat16)
+    x = torch.randn(64, 37, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    twin = emulate_bf16(torch_onnx_export(block, (x,), input_names=["x"], output_names=["y", "s"]).model_proto)
+    keep = [n for n in twin.graph.node if not n.name.endswith(("/to_bf16", "/from_bf16"))]
+    rename = {n.output[0]: n.input[0] for n in twin.graph.node if n.name.endswith("/from_bf16")}
+    rename = {out: rename[out].removesuffix("__bf16") + "__fp32" for out in rename}
+    for n in keep:
+        n.input[:] = [rename.get(i, i) for i in n.input]
+    outputs = {o.name for o in twin.graph.output}
+    for n in keep:
+        n.output[:] = [o.removesuffix("__fp32") if o.removesuffix("__fp32") in outputs else o for o in n.output]
+        n.input[:] = [rename.get(i, i).removesuffix("__fp32") if rename.get(i, i).removesuffix("__fp32") in outputs
+                      else rename.get(i, i) for i in n.input]
+    del twin.graph.node[:]
+    twin.graph.node.extend(keep)
+    onnx.checker.check_model(twin)
+    out = OrtGraph(twin).run({"x": x.float()})["y"].to(torch.bfloat16)
+    assert int(ulps_apart(out, block(x)[0]).max()) > 1
