@@ -24,7 +24,10 @@ stream** (Triton compiles, cuBLAS and TensorRT allocate on first use — never i
 it with ``torch.cuda.graph(g, pool=…, stream=…)`` into the role's own **memory pool** (draft and target
 graphs never share one), and replays it. Seeds and positions are ordinary inputs copied into the static
 buffers, so every replay draws the noise of *this* round. When a capture fails the runner ends it, clears
-CUDA's sticky last error (``cudaGetLastError``), warns once and runs that key eagerly from then on.
+CUDA's sticky last error (``cudaGetLastError``), warns once and runs that key eagerly from then on; the
+runner remembers it (``fallbacks``, ``captured``), and with ``strict=True`` it raises instead (what a check
+that claims a graph mode uses). A ``DSparkTrtError`` raised by the round (a bad shape, a TensorRT profile
+that cannot be selected) is never a capture failure: it propagates, as it would eagerly.
 ``mode="eager"`` runs the very same padded path without graphs — on the CPU that is how the tests prove
 that padding changes no result.
 """
@@ -366,7 +369,10 @@ class GraphRunner:
     debug: bool = False
     stream: Any = None  # a non-default stream to run on, shared by runners whose work must stay in order (all the
     # contexts of one TensorRT engine share its scratch memory); None: the runner's own
+    strict: bool = False  # a failed capture raises (DSparkTrtError) instead of running the key eagerly
     entries: dict[GraphKey, GraphEntry] = field(default_factory=dict)
+    captures: int = 0  # graphs captured so far (recaptures included; kept when entries are dropped)
+    fallbacks: list[tuple[GraphKey, str]] = field(default_factory=list)  # (key, reason) of every failed capture
     _pool: Any = None
     _stream: Any = None
     _warned: bool = False
@@ -377,6 +383,25 @@ class GraphRunner:
             raise DSparkTrtError(f"graph mode {self.mode!r} must be 'graph' or 'eager'")
         if self.mode == "graph" and self.device.type != "cuda":
             self.mode = "eager"  # CUDA graphs need CUDA; the padded path is the same
+
+    @property
+    def captured(self) -> bool:
+        """Whether this runner really ran graphs: graph mode (not downgraded off CUDA), at least one capture,
+        and no capture that fell back to eager (``fallbacks``)."""
+        return self.mode == "graph" and self.captures > 0 and not self.fallbacks
+
+    def why_not_captured(self) -> str | None:
+        """None when ``captured``; else one line saying why (for a check's FAIL row)."""
+        if self.mode != "graph":
+            return f"the {self.role} runner runs eagerly (mode {self.mode!r} on {self.device})"
+        if self.fallbacks:
+            key, reason = self.fallbacks[0]
+            more = f" (and {len(self.fallbacks) - 1} more)" if len(self.fallbacks) > 1 else ""
+            return (f"the {self.role} round fell back to eager at bucket (batch {key.batch}, context {key.context})"
+                    f"{more}: {reason}")
+        if not self.captures:
+            return f"no {self.role} graph was captured (no round ran through the runner)"
+        return None
 
     # -- lifetime (Polygraphy-style) -----------------------------------------------------------------
     def activate(self) -> "GraphRunner":
@@ -460,9 +485,15 @@ class GraphRunner:
 
     def fall_back(self, entry: GraphEntry, error: BaseException) -> None:
         """After a failed capture: clear CUDA's sticky last error, run this key eagerly from now on, warn once
-        per runner (the reason is kept on the entry and logged at debug level)."""
+        per runner (the reason is kept on the entry and in ``fallbacks``, and logged at debug level). A
+        ``strict`` runner raises a one-line ``DSparkTrtError`` instead."""
         clear_cuda_error()
         reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        if self.strict:
+            raise DSparkTrtError(f"CUDA graph capture of the {self.role} round at bucket (batch {entry.key.batch}, "
+                                 f"context {entry.key.context}) failed ({reason}); run with graphs='eager' to "
+                                 f"run it without graphs") from error
+        self.fallbacks.append((entry.key, reason))
         entry.graph, entry.outputs, entry.eager_reason = None, None, reason
         if not self._warned:
             self._warned = True
@@ -471,7 +502,8 @@ class GraphRunner:
         log.debug("capture of %s failed: %s", entry.key, reason)
 
     def _capture(self, entry: GraphEntry) -> None:
-        """Warm up on the runner's stream, then capture into the role's pool; on failure fall back (warn once)."""
+        """Warm up on the runner's stream, then capture into the role's pool; on failure fall back (warn once;
+        ``strict``: raise)."""
         try:
             for _ in range(self.warmup):
                 self.fn(entry.inputs, entry.key)
@@ -479,9 +511,13 @@ class GraphRunner:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
                 outputs = self.fn(entry.inputs, entry.key)
+        except DSparkTrtError:  # the round's own one-line error (a bad shape, a profile TensorRT refused): eagerly
+            clear_cuda_error()  # it would raise the same, so it is no capture failure
+            raise
         except Exception as e:  # capture invalidated, an op that syncs, an allocation TensorRT refused, ...
             self.fall_back(entry, e)
             return
         entry.graph, entry.outputs = graph, outputs
+        self.captures += 1
         entry.input_ptrs = tuple(t.data_ptr() for t in entry.inputs.values())
         log.debug("captured %s", entry.key)

@@ -415,3 +415,60 @@ def test_dropping_entries_releases_their_bound_buffers():
     assert gone() is not None  # an entry still binds it
     assert runner.drop(lambda key: key.batch == 2) == 1 and list(runner.entries) == [GraphKey("target", 1)]
     assert gone() is None
+
+
+def _graph_mode_runner(fn, **kw) -> GraphRunner:
+    """A runner that claims graph mode on the CPU (its capture logic runs up to the first CUDA call)."""
+    runner = GraphRunner(fn, (InputSpec("v", (0,), torch.float32),), role="draft", device="cpu", **kw)
+    runner.mode = "graph"
+    return runner
+
+
+def _fails_in_warm_up(x, key):
+    raise RuntimeError("CUDA error: operation not permitted when stream is capturing\ndetails")
+
+
+def test_a_capture_that_fell_back_is_remembered_and_the_runner_is_not_captured():
+    runner = _graph_mode_runner(_fails_in_warm_up)
+    assert not runner.captured and "no draft graph was captured" in runner.why_not_captured()
+    entry = runner.entries[runner.key(PadPlan(2, 2))] = runner._new_entry(PadPlan(2, 2), ())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner._capture(entry)
+    assert len(caught) == 1 and entry.graph is None and entry.eager_reason.startswith("RuntimeError: CUDA error")
+    assert runner.fallbacks == [(GraphKey("draft", 2), entry.eager_reason)] and runner.captures == 0
+    runner.drop(lambda key: True)  # forgetting the entry does not forget that it fell back
+    assert not runner.captured
+    why = runner.why_not_captured()
+    assert why.startswith("the draft round fell back to eager at bucket (batch 2, context 0): RuntimeError")
+    runner.captures = 1  # even with graphs captured elsewhere, one fall-back means not captured
+    assert not runner.captured and "fell back" in runner.why_not_captured()
+    runner.fallbacks.clear()
+    assert runner.captured and runner.why_not_captured() is None
+    eager = GraphRunner(_fails_in_warm_up, (), role="target", device="cpu")
+    assert not eager.captured and "runs eagerly" in eager.why_not_captured()
+
+
+def test_a_strict_runner_raises_when_a_capture_fails():
+    runner = _graph_mode_runner(_fails_in_warm_up, strict=True)
+    entry = runner._new_entry(PadPlan(1, 4), ())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either
+        with pytest.raises(DSparkTrtError, match=r"capture of the draft round at bucket \(batch 4, context 0\) "
+                                                 r"failed \(RuntimeError: CUDA error") as e:
+            runner._capture(entry)
+    assert "graphs='eager'" in str(e.value) and "\n" not in str(e.value)
+    assert runner.fallbacks == [] and entry.eager_reason is None and not runner.captured
+
+
+def test_the_rounds_own_error_is_no_capture_failure():
+    """A one-line DSparkTrtError of the round (a TensorRT profile refused during warm-up) propagates: eagerly
+    it would raise the same, so falling back would only hide it."""
+    def fn(x, key):
+        raise DSparkTrtError("TensorRT could not select optimization profile 1 of the target engine")
+
+    runner = _graph_mode_runner(fn)
+    entry = runner._new_entry(PadPlan(1, 1), ())
+    with pytest.raises(DSparkTrtError, match="optimization profile 1"):
+        runner._capture(entry)
+    assert runner.fallbacks == [] and entry.eager_reason is None
