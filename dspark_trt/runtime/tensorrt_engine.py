@@ -52,7 +52,7 @@ from .cuda_graphs import BucketPolicy, GraphKey, GraphRunner, InputSpec
 
 __all__ = ["TORCH_DTYPES", "TRT_DTYPES", "TENSOR_ALIGNMENT", "IoTensor", "EngineTensor", "Profile",
            "check_engine_version", "plan_io", "io_tensors", "input_specs", "output_batch_dims", "check_engine_io",
-           "choose_profile", "ContextCache", "aligned", "aligned_empty", "bind_inputs", "trt_enum_name",
+           "choose_profile", "select_profile", "ContextCache", "aligned", "aligned_empty", "bind_inputs", "trt_enum_name",
            "tensorrt_available", "require_tensorrt", "TensorRTEngine", "TensorRTGraph", "engine_entry"]
 
 log = logging.getLogger("dspark.tensorrt")
@@ -267,6 +267,23 @@ def choose_profile(profiles: Sequence[Profile], shapes: Mapping[str, Sequence[in
     return min(fits, key=lambda p: (p.memory, p.index)).index
 
 
+def select_profile(ctx, profile: int, stream: int, engine: str = "the") -> None:
+    """``ctx.set_optimization_profile_async(profile, stream)``, a refusal as one line. TensorRT's Python binding
+    raises ``RuntimeError`` (``PY_ASSERT_RUNTIME_ERROR``) when the C++ call returns false and otherwise returns
+    True; a False is treated the same (older bindings)."""
+    try:
+        ok = ctx.set_optimization_profile_async(profile, stream)
+    except RuntimeError as e:
+        why = str(e).splitlines()[0] if str(e) else "RuntimeError"
+        ok, detail = False, f": {why}"
+    else:
+        detail = ""
+    if not ok:
+        raise DSparkTrtError(f"TensorRT could not select optimization profile {profile} of the {engine} engine"
+                             f"{detail} (see the TensorRT log above); rebuild the engines with this TensorRT: "
+                             f"dspark build-engine OUT --engine tensorrt --force")
+
+
 class ContextCache:
     """Execution contexts by key, at most ``capacity`` (None: no bound), the least recently used dropped
     first. ``synchronize`` runs before any context is dropped: work enqueued through it may still be running,
@@ -437,9 +454,8 @@ class TensorRTEngine:
                 raise DSparkTrtError(f"TensorRT could not create an execution context for the {self.name} engine")
             ctx.set_device_memory(self.scratch.data_ptr(), self.scratch_bytes)
             profile = choose_profile(self.profiles, shapes)
-            # the stream every enqueue uses
-            if len(self.profiles) > 1 and not ctx.set_optimization_profile_async(profile, self.stream.cuda_stream):
-                raise DSparkTrtError(f"TensorRT could not select profile {profile} of the {self.name} engine")
+            if len(self.profiles) > 1:
+                select_profile(ctx, profile, self.stream.cuda_stream, self.name)  # the stream every enqueue uses
             for name, shape in shapes.items():
                 if not ctx.set_input_shape(name, tuple(int(d) for d in shape)):
                     raise DSparkTrtError(f"input {name} shape {tuple(shape)} is outside the {self.name} engine's "

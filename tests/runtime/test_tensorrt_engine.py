@@ -242,6 +242,82 @@ def test_shapes_outside_every_profile_are_refused_in_one_line():
     assert "--max-batch-size" in str(e.value) and "\n" not in str(e.value)
 
 
+class _BindingContext:
+    """An execution context as TensorRT's Python binding behaves (``pyCore.cpp``): ``set_optimization_profile_async``
+    raises RuntimeError when the C++ call returns false (``PY_ASSERT_RUNTIME_ERROR``), and returns True otherwise."""
+
+    def __init__(self, refuse: bool):
+        self.refuse, self.calls = refuse, []
+
+    def set_device_memory(self, ptr, size):
+        self.calls.append(("memory", size))
+
+    def set_optimization_profile_async(self, profile, stream):
+        self.calls.append(("profile", profile, stream))
+        if self.refuse:
+            raise RuntimeError("Error in set optimization profile async")
+        return True
+
+    def set_input_shape(self, name, shape):
+        self.calls.append(("shape", name, shape))
+        return True
+
+
+def _engine_with(ctx):
+    """A ``TensorRTEngine`` around a fake engine whose contexts are ``ctx`` (no TensorRT, no GPU)."""
+    from types import SimpleNamespace
+
+    from dspark_trt.runtime.tensorrt_engine import TensorRTEngine
+
+    engine = object.__new__(TensorRTEngine)
+    engine.trt = SimpleNamespace(ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user-managed"))
+    engine.engine = SimpleNamespace(create_execution_context=lambda strategy: ctx)
+    engine.name, engine.device, engine.profiles = "target", None, tuple(TARGET_PROFILES)
+    engine.scratch, engine.scratch_bytes = torch.zeros(64, dtype=torch.uint8), 64
+    engine.stream = SimpleNamespace(cuda_stream=1234)
+    return engine
+
+
+PREFILL = {"input_ids": (2, 700), "attention_mask": (2, 700), "past_key": (4, 2, 8, 0, 128)}
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    """``torch.cuda.device(engine.device)`` as a no-op: the engine's device made current, on a host without CUDA."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+
+def test_a_context_selects_its_profile_on_the_engines_stream(no_device):
+    ctx = _BindingContext(refuse=False)
+    assert _engine_with(ctx).context(PREFILL) is ctx
+    assert ctx.calls[:2] == [("memory", 64), ("profile", 0, 1234)] and ("shape", "input_ids", (2, 700)) in ctx.calls
+
+
+def test_a_profile_the_binding_refuses_is_a_one_line_error(no_device):
+    ctx = _BindingContext(refuse=True)
+    with pytest.raises(DSparkTrtError, match=r"could not select optimization profile 0 of the target engine: Error in "
+                                             r"set optimization profile async") as e:
+        _engine_with(ctx).context(PREFILL)
+    assert "dspark build-engine OUT --engine tensorrt --force" in str(e.value) and "\n" not in str(e.value)
+    assert not any(c[0] == "shape" for c in ctx.calls)
+
+
+def test_a_refused_profile_during_warm_up_is_not_swallowed_by_the_graph_fallback(no_device):
+    """The first (warm-up) call of a graph key creates the context: the refusal propagates from the capture."""
+    from dspark_trt.runtime.cuda_graphs import InputSpec, PadPlan
+
+    engine = _engine_with(_BindingContext(refuse=True))
+    runner = GraphRunner(lambda static, key: engine.context(PREFILL), (InputSpec("v", (0,), torch.float32),),
+                         role="target", device="cpu")
+    runner.mode = "graph"  # what a CUDA host claims; the warm-up runs before any CUDA call
+    entry = runner._new_entry(PadPlan(2, 2), ())
+    with pytest.raises(DSparkTrtError, match="optimization profile 0 of the target engine"):
+        runner._capture(entry)
+    assert runner.fallbacks == [] and entry.eager_reason is None
+
+
 # ------------------------------------------------------------------------------------ context lifetimes
 class _Context:
     """A plain object standing for a context: the test watches *when* the cache lets go of it."""
