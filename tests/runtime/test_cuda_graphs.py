@@ -399,6 +399,7 @@ def test_a_failing_capture_falls_back_to_eager_with_one_warning():
             assert out.tolist() == [2.0, 2.0]
         runner(PadPlan(1, 1), {"v": torch.ones(1, device="cuda")})
     assert sum("running it eagerly" in str(w.message) for w in caught) == 1
+    assert [k.batch for k, _ in runner.fallbacks] == [2, 1] and not runner.captured and runner.captures == 0
     torch.cuda.synchronize()  # no sticky error left behind
 
 
