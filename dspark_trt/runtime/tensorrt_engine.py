@@ -52,8 +52,8 @@ from .cuda_graphs import BucketPolicy, GraphKey, GraphRunner, InputSpec
 
 __all__ = ["TORCH_DTYPES", "TRT_DTYPES", "TENSOR_ALIGNMENT", "IoTensor", "EngineTensor", "Profile",
            "check_engine_version", "plan_io", "io_tensors", "input_specs", "output_batch_dims", "check_engine_io",
-           "choose_profile", "select_profile", "ContextCache", "aligned", "aligned_empty", "bind_inputs", "trt_enum_name",
-           "tensorrt_available", "require_tensorrt", "TensorRTEngine", "TensorRTGraph", "engine_entry"]
+           "choose_profile", "select_profile", "ContextCache", "aligned", "aligned_empty", "bind_inputs",
+           "trt_enum_name", "tensorrt_available", "require_tensorrt", "TensorRTEngine", "TensorRTGraph", "engine_entry"]
 
 log = logging.getLogger("dspark.tensorrt")
 

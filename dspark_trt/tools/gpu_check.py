@@ -20,7 +20,10 @@
 4. **CUDA graphs**: a Qwen3-8B-shaped drafter (5 layers, d = 4096, V = 151936, random bf16 weights), the
    torch backend's captured round (backbone + top-k + fused walk) against the same padded round run
    eagerly, token for token, at batch buckets 1/4/8 (greedy and sampled rounds, fresh seeds per replay);
-   then a draft round's time eager (unpadded, no graph) vs replayed, per bucket.
+   then a draft round's time eager (unpadded, no graph) vs replayed, per bucket (``graphs`` rows of
+   ``"kind": "eager_vs_graph"``); the same with a bound ``DrafterState`` (``"kind": "copied_vs_bound"``).
+   Wherever a graph mode is claimed (here and in 5) a capture that fell back to eager is a FAIL row
+   (``assert_graphs_captured``; ``GraphRunner.fallbacks``), not the warning it is elsewhere.
 5. **TensorRT** (when full TensorRT is importable; otherwise one ``SKIP`` row, "TensorRT not importable: …",
    and the rest runs): the tiny pair exported with engines through the ONNX parser (context, draft with the
    AOT plugin, target with its small-Q verify profile); the drafter engines eagerly and through the CUDA-graph
@@ -55,7 +58,7 @@ import torch
 from ..errors import DSparkTrtError
 
 __all__ = ["main", "run_gpu_check", "qwen3_8b_drafter_config", "GRAPH_BUCKETS", "Checks", "tensorrt_checks",
-           "pytest_command", "parse_pytest_summary", "pytest_check", "PYTEST_MARKERS"]
+           "pytest_command", "parse_pytest_summary", "pytest_check", "PYTEST_MARKERS", "assert_graphs_captured"]
 
 QWEN3_8B = dict(vocab=151936, rank=256, steps=7)
 GRAPH_BUCKETS = (1, 4, 8)
@@ -331,6 +334,21 @@ def _median_ms(fn, repeats: int = 20, warmup: int = 3, device: str = "cuda") -> 
     return statistics.median(times)
 
 
+def assert_graphs_captured(what: str, runners, need=None) -> str:
+    """A graph mode claimed is a graph mode proven. ``runners``: {name: GraphRunner}. Fails (AssertionError: a
+    FAIL row) when a runner is not in graph mode, when any capture fell back to eager (``GraphRunner.fallbacks``:
+    elsewhere a warning), or when a group of ``need`` (tuples of names; default: each runner alone) captured no
+    graph at all. Returns the captures per runner."""
+    for name, runner in runners.items():
+        why = runner.why_not_captured()
+        if runner.mode != "graph" or runner.fallbacks:
+            raise AssertionError(f"{what}: {name}: {why}")
+    for group in need if need is not None else [(name,) for name in runners]:
+        assert sum(runners[name].captures for name in group), (
+            f"{what}: {' / '.join(group)}: no graph captured (no round ran through the graph runner)")
+    return ", ".join(f"{name} {runner.captures} captured" for name, runner in runners.items())
+
+
 def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> list[dict]:
     from ..runtime.drafters.torch import TorchDrafterBackend
 
@@ -352,6 +370,7 @@ def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> l
         entries = [e for e in graphed._runner.entries.values() if e.key.batch == B]
         assert entries and all(e.graph is not None for e in entries), \
             f"B={B}: no graph captured ({entries[0].eager_reason if entries else 'no entry'})"
+        assert_graphs_captured(f"B={B}", {"draft (copied)": graphed._runner})
         return f"{rounds} rounds equal, buckets {sorted({(e.key.batch, e.key.context) for e in entries})}"
 
     def timing(B: int) -> tuple[str, dict]:
@@ -359,7 +378,8 @@ def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> l
         kw = dict(topk=topk, temperature=x[4], seed=x[5])
         eager_ms = _median_ms(lambda: plain.draft(*x[:4], **kw))
         graph_ms = _median_ms(lambda: graphed.draft(*x[:4], **kw))
-        row = {"batch": B, "context": context, "topk": topk, "layers": num_layers, "eager_ms": round(eager_ms, 3),
+        row = {"kind": "eager_vs_graph", "batch": B, "context": context, "topk": topk, "layers": num_layers,
+               "eager_ms": round(eager_ms, 3),
                "graph_ms": round(graph_ms, 3), "speedup": round(eager_ms / graph_ms, 2)}
         timings.append(row)
         return f"eager {eager_ms:.3f} ms, graph {graph_ms:.3f} ms = {eager_ms / graph_ms:.2f}x", row
@@ -386,6 +406,8 @@ def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> l
         entries = list(graphed._bound_runner.entries.values())
         assert entries and all(e.graph is not None for e in entries), \
             f"B={B}: no bound graph captured ({entries[0].eager_reason if entries else 'no entry'})"
+        # every capture since the first round, those of dropped (stale) entries included
+        assert_graphs_captured(f"B={B}", {"draft (bound)": graphed._bound_runner})
         return f"3 rounds equal, bound bucket {sorted({(e.key.batch, e.key.context) for e in entries})}"
 
     def copied_vs_bound(B: int) -> tuple[str, dict]:
@@ -397,7 +419,8 @@ def _graph_checks(checks: Checks, num_layers: int, context: int, topk: int) -> l
             copied_ms.append(_median_ms(lambda: graphed.draft(*x[:4], **kw), repeats=5, warmup=1))
             bound_ms.append(_median_ms(lambda: graphed.draft(*bound, **kw), repeats=5, warmup=1))
         c, b = statistics.median(copied_ms), statistics.median(bound_ms)
-        row = {"batch": B, "context": context, "copied_ms": round(c, 3), "bound_ms": round(b, 3),
+        row = {"kind": "copied_vs_bound", "batch": B, "context": context, "copied_ms": round(c, 3),
+               "bound_ms": round(b, 3),
                "bound_over_copied": round(b / c, 3)}
         timings.append(row)
         return f"context copied {c:.3f} ms, bound {b:.3f} ms = {b / c:.2f}x", row
@@ -486,13 +509,12 @@ def _tensorrt_drafter(export: dict, mode: str) -> tuple[str, dict]:
                            dtype=TRT_TOLERANCE, raise_on_failure=False)
     bad = [c for c in report.checks if not c.ok]
     assert not bad, f"{len(bad)} of {len(report.checks)} checks: {bad[0].name}: {bad[0].detail}"
-    entries = backend._graphs["draft"].runner.entries.values()
-    captured = sum(e.graph is not None for e in entries)
-    if mode == "graph":
-        assert captured, f"no draft graph captured ({next(iter(entries)).eager_reason if entries else 'no entry'})"
+    runner = backend._graphs["draft"].runner
+    if mode == "graph":  # the copied-context draft graph validate ran: captured, no bucket fell back to eager
+        assert_graphs_captured("draft", {"draft (copied)": runner})
     memory = backend.reserved_device_memory()
     backend.deactivate()
-    return f"{len(report.checks)} checks ok, {captured} graphs captured", {"reserved": memory}
+    return f"{len(report.checks)} checks ok, {runner.captures} graphs captured", {"reserved": memory}
 
 
 def _tensorrt_target(export: dict, mode: str) -> tuple[str, dict]:
@@ -522,9 +544,24 @@ def _tensorrt_target(export: dict, mode: str) -> tuple[str, dict]:
     bad = [c for c in checks if not c.ok]
     assert not bad, f"{bad[0].name}: {bad[0].detail}"
     assert got.lengths.tolist() == ref.lengths.tolist(), f"lengths {got.lengths.tolist()} vs {ref.lengths.tolist()}"
+    captured = ""
+    if mode == "graph":  # the verify rounds replayed captured graphs; none fell back to eager
+        runners = _target_runners(got)
+        captured = "; " + assert_graphs_captured("target", runners, need=[tuple(runners)])
     memory = got.reserved_device_memory()
     got.deactivate()
-    return f"{len(checks)} comparisons ok ({tol.atol}/{tol.rtol})", {"reserved": memory}
+    return f"{len(checks)} comparisons ok ({tol.atol}/{tol.rtol}){captured}", {"reserved": memory}
+
+
+def _target_runners(target) -> dict:
+    """The graph runners of a ``TensorRTTarget``'s bucketed graphs (per Q; prefill's exact-shape one left out)."""
+    return {f"target Q={q}": g.runner for q, g in target._graphs.items() if g.bucketed}
+
+
+def _drafter_runners(backend) -> dict:
+    """The draft graph runners of a ``TensorRTDrafterBackend``: context copied into a bucket, and bound."""
+    return {f"draft ({'bound' if name == 'draft_bound' else 'copied'})": g.runner for name, g in backend._graphs.items()
+            if name in ("draft", "draft_bound")}
 
 
 def _tensorrt_generate(export: dict) -> tuple[str, dict]:
@@ -540,20 +577,25 @@ def _tensorrt_generate(export: dict) -> tuple[str, dict]:
         got = dec.generate(prompts, max_new_tokens=24, topk=16).tokens  # warm-up: contexts, captures
         assert got == want, f"{mode}: tokens differ from onnxruntime's: {got} vs {want}"
         ms = _median_ms(lambda: dec.generate(prompts, max_new_tokens=24, topk=16), repeats=3, warmup=0)
+        if mode == "graph":  # drafter (copied or bound context) and target: captured, nothing fell back to eager
+            draft, target = _drafter_runners(dec.backend), _target_runners(dec.target)
+            captured = assert_graphs_captured("generate", {**draft, **target}, need=[tuple(draft), tuple(target)])
         rows[mode] = {"ms": round(ms, 2), "tokens_per_s": round(3 * 24 / ms * 1e3, 1),
                       "reserved": reserved_device_memory(dec)}
         if mode == "graph":
             print(f"      device memory reserved (graph): {describe_reserved(rows[mode]['reserved'])}", flush=True)
         dec.backend.deactivate()
         dec.target.deactivate()
-    detail = (f"eager {rows['eager']['ms']:.1f} ms, graph {rows['graph']['ms']:.1f} ms per batch of 3 x 24 tokens; "
-              f"scratch: " + ", ".join(f"{k} {v}" for k, v in rows["graph"]["reserved"].items() if "scratch" in k))
+    detail = (f"eager {rows['eager']['ms']:.1f} ms, graph {rows['graph']['ms']:.1f} ms per batch of 3 x 24 tokens "
+              f"({captured}); scratch: " + ", ".join(f"{k} {v}" for k, v in rows["graph"]["reserved"].items()
+                                                      if "scratch" in k))
     return detail, rows
 
 
 # ---------------------------------------------------------------------------------------------- 6 pytest
 PYTEST_MARKERS = "tensorrt or gpu"
-#: the tests pytest leaves out: this check itself (it would run gpu-check inside gpu-check)
+#: the tests pytest leaves out: this check itself (a whole ``gpu-check --quick``, TensorRT engine builds included,
+#: repeated inside this run's budget; ``pytest -m gpu`` runs it, and its report assertions hold)
 PYTEST_DESELECT = ("tests/tools/test_gpu_check.py::test_gpu_check_quick_passes",)
 _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
 
@@ -628,7 +670,7 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
     generated = trt.get("generate") if isinstance(trt.get("generate"), dict) else None
     memory = {"torch_max_reserved": graph_reserved, "tensorrt": generated["graph"]["reserved"] if generated else None}
     rows512 = [r for r in (bench or {}).get("rows", []) if r["topk"] == 512 and "kernel_ms" in r]
-    b1 = next((g for g in graphs if g["batch"] == 1 and "speedup" in g), None)
+    b1 = next((g for g in graphs if g["batch"] == 1 and g["kind"] == "eager_vs_graph"), None)
     goals = {
         "graph_vs_eager_b1 >= 3": None if b1 is None else b1["speedup"],
         "kernel_vs_cublas_dense_b<=8 >= 10": {r["batch"]: r["kernel_speedup"] for r in rows512 if r["batch"] <= 8},
@@ -636,7 +678,7 @@ def run_gpu_check(out: str | Path, *, ptx_dir: str | None = None, quick: bool = 
         f"union_vs_plain_k512_m{UNION_M} (recorded)": {r["batch"]: r["union_vs_plain"]
                                                       for r in (union_timing or {}).get("rows", [])},
         "draft_round_bound_over_copied_context (recorded)": {g["batch"]: g["bound_over_copied"] for g in graphs
-                                                            if "bound_over_copied" in g},
+                                                            if g["kind"] == "copied_vs_bound"},
     }
     report = {**info, "checks": checks.rows, "bench_markov": (bench or {}).get("rows"), "graphs": graphs,
               "union_timing": (union_timing or {}).get("rows"), "tensorrt": trt, "device_memory": memory,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dspark_trt.cli.main import main as dspark
-from dspark_trt.tools.gpu_check import (Checks, main as gpu_check, parse_pytest_summary, pytest_check, pytest_command,
-                                        qwen3_8b_drafter_config, tensorrt_checks)
+from dspark_trt.tools.gpu_check import (Checks, assert_graphs_captured, main as gpu_check, parse_pytest_summary,
+                                        pytest_check, pytest_command, qwen3_8b_drafter_config, tensorrt_checks)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,40 @@ def test_a_skipped_check_is_explicit_and_does_not_fail_the_report(capsys):
     assert "tensorrt  SKIP" in checks.table()
     checks.run("bad", lambda: 1 / 0)
     assert not checks.passed
+
+
+def _runner(role: str, fails: bool):
+    """A graph runner claiming graph mode whose capture raises in warm-up (``fails``) or, as on a GPU, succeeds."""
+    from dspark_trt.runtime.cuda_graphs import GraphRunner, PadPlan
+
+    def fn(x, key):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    runner = GraphRunner(fn, (), role=role, device="cpu")
+    runner.mode = "graph"
+    if fails:
+        runner._capture(runner._new_entry(PadPlan(4, 4), ()))  # the real fall-back: warns, runs eagerly
+    else:
+        runner.captures = 2  # what two successful captures leave (CUDA only)
+    return runner
+
+
+def test_a_fall_back_to_eager_is_a_fail_row_where_a_graph_mode_is_claimed(recwarn):
+    checks = Checks()
+    ok = {"draft (copied)": _runner("draft", False), "target Q=4": _runner("target", False)}
+    checks.run("generate graph", lambda: assert_graphs_captured("generate", ok))
+    fell = {"draft (copied)": _runner("draft", False), "draft (bound)": _runner("draft", True)}
+    checks.run("bound drafter graph", lambda: assert_graphs_captured("generate", fell, need=[tuple(fell)]))
+    idle = {"draft (copied)": _runner("draft", False), "target Q=4": _runner("target", False)}
+    idle["target Q=4"].captures = 0
+    checks.run("target graph", lambda: assert_graphs_captured("target", idle))
+    checks.run("any of a group", lambda: assert_graphs_captured("generate", idle, need=[tuple(idle)]))
+    assert [r["status"] for r in checks.rows] == ["PASS", "FAIL", "FAIL", "PASS"]
+    assert checks.rows[0]["detail"] == "draft (copied) 2 captured, target Q=4 2 captured"
+    assert checks.rows[1]["detail"].startswith("generate: draft (bound): the draft round fell back to eager at bucket "
+                                               "(batch 4, context 0): RuntimeError: CUDA error")
+    assert checks.rows[2]["detail"] == "target: target Q=4: no graph captured (no round ran through the graph runner)"
+    assert len([w for w in recwarn if "running it eagerly" in str(w.message)]) == 1  # elsewhere: a warning
 
 
 def test_without_tensorrt_the_report_says_so_and_runs_nothing_else(tmp_path):
@@ -105,7 +139,12 @@ def test_gpu_check_quick_passes(tmp_path):
     assert gpu_check(["--out", str(tmp_path), "--quick", "--skip-bench", "--layers", "1", "--context", "256",
                       "--skip-pytest"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["passed"] and [g["batch"] for g in report["graphs"]] == [1, 4, 8]
+    assert report["passed"]
+    by_kind = {kind: [g["batch"] for g in report["graphs"] if g["kind"] == kind]
+               for kind in ("eager_vs_graph", "copied_vs_bound")}
+    assert by_kind == {"eager_vs_graph": [1, 4, 8], "copied_vs_bound": [1, 4, 8]} and len(report["graphs"]) == 6
+    assert all("speedup" in g for g in report["graphs"] if g["kind"] == "eager_vs_graph")
+    assert all("bound_over_copied" in g for g in report["graphs"] if g["kind"] == "copied_vs_bound")
 
 
 @pytest.mark.triton
