@@ -204,6 +204,12 @@ class DSparkConfig:
     def from_pretrained(cls, path: str | Path) -> "DSparkConfig":
         """Read ``config.json`` (a file or the directory holding it) in either checkpoint format."""
         path = Path(path)
+        if not path.exists():
+            raise DSparkTrtError(f"{path} does not exist: pass a DSpark drafter checkpoint directory (config.json + "
+                                 f"model.safetensors)")
+        if path.is_file() and path.name != "config.json":
+            raise DSparkTrtError(f"{path} is a file, not a checkpoint directory: pass the DSpark drafter checkpoint "
+                                 f"directory holding config.json and model.safetensors")
         file = path / "config.json" if path.is_dir() else path
         raw = read_json(file, missing=f"no config.json at {path}: point at a DSpark checkpoint directory",
                         fix="fix or re-download the checkpoint")

@@ -98,5 +98,8 @@ def format_env(env: dict) -> str:
         rows.append(("CUDA driver", env["cuda_driver"]))
     for gpu in env["gpus"]:
         rows.append((f"GPU {gpu['index']}", f"{gpu['name']} (compute capability {gpu['compute_capability']})"))
+    if env.get("triton_server_env"):  # added by `dspark env` (serving/environment.py): the managed Triton venv
+        server_env = env["triton_server_env"]
+        rows.append(("Triton Python env", f"{server_env['path']} ({server_env['state']})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

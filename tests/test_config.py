@@ -135,7 +135,7 @@ def test_not_a_dspark_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10}))
     with pytest.raises(DSparkTrtError, match="not a DSpark config"):
         DSparkConfig.from_pretrained(tmp_path)
-    with pytest.raises(DSparkTrtError, match="no config.json"):
+    with pytest.raises(DSparkTrtError, match="does not exist"):
         DSparkConfig.from_pretrained(tmp_path / "missing")
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(DSparkTrtError, match="cannot read"):

@@ -34,3 +34,18 @@ def test_cli_json(capsys):
     assert main(["env", "--json"]) == 0
     env = json.loads(capsys.readouterr().out)
     assert env["python"] and "packages" in env
+
+
+def test_the_managed_triton_environment_is_named_with_its_size_and_the_way_around_it(tmp_path, monkeypatch, capsys):
+    """issue 47: the first `dspark serve` builds a 1.5 GB venv under the cache, and `dspark env` did not say so."""
+    import dspark_trt.serving.environment as environment
+
+    monkeypatch.setenv("DSPARK_TRT_CACHE", str(tmp_path))
+    monkeypatch.delenv("DSPARK_TRITON_ENV", raising=False)
+    monkeypatch.setattr(environment.shutil, "which", lambda name: None)  # no tritonserver on PATH
+    assert main(["env"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("Triton Python env"))
+    assert f"{tmp_path}/triton-env-py" in line and "not built: the first `dspark serve` builds it" in line
+    assert "about 1.5 GB" in line and "--tritonserver PATH" in line
+    assert main(["env", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["triton_server_env"]["path"].startswith(str(tmp_path))

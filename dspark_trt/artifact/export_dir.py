@@ -23,9 +23,41 @@ from typing import Any
 from ..errors import DSparkTrtError
 from .layout import FORMAT_VERSION, GRAPH_FILES, LEGACY_ONNX_MANIFEST, MANIFEST_FILE, ONNX_DIR, PLUGIN_GRAPH
 
-__all__ = ["ExportDir", "DEFAULT_MAX_CONTEXT", "read_manifest", "check_manifest"]
+__all__ = ["ExportDir", "DEFAULT_MAX_CONTEXT", "not_an_export", "read_manifest", "check_manifest"]
 
 DEFAULT_MAX_CONTEXT = 8192  # what exports recorded no bound for were built with
+
+
+def not_an_export(path: str | Path) -> str | None:
+    """Why ``path`` is not an export directory, in one line naming what it is and the command to run, when it is
+    plainly something else: a missing path, a file, or a drafter checkpoint (its ``config.json``; a pair
+    directory of ``drafter/`` + ``target/`` whose ``manifest.json`` has no ``format_version``). None otherwise
+    (an export, or a directory this cannot tell: reading its manifest says what is wrong)."""
+    path = Path(path)
+    if not path.exists():
+        return f"{path} does not exist: pass an export directory (written by dspark-export -o OUT)"
+    if not path.is_dir():
+        return f"{path} is a file, not an export directory: pass the directory dspark-export -o OUT wrote"
+    manifest = path / MANIFEST_FILE
+    if (path / LEGACY_ONNX_MANIFEST).is_file() or (path / ONNX_DIR).is_dir():
+        return None
+    if (path / "config.json").is_file() and not manifest.is_file():
+        return (f"{path} is a drafter checkpoint, not an export directory: export it (dspark-export {path} -o OUT, "
+                f"then --export OUT) or run it as it is (--drafter {path} --target TARGET_DIR)")
+    if (path / "drafter" / "config.json").is_file() and _format_version(manifest) is None:
+        drafter, target = path / "drafter", path / "target"
+        return (f"{path} is a drafter checkpoint (drafter/ + target/), not an export directory: export it "
+                f"(dspark-export {drafter} --target {target} -o OUT, then --export OUT) or run it as it is "
+                f"(--drafter {drafter} --target {target})")
+    return None
+
+
+def _format_version(manifest: Path) -> Any:
+    try:
+        record = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("format_version") if isinstance(record, dict) else None
 
 
 class ExportDir:
@@ -65,6 +97,9 @@ class ExportDir:
         from ..jsonfile import read_json
         from .manifest import check_format_version, check_op_contract_version, legacy_onnx_manifest, upgrade_manifest
 
+        not_export = not_an_export(self.root)
+        if not_export is not None:
+            raise DSparkTrtError(not_export)
         legacy = self.root / LEGACY_ONNX_MANIFEST
         if not self.manifest_path.is_file() and legacy.is_file():  # a format-1 drafter-only ONNX directory
             record = read_json(legacy, missing="", fix="export the drafter again")

@@ -14,6 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..env import collect_env, format_env
 
+    from ..serving.environment import server_environment_status
+
     env = collect_env()
+    env["triton_server_env"] = server_environment_status()
     print(json.dumps(env, indent=2) if args.json else format_env(env))
     return 0

@@ -62,6 +62,8 @@ def _options(args: argparse.Namespace) -> ServeOptions:
 
 
 def _announce(d) -> None:
+    from ..serving.addresses import bind_note
+
     e, name = d.server.endpoints, d.model
     print(f"tritonserver ready: HTTP http://{e.http} (generate: http://{e.http}/v2/models/{name}/generate), "
           f"gRPC {e.grpc}, metrics {e.metrics}", flush=True)
@@ -69,6 +71,9 @@ def _announce(d) -> None:
         c = d.frontend.config
         chat = "chat: yes" if d.frontend.chat_available else "chat: no (no tokenizer chat template; --chat-template)"
         print(f"OpenAI API ready: {d.frontend.url} (model {c.name!r}, context {c.max_context}, {chat})", flush=True)
+    note = bind_note(e.host)
+    if note:
+        print(note, flush=True)
     print("serving; Ctrl-C stops everything", flush=True)
 
 

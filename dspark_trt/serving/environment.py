@@ -30,7 +30,8 @@ from pathlib import Path
 from ..cache import cache_root
 from ..errors import DSparkTrtError
 
-__all__ = ["ServerEnvironment", "server_environment", "server_requirements"]
+__all__ = ["ServerEnvironment", "server_environment", "server_environment_root", "server_environment_status",
+           "server_requirements"]
 
 log = logging.getLogger("dspark")
 
@@ -39,6 +40,8 @@ BASE_REQUIREMENTS = ("numpy<2", "nvidia-pytriton>=0.7")
 #: runtime packages pinned to the calling environment's versions when installed there
 MIRRORED = ("torch", "transformers", "safetensors", "tokenizers", "onnxruntime", "onnx", "onnx-ir", "filelock")
 COMPLETE = ".dspark-complete"
+#: what a first build costs (measured: a fresh build on a CPU host with a warm pip cache)
+SIZE_NOTE = "about 1.5 GB, once: about a minute, several on a slow host or link"
 
 
 def server_requirements() -> list[str]:
@@ -76,15 +79,34 @@ def _key(requirements: list[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def server_environment_root(reqs: list[str] | None = None) -> Path:
+    """Where the managed venv is (or will be): ``$DSPARK_TRITON_ENV``, else a directory under the cache root."""
+    reqs = server_requirements() if reqs is None else reqs
+    return Path(os.environ.get("DSPARK_TRITON_ENV") or cache_root() / f"triton-env-py{sys.version_info[0]}"
+                f"{sys.version_info[1]}-{_key(reqs)}")
+
+
+def server_environment_status() -> dict:
+    """What ``dspark env`` reports of the managed venv: where it is, whether it is built, and when it is built
+    (a ``tritonserver`` on PATH needs none)."""
+    root = server_environment_root()
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        state = f"not needed (tritonserver on PATH: {on_path})"
+    elif (root / COMPLETE).is_file():
+        state = "built"
+    else:
+        state = (f"not built: the first `dspark serve` builds it ({SIZE_NOTE}); `--tritonserver PATH` uses an "
+                 f"existing tritonserver instead, $DSPARK_TRITON_ENV a venv of your own")
+    return {"path": str(root), "state": state}
+
+
 def server_environment(*, root: str | Path | None = None, build: bool = True) -> ServerEnvironment:
     """The managed server venv, built on first use (minutes, once; later calls return at once)."""
     from filelock import FileLock
 
     reqs = server_requirements()
-    if root is None:
-        root = Path(os.environ.get("DSPARK_TRITON_ENV") or cache_root() / f"triton-env-py{sys.version_info[0]}"
-                    f"{sys.version_info[1]}-{_key(reqs)}")
-    root = Path(root)
+    root = Path(root) if root is not None else server_environment_root(reqs)
     env = ServerEnvironment(root)
     if (root / COMPLETE).is_file():
         return env

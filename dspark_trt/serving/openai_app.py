@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DSparkTrtError
+from .addresses import client_address
 from . import openai_protocol as oa
 from .triton_stream import Final, Piece, TritonRequestError, TritonStreamClient, generate_inputs
 
@@ -481,7 +482,8 @@ class OpenAIFrontend:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        """The base URL a client uses (a wildcard bind's at loopback: ``serving/addresses.py``)."""
+        return f"http://{client_address(self.host, self.port)}/v1"
 
     def bind(self) -> "OpenAIFrontend":
         """Take the port now (``start`` serves on it): a busy port fails before anything else starts."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DSparkTrtError
+from .addresses import client_address
 
 __all__ = ["TritonServer", "StubProcess", "free_port", "is_cpu_host_noise"]
 
@@ -89,17 +90,18 @@ class Endpoints:
     grpc_port: int
     metrics_port: int
 
+    # what a client dials (``host`` is what the server binds; a wildcard bind is dialled at loopback)
     @property
     def http(self) -> str:
-        return f"{self.host}:{self.http_port}"
+        return client_address(self.host, self.http_port)
 
     @property
     def grpc(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
+        return client_address(self.host, self.grpc_port)
 
     @property
     def metrics(self) -> str:
-        return f"http://{self.host}:{self.metrics_port}/metrics"
+        return f"http://{client_address(self.host, self.metrics_port)}/metrics"
 
 
 class TritonServer:

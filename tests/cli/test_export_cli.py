@@ -43,7 +43,8 @@ def big_vocab_pair(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("missing", "no config.json"),
+    ("missing", "nope does not exist: pass a DSpark drafter checkpoint directory"),
+    ("file", "model.safetensors is a file, not a checkpoint directory: pass the DSpark drafter checkpoint directory"),
     ("not-dspark", "not a DSpark config"),
     ("k>Vd", "top-k 3000 is outside [1, draft_vocab_size=2500]"),
     ("k>3840", "exceeds TensorRT's TopK limit of 3840"),
@@ -61,6 +62,7 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case, message, tiny_pai
     out = tmp_path / "out"
     args = {
         "missing": [tmp_path / "nope"],
+        "file": [tiny_pair.drafter / "model.safetensors"],
         "not-dspark": [tiny_pair.target],
         "k>Vd": [tiny_pair.drafter, "--topk", "3000"],
         "k>3840": [big_vocab_pair.drafter, "--topk", "3841"],

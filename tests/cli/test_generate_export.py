@@ -95,6 +95,24 @@ def test_an_export_without_target_says_how_to_add_it(random_pair, tmp_path, caps
     assert "dspark-export DRAFTER --target TARGET" in one_error(capsys)
 
 
+def test_a_checkpoint_or_a_wrong_path_given_as_export_says_what_it_is(tiny_pair, tmp_path, capsys):
+    """issue 47: a drafter checkpoint (its pair's manifest.json has no format_version) read as an export with
+    "format_version None ... re-run dspark-export"; a checkpoint's own directory as "has no manifest.json"."""
+    pair = tiny_pair.drafter.parent
+    cases = [
+        (pair, f"{pair} is a drafter checkpoint (drafter/ + target/), not an export directory: export it "
+               f"(dspark-export {tiny_pair.drafter} --target {tiny_pair.target} -o OUT"),
+        (pair, f"or run it as it is (--drafter {tiny_pair.drafter} --target {tiny_pair.target})"),
+        (tiny_pair.drafter, f"{tiny_pair.drafter} is a drafter checkpoint, not an export directory"),
+        (tmp_path / "nowhere", "nowhere does not exist: pass an export directory"),
+        (tiny_pair.drafter / "config.json", "config.json is a file, not an export directory"),
+    ]
+    capsys.readouterr()
+    for given, message in cases:
+        assert main(["generate", "--export", str(given), "--input-ids", "1 2"]) == 1, given
+        assert message in one_error(capsys)
+
+
 def test_a_truncated_target_graph_is_one_line_exit_1(qwen3_topk_export, tmp_path, capsys):
     out = tmp_path / "export"
     shutil.copytree(qwen3_topk_export, out)

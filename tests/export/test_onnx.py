@@ -61,7 +61,7 @@ def test_loaders_are_lazy(tmp_path):
     """Constructing a pipeline touches nothing; a bad dtype fails at construction, before any loading."""
     pipeline = SaveOnnx(OnnxFromCheckpoint(tmp_path / "missing", dtype="fp32"), tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    with pytest.raises(DSparkTrtError, match="no config.json"):
+    with pytest.raises(DSparkTrtError, match="does not exist"):
         pipeline()
     with pytest.raises(DSparkTrtError, match="unknown dtype"):
         OnnxFromCheckpoint(tmp_path / "missing", dtype="int4")

@@ -86,7 +86,8 @@ def test_only_a_servable_export_gets_a_repository(tmp_path, qwen3_topk_export, t
     first_graph = lambda m: next(iter(m["graphs"].values()))["file"]  # noqa: E731
     cases = [
         (hello, "format_version None"),
-        (tiny_pair.drafter, "has no manifest.json"),
+        (tiny_pair.drafter, "is a drafter checkpoint, not an export directory"),
+        (tiny_pair.drafter.parent, r"is a drafter checkpoint \(drafter/ \+ target/\), not an export directory"),
         (tmp_path / "nowhere", "does not exist"),
         (_broken_copy(qwen3_topk_export, tmp_path, "no-graph", lambda d, m: (d / first_graph(m)).unlink()),
          "lacks the drafter graph"),
