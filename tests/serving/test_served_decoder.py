@@ -46,8 +46,11 @@ def test_runtime_choice(tmp_path):
     (tmp_path / "manifest.json").write_text('{"format_version": 2, "engines": {}}')
     assert choose_runtime(export_dir=str(tmp_path)) == "onnxruntime"
     assert choose_runtime(export_dir=str(tmp_path), forced="tensorrt") == "tensorrt"
-    with pytest.raises(DSparkTrtError, match="no manifest.json"):
+    with pytest.raises(DSparkTrtError, match="nothing does not exist: pass an export directory"):
         choose_runtime(export_dir=str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DSparkTrtError, match="no manifest.json"):
+        choose_runtime(export_dir=str(tmp_path / "empty"))
     with pytest.raises(DSparkTrtError, match="unknown runtime"):
         choose_runtime(export_dir=None, forced="tgi")
 
