@@ -18,17 +18,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import DSparkTrtError
+from ..runtime.draft_options import verify_length
 from ..topk import parse_topk
 
 __all__ = ["DEFAULT_PROMPT", "Requests", "add_arguments", "build_decoder", "generation_options", "parse_ids",
-           "requests", "resolve_pair", "verify_length"]
+           "requests", "resolve_pair"]
 
 DEFAULT_PROMPT = "Speculative decoding"  # the prompt when none is given and the target has a tokenizer
 
-
-def verify_length(text: str) -> int | str:
-    """``--verify-drafts`` values: an integer L, or 'auto' (argparse names this function in its error)."""
-    return "auto" if text.strip().lower() == "auto" else int(text)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,6 @@ from types import ModuleType
 from typing import Callable
 
 from ..errors import DSparkTrtError, ValidationMismatch
-from ..args.decoding import verify_length  # noqa: F401  (re-exported for the commands)
 from ..threads import set_cpu_threads  # noqa: F401  (re-exported for the commands)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_USAGE, EXIT_MISMATCH = 0, 1, 2, 3

@@ -10,7 +10,13 @@ from __future__ import annotations
 from ..errors import DSparkTrtError
 from ..topk import resolve_topk
 
-__all__ = ["resolve_draft_options", "resolve_markov_topm", "resolve_verify_drafts"]
+__all__ = ["resolve_draft_options", "resolve_markov_topm", "resolve_verify_drafts", "verify_length"]
+
+
+def verify_length(text: str) -> int | str:
+    """``--verify-drafts`` values (and the served model's parameter): an integer L, or 'auto' (argparse names this
+    function in its error); ``resolve_verify_drafts`` checks the range against the drafter."""
+    return "auto" if text.strip().lower() == "auto" else int(text)
 
 
 def resolve_draft_options(c, topk, confidence_threshold: float | None, *, default_topk: int | None):

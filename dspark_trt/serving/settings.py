@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import DSparkTrtError
+from ..runtime.draft_options import verify_length
 from ..topk import DEFAULT_TOPK, parse_topk, topk_text
 
 __all__ = ["Setting", "SettingError", "setting_of", "DecodeSettings", "ModelSettings", "RepositorySettings",
-           "ServeOptions", "RUNTIMES", "topk_value", "verify_length", "gpu_list"]
+           "ServeOptions", "RUNTIMES", "topk_value", "gpu_list"]
 
 RUNTIMES = ("tensorrt", "onnxruntime", "torch")
 DTYPES = ("fp32", "fp16", "bf16")
@@ -69,10 +70,6 @@ def topk_value(text: str) -> int | None:
     except DSparkTrtError as e:
         raise SettingError(str(e)) from None
 
-
-def verify_length(text: str) -> int | str:
-    """``--verify-drafts`` values: an integer L, or 'auto' (argparse names this function in its error)."""
-    return "auto" if text.strip().lower() == "auto" else int(text)
 
 
 def gpu_list(text: str) -> list[int]:
