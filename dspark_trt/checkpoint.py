@@ -22,6 +22,7 @@ __all__ = [
     "check_checkpoint",
     "SHARED_WITH_TARGET",
     "IGNORED_TENSORS",
+    "markov_head_tensors",
 ]
 
 SINGLE_FILE = "model.safetensors"
@@ -168,6 +169,7 @@ def expected_tensors(config: DSparkConfig) -> dict[str, TensorSpec]:
         "lm_head.weight": TensorSpec((c.draft_vocab_size, d), optional=None if c.has_reduced_vocab else "target"),
         "markov_head.markov_w1.weight": TensorSpec((c.vocab_size, r)),
         "markov_head.markov_w2.weight": TensorSpec((c.draft_vocab_size, r)),
+        **markov_head_tensors(c),
     }
     per_layer = {
         "input_layernorm.weight": (d,),
@@ -191,6 +193,19 @@ def expected_tensors(config: DSparkConfig) -> dict[str, TensorSpec]:
         shapes["confidence_head.proj.bias"] = TensorSpec((1,), optional="confidence")
     shapes["d2t"] = TensorSpec((c.draft_vocab_size,), optional=None if c.has_reduced_vocab else "identity")
     return shapes
+
+
+def markov_head_tensors(config: DSparkConfig) -> dict[str, TensorSpec]:
+    """The head-specific Markov tensors (speculators', NeMo AutoModel's and DeepSpec's names; docs/dspark.md §5):
+    gated ``gate_proj`` Linear(d + r → r) over [h ; W1[d]], rnn ``joint_proj`` Linear(2r + d → 3r) over
+    [state ; W1[d] ; h] with outputs [gate ; candidate ; output]; none for vanilla."""
+    d, r = config.hidden_size, config.markov_rank
+    if config.markov_head_type == "gated":
+        return {"markov_head.gate_proj.weight": TensorSpec((r, d + r)), "markov_head.gate_proj.bias": TensorSpec((r,))}
+    if config.markov_head_type == "rnn":
+        return {"markov_head.joint_proj.weight": TensorSpec((3 * r, 2 * r + d)),
+                "markov_head.joint_proj.bias": TensorSpec((3 * r,))}
+    return {}
 
 
 def check_checkpoint(
@@ -235,6 +250,10 @@ def check_checkpoint(
                     f"checkpoint must include a d2t token mapping: draft_vocab_size {config.draft_vocab_size} < "
                     f"vocab_size {config.vocab_size}; save the drafter with its d2t tensor [draft_vocab_size]"
                 )
+            elif name in markov_head_tensors(config):
+                violations.append(f"missing tensor {name} (expected shape {list(ts.shape)}): config.json has "
+                                  f"markov_head_type={config.markov_head_type!r}, whose head needs it; fix "
+                                  f"markov_head_type or save the drafter with its whole Markov head")
             else:
                 violations.append(f"missing tensor {name} (expected shape {list(ts.shape)})")
     conf = ("confidence_head.proj.weight", "confidence_head.proj.bias")
@@ -245,6 +264,9 @@ def check_checkpoint(
         hint = ""
         if name.startswith("confidence_head.") and not config.enable_confidence_head:
             hint = " (config.json has enable_confidence_head=false)"
+        elif name.startswith(("markov_head.gate_proj.", "markov_head.joint_proj.")):
+            hint = (f" (config.json has markov_head_type={config.markov_head_type!r}; a "
+                    f"{'gated' if 'gate_proj' in name else 'rnn'} head's tensor: fix markov_head_type)")
         elif name.startswith("layers."):
             hint = f" (config.json has num_hidden_layers={config.num_hidden_layers})"
         violations.append(f"unexpected tensor {name}{hint}")

@@ -40,7 +40,9 @@ from .jsonfile import read_json
 
 __all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture_ids", "check_layer_ids"]
 
-SUPPORTED_MARKOV_HEADS = ("vanilla",)
+#: the Markov heads the field trains (speculators, NeMo AutoModel, DeepSpec) and dspark-trt runs (docs/dspark.md §5):
+#: "vanilla" bias W2·W1[d]; "gated" W2·(σ(G·[h ; W1[d]] + b) ⊙ W1[d]); "rnn" W2·tanh(o) from a GRU-style state
+SUPPORTED_MARKOV_HEADS = ("vanilla", "gated", "rnn")
 SUPPORTED_HIDDEN_ACTS = ("silu",)
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 QWEN3_SLIDING_WINDOW = 4096  # transformers' Qwen3Config defaults, used where a key is absent
@@ -92,7 +94,7 @@ class DSparkConfig:
     target_layer_ids: tuple[int, ...]  # DeepSeek convention
     num_target_layers: int | None  # target depth, when the checkpoint records it
     markov_rank: int  # r
-    markov_head_type: Literal["vanilla"] = "vanilla"
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True
     logit_scale: float = 1.0  # s: multiplies the base logits and the Markov bias
@@ -116,8 +118,8 @@ class DSparkConfig:
             raise DSparkTrtError(unsupported)
         if self.markov_head_type not in SUPPORTED_MARKOV_HEADS:
             raise DSparkTrtError(
-                f"markov_head_type {self.markov_head_type!r} is not supported: dspark-trt implements the "
-                f"'vanilla' Markov head only (no released Qwen3 DSpark checkpoint uses gated/rnn heads)"
+                f"markov_head_type {self.markov_head_type!r} is not supported: config.json must name one of "
+                f"{', '.join(repr(h) for h in SUPPORTED_MARKOV_HEADS)} (docs/dspark.md §5)"
             )
         problems = []
         for name in ("vocab_size", "draft_vocab_size", "hidden_size", "num_hidden_layers", "head_dim",
@@ -140,6 +142,10 @@ class DSparkConfig:
         if not 0 <= self.draft_markov_topm <= self.draft_vocab_size:
             problems.append(f"draft_markov_topm {self.draft_markov_topm} must be in [0, draft_vocab_size="
                             f"{self.draft_vocab_size}]")
+        if self.draft_markov_topm and self.markov_head_type != "vanilla":
+            problems.append(f"draft_markov_topm {self.draft_markov_topm} needs the vanilla Markov head: a "
+                            f"{self.markov_head_type} head's bias depends on the context, so no static candidate "
+                            f"table can rank it; set draft_markov_topm to 0")
         if problems:
             raise DSparkTrtError("invalid DSpark config: " + "; ".join(problems))
 
@@ -310,6 +316,14 @@ def _attention_fields(layer: dict[str, Any], non_causal: Any, where: str) -> dic
                 sliding_window_non_causal=bool(non_causal or False))
 
 
+def _markov_head_type(raw: dict[str, Any], where: str) -> str:
+    value = raw.get("markov_head_type") or "vanilla"
+    if not isinstance(value, str):
+        raise DSparkTrtError(f"{where}: markov_head_type must be a string, one of {list(SUPPORTED_MARKOV_HEADS)}; "
+                             f"got {value!r}")
+    return value.lower()
+
+
 def _draft_topk(raw: dict[str, Any]) -> int | None:
     value = raw.get("draft_topk", raw.get("dspark_draft_topk"))
     return None if value in (None, 0) else int(value)
@@ -332,7 +346,7 @@ def _from_deepseek(raw: dict[str, Any], where: str) -> DSparkConfig:
         target_layer_ids=tuple(int(i) for i in ids),
         num_target_layers=None if raw.get("num_target_layers") is None else int(raw["num_target_layers"]),
         markov_rank=int(_require(raw, "markov_rank", where)),
-        markov_head_type=raw.get("markov_head_type", "vanilla"),
+        markov_head_type=_markov_head_type(raw, where),
         enable_confidence_head=bool(raw.get("enable_confidence_head", True)),
         confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", True)),
         logit_scale=float(raw.get("logit_scale", 1.0)),
@@ -361,7 +375,7 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkConfig:
         target_layer_ids=tuple(deepseek_ids_from_capture_ids([int(i) for i in capture])),
         num_target_layers=None if num_target is None else int(num_target),
         markov_rank=int(_require(raw, "markov_rank", where)),
-        markov_head_type=raw.get("markov_head_type", "vanilla"),
+        markov_head_type=_markov_head_type(raw, where),
         enable_confidence_head=bool(raw.get("enable_confidence_head", False)),
         confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", False)),
         logit_scale=float(raw.get("logit_scale", 1.0)),

@@ -95,9 +95,16 @@ def test_dspark_target_layer_ids_is_accepted():
     assert DSparkConfig.from_dict({**raw, "dspark_target_layer_ids": [2, 4, 6]}).target_layer_ids == (2, 4, 6)
 
 
-@pytest.mark.parametrize("head", ["gated", "rnn"])
-def test_unsupported_markov_heads_are_refused(head):
-    with pytest.raises(DSparkTrtError, match=f"markov_head_type '{head}' is not supported"):
+@pytest.mark.parametrize("head", ["gated", "rnn", "GATED"])
+def test_the_three_markov_heads_are_read(head):
+    config = DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "markov_head_type": head})
+    assert config.markov_head_type == head.lower()
+    assert config.digest() != DSparkConfig.from_dict(QWEN3_8B_DSPARK).digest()
+
+
+@pytest.mark.parametrize("head", ["lstm", 3])
+def test_unknown_markov_heads_are_refused(head):
+    with pytest.raises(DSparkTrtError, match="markov_head_type .* (is not supported|must be a string)"):
         DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "markov_head_type": head})
 
 

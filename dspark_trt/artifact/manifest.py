@@ -93,7 +93,7 @@ def new_manifest(
     """The manifest for an export: config, shapes, I/O of each ONNX graph, plugin and kernel facts, versions;
     ``drafter``: the ONNX step's record (``{"spec", "versions", "d2t"?}``)."""
     from .. import __version__
-    from ..plugins.contract import OP_CONTRACT_VERSION
+    from ..plugins.contract import op_contract_version_for
 
     return {
         "format_version": FORMAT_VERSION,
@@ -113,7 +113,8 @@ def new_manifest(
         "sample_from_anchor": config.sample_from_anchor,
         "topk": topk,
         "markov_topm": int(markov_topm),  # candidate union width M (0 = none)
-        "op_contract_version": OP_CONTRACT_VERSION if markov_topm else 1,  # readers: absent = 1
+        # readers: absent = 1
+        "op_contract_version": op_contract_version_for(config.markov_head_type, markov_topm),
         "dtype": dtype,
         "graphs": {
             name: {"file": str(Path(path).relative_to(export_dir)), **graph_io(path)} for name, path in graphs.items()
@@ -129,7 +130,8 @@ def new_manifest(
 
 def op_contract_version(manifest: dict[str, Any]) -> int:
     """The export's ``dspark`` op contract version (``plugins/contract.py``): 1 when absent (exports made before
-    the candidate union), 2 when the draft graph uses ``DSparkTopKMarkovUnion``."""
+    the candidate union), 2 when the draft graph uses ``DSparkTopKMarkovUnion``, 3 for ``DSparkTopKMarkovGated`` or
+    ``DSparkTopKMarkovRNN``."""
     return int(manifest.get("op_contract_version") or 1)
 
 

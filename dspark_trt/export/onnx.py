@@ -34,7 +34,7 @@ from ..artifact.layout import GRAPH_FILES, MANIFEST_FILE
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
-from ..plugins.contract import OP_CONTRACT_VERSION, TENSORRT_TOPK_LIMIT
+from ..plugins.contract import OP_VERSIONS, TENSORRT_TOPK_LIMIT, UNION_OP_NAME
 from ..topk import DEFAULT_TOPK, resolve_topk
 
 __all__ = [
@@ -68,7 +68,7 @@ class ExportSpec:
     @property
     def op_contract_version(self) -> int:
         """1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the export uses ``DSparkTopKMarkovUnion``."""
-        return OP_CONTRACT_VERSION if self.markov_topm else 1
+        return OP_VERSIONS[UNION_OP_NAME] if self.markov_topm else 1
 
     @classmethod
     def resolve(cls, config: DSparkConfig, *, topk: int | str | None = DEFAULT_TOPK, dtype: str | torch.dtype | None = None,
@@ -121,6 +121,10 @@ def resolve_markov_topm(config: DSparkConfig, markov_topm: int | str | None, top
     if isinstance(markov_topm, bool) or not 0 <= m <= vd:
         raise DSparkTrtError(f"--markov-topm {text} must be an integer in [0, draft_vocab_size={vd}] (0 = no "
                              f"candidate union); use a smaller M")
+    if m and config.markov_head_type != "vanilla":
+        raise DSparkTrtError(f"--markov-topm {m} needs the vanilla Markov head: this drafter's "
+                             f"{config.markov_head_type} head biases by the context, so no static candidate table "
+                             f"can rank it; use --markov-topm 0")
     if m and topk is None:
         raise DSparkTrtError(f"--markov-topm {m} needs a top-k export (the dense walk already scores every token); "
                              f"pass --topk K, or --markov-topm 0 with --topk off")

@@ -35,6 +35,18 @@ __all__ = [
     "UNION_ATTRIBUTES",
     "OP_CONTRACT_VERSION",
     "reference_union_op",
+    "GATED_OP_NAME",
+    "RNN_OP_NAME",
+    "GATED_PLUGIN_ID",
+    "RNN_PLUGIN_ID",
+    "GATED_INPUTS",
+    "RNN_INPUTS",
+    "HEAD_OPS",
+    "OP_VERSIONS",
+    "reference_gated_op",
+    "reference_rnn_op",
+    "REFERENCE_OPS",
+    "op_contract_version_for",
 ]
 
 OP_NAME = "DSparkTopKMarkov"
@@ -48,9 +60,18 @@ TENSORRT_TOPK_LIMIT = 3840  # ITopKLayer / ONNX TopK in TensorRT: k ≤ 3840
 #: union emits exactly the contract-1 graph (``DSparkTopKMarkov`` only, domain version 1).
 UNION_OP_NAME = "DSparkTopKMarkovUnion"
 UNION_PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{UNION_OP_NAME}"
-#: 1 = DSparkTopKMarkov only; 2 = adds DSparkTopKMarkovUnion (the ``dspark`` ONNX domain version of an export
-#: that uses it; ``manifest.json["op_contract_version"]``, absent = 1). Readers accept every version ≤ this.
-OP_CONTRACT_VERSION = 2
+#: the gated and RNN Markov heads (docs/dspark.md §5) are one op each, for the same reason: their walk reads a
+#: per-slot hidden part and an r-sized weight that the vanilla op has no inputs for
+GATED_OP_NAME = "DSparkTopKMarkovGated"
+RNN_OP_NAME = "DSparkTopKMarkovRNN"
+GATED_PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{GATED_OP_NAME}"
+RNN_PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{RNN_OP_NAME}"
+#: 1 = DSparkTopKMarkov only; 2 = adds DSparkTopKMarkovUnion; 3 = adds DSparkTopKMarkovGated and
+#: DSparkTopKMarkovRNN (the ``dspark`` ONNX domain version of an export that uses them;
+#: ``manifest.json["op_contract_version"]``, absent = 1). Readers accept every version ≤ this.
+OP_CONTRACT_VERSION = 3
+#: the contract version an export needs for each op (a vanilla export without the union stays at 1)
+OP_VERSIONS = {OP_NAME: 1, UNION_OP_NAME: 2, GATED_OP_NAME: 3, RNN_OP_NAME: 3}
 
 
 @dataclass(frozen=True)
@@ -111,6 +132,31 @@ UNION_OUTPUTS = (
 UNION_ATTRIBUTES = {**ATTRIBUTES, "markov_topm": "int: M, the union width (the last dim of union_table), >= 1"}
 
 
+#: the gated op's inputs: the 11 above, then the walk-independent and the walk's part of ``gate_proj``
+GATED_INPUTS = INPUTS + (
+    TensorContract("gate_hidden", "[B, N, r]", "float32",
+                   "G_h · h_j + b_G: gate_proj's hidden-state columns times slot j's backbone state, plus its bias"),
+    TensorContract("gate_w", "[r, r]", "W", "G_e: gate_proj's W1-embedding columns, layout [out, in]"),
+)
+#: the RNN op's inputs: the 11 above, then ``joint_proj``'s two parts and the state before slot 0
+RNN_INPUTS = INPUTS + (
+    TensorContract("joint_hidden", "[B, N, 3r]", "float32",
+                   "J_h · h_j + b_J: joint_proj's hidden-state columns times slot j's backbone state, plus its bias"),
+    TensorContract("joint_w", "[3r, 2r]", "W", "joint_proj's [state ; W1-embedding] columns, layout [out, in]"),
+    TensorContract("rnn_state0", "[B, r]", "float32",
+                   "the recurrent state before slot 0: zeros (anchor-first), or after the anchor slot (bonus-anchor)"),
+)
+#: per head type: (op name, inputs); the outputs and attributes are the vanilla op's
+HEAD_OPS = {"vanilla": (OP_NAME, INPUTS), "gated": (GATED_OP_NAME, GATED_INPUTS), "rnn": (RNN_OP_NAME, RNN_INPUTS)}
+
+
+def op_contract_version_for(markov_head_type: str = "vanilla", markov_topm: int = 0) -> int:
+    """The contract version an export needs: that of the op its draft graph uses (1, 2 with the union, 3 for a
+    gated or RNN head), so an export that uses none of the newer ops stays readable by older versions."""
+    op = UNION_OP_NAME if markov_topm else HEAD_OPS[markov_head_type][0]
+    return OP_VERSIONS[op]
+
+
 def _op_signature(inputs: tuple[TensorContract, ...]) -> inspect.Signature:
     """The reference function's signature: the op's inputs by name, in contract order, then ``logit_scale``."""
     P = inspect.Parameter
@@ -119,13 +165,28 @@ def _op_signature(inputs: tuple[TensorContract, ...]) -> inspect.Signature:
 
 
 _PLAIN_SIGNATURE, _UNION_SIGNATURE = _op_signature(INPUTS), _op_signature(UNION_INPUTS)
+_GATED_SIGNATURE, _RNN_SIGNATURE = _op_signature(GATED_INPUTS), _op_signature(RNN_INPUTS)
+
+
+def _head(bound: dict):
+    """The gated / RNN op's extra inputs (popped from ``bound``) as the oracle's ``HeadFeatures``, or None."""
+    from ..reference.markov_heads import HeadFeatures
+
+    if "gate_hidden" in bound:
+        return HeadFeatures("gated", bound.pop("gate_hidden"), bound.pop("gate_w"))
+    if "joint_hidden" in bound:
+        return HeadFeatures("rnn", bound.pop("joint_hidden"), bound.pop("joint_w"), bound.pop("rnn_state0"))
+    return None
 
 
 def _reference(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]:
-    """Both ops through the oracle, one body: the union's two extra inputs when the signature has them (M > 0),
-    none for the plain op (M = 0); the outputs in contract order."""
+    """Every op through the oracle, one body: the union's two extra inputs when the signature has them (M > 0),
+    the gated / RNN head's when it has those, none for the plain op; the outputs in contract order."""
     bound = signature.bind(*args, **kwargs).arguments
     union = {name: bound.pop(name) for name in ("union_table", "base_logits") if name in bound}
+    head = _head(bound)
+    if head is not None:
+        union["head"] = head
     from ..reference.markov import walk_candidates
 
     result = walk_candidates(
@@ -140,7 +201,7 @@ def _reference(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple
         **union,
     )
     outputs = (result.tokens.to(torch.int32), result.cand_logits, result.confidence)
-    if not union:
+    if "union_table" not in union:
         return outputs
     k = bound["cand_ids"].shape[-1]
     return (*outputs, result.cand_ids[..., k:].to(torch.int32))
@@ -159,5 +220,22 @@ def reference_union_op(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, tor
     return _reference(_UNION_SIGNATURE, args, kwargs)  # type: ignore[return-value]
 
 
+def reference_gated_op(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gated op on CPU via the oracle (``GATED_INPUTS`` by position or name; ``logit_scale=``): the plain
+    op's three outputs."""
+    return _reference(_GATED_SIGNATURE, args, kwargs)  # type: ignore[return-value]
+
+
+def reference_rnn_op(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The RNN op on CPU via the oracle (``RNN_INPUTS`` by position or name; ``logit_scale=``): the plain op's
+    three outputs."""
+    return _reference(_RNN_SIGNATURE, args, kwargs)  # type: ignore[return-value]
+
+
+#: per head type, the op's CPU reference
+REFERENCE_OPS = {"vanilla": reference_op, "gated": reference_gated_op, "rnn": reference_rnn_op}
+
 reference_op.__signature__ = _PLAIN_SIGNATURE  # type: ignore[attr-defined]
 reference_union_op.__signature__ = _UNION_SIGNATURE  # type: ignore[attr-defined]
+reference_gated_op.__signature__ = _GATED_SIGNATURE  # type: ignore[attr-defined]
+reference_rnn_op.__signature__ = _RNN_SIGNATURE  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ import torch
 from ..reference.markov import MarkovWalkResult, markov_walk, select_candidates, walk_candidates
 from ..reference.sampling import HASH_PRIME
 
-__all__ = ["CPU_KERNEL_MIN_HEAD", "MarkovImpl", "REFERENCE", "select_markov_impl", "select_markov_walk",
+__all__ = ["CPU_KERNEL_MIN_HEAD", "NATIVE_HEADS", "MarkovImpl", "REFERENCE", "select_markov_impl", "select_markov_walk",
            "fused_markov_walk", "fused_walk_candidates", "fallback_reason"]
 
 log = logging.getLogger("dspark.plugins")
@@ -48,16 +48,20 @@ REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candida
 #: few ms, while the Numba kernels cost ~1 s to load per process: the demo pair's --topk 16 ran at 1/3 of the
 #: dense speed for that alone (docs/runtime.md, "Which Markov walk").
 CPU_KERNEL_MIN_HEAD = 1 << 20
+#: the Markov heads (config.SUPPORTED_MARKOV_HEADS) each device's native kernels walk; the others get the reference
+NATIVE_HEADS = {"cpu": ("vanilla",), "cuda": ("vanilla",)}
 
 
 def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
                     logits_dtype: torch.dtype, weights_dtype: torch.dtype, markov_topm: int = 0,
-                    draft_vocab_size: int | None = None) -> str | None:
+                    draft_vocab_size: int | None = None, markov_head_type: str = "vanilla") -> str | None:
     """Why the reference walk must run instead of the device's native kernel (one line), or None when it can.
     ``draft_vocab_size`` (when given) lets the CPU pick the reference walk for a small head."""
     device = torch.device(device)
     if topk is None:
         return "dense Markov head (no top-k): one GEMM per step is already the fast path"
+    if markov_head_type not in NATIVE_HEADS.get(device.type, ("vanilla",)):
+        return f"no native {device.type} kernel for the {markov_head_type} Markov head yet"
     if device.type == "cpu":
         if draft_vocab_size is not None and draft_vocab_size * rank < CPU_KERNEL_MIN_HEAD:
             return (f"small Markov head (V_d·r = {draft_vocab_size * rank} < {CPU_KERNEL_MIN_HEAD}): the PyTorch "
@@ -100,12 +104,14 @@ def _native_impl(device_type: str) -> MarkovImpl:
 
 def select_markov_impl(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
                        logits_dtype: torch.dtype = torch.float32, weights_dtype: torch.dtype = torch.float32,
-                       use_kernel: bool = True, markov_topm: int = 0, draft_vocab_size: int | None = None) -> MarkovImpl:
+                       use_kernel: bool = True, markov_topm: int = 0, draft_vocab_size: int | None = None,
+                       markov_head_type: str = "vanilla") -> MarkovImpl:
     """The selection and walk for this device and case: the device's native kernel, or ``REFERENCE``."""
     device = torch.device(device)
     reason = "disabled by the caller" if not use_kernel else fallback_reason(
         device, topk=topk, rank=rank, num_draft_tokens=num_draft_tokens, logits_dtype=logits_dtype,
-        weights_dtype=weights_dtype, markov_topm=markov_topm, draft_vocab_size=draft_vocab_size)
+        weights_dtype=weights_dtype, markov_topm=markov_topm, draft_vocab_size=draft_vocab_size,
+        markov_head_type=markov_head_type)
     if reason is not None:
         _log_choice(REFERENCE.name, reason)
         return REFERENCE

@@ -26,7 +26,7 @@ Two things live here:
   as ``walk_candidates`` loops. Tests compare it with ``reference_op``.
 
 The candidate union (``--markov-topm M``) is a second op of the domain, ``dspark::DSparkTopKMarkovUnion``
-(contract ``UNION_*``; schema since ``dspark`` domain version 2 = ``OP_CONTRACT_VERSION``): ``union_op_schema``
+(contract ``UNION_*``; schema since ``dspark`` domain version 2, ``contract.OP_VERSIONS``): ``union_op_schema``
 and ``union_local_function`` are built the same way from ``contract.reference_union_op`` (its two extra
 inputs: the table, shared by every step, and the base logits, sliced per step). ``register_schema`` registers
 both schemas.
@@ -39,7 +39,7 @@ import threading
 
 import torch
 
-from .contract import (ATTRIBUTES, INPUTS, OP_CONTRACT_VERSION, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE,
+from .contract import (ATTRIBUTES, INPUTS, OP_VERSIONS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE,
                        PLUGIN_VERSION, UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS)
 
 __all__ = [
@@ -56,9 +56,9 @@ __all__ = [
 ]
 
 OPSET_VERSION = 1  # version of the ``dspark`` ONNX domain of an export without the candidate union
-#: the ``dspark`` domain version of an export with the union op (= ``contract.OP_CONTRACT_VERSION``); the union
+#: the ``dspark`` domain version of an export with the union op (``contract.OP_VERSIONS``); the union
 #: schema is registered since this version, the plain op's schema (since 1) stays valid under it
-UNION_OPSET_VERSION = OP_CONTRACT_VERSION
+UNION_OPSET_VERSION = OP_VERSIONS[UNION_OP_NAME]
 #: ONNX type strings the logits (T) and weights (W) may have
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 _FIXED_TYPES = {"int32": "tensor(int32)", "float32": "tensor(float)"}

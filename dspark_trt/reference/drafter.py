@@ -24,6 +24,7 @@ from torch import nn
 from ..config import DSparkConfig
 from .layers import DSparkDecoderLayer, RMSNorm, block_attention_mask
 from .markov import MarkovWalkResult, markov_union_table, select_candidates, walk_candidates
+from .markov_heads import HeadFeatures, head_features, rnn_initial_state
 
 __all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead", "context_length", "layer_context"]
 
@@ -39,12 +40,23 @@ def layer_context(ctx: torch.Tensor | Sequence[torch.Tensor], layer: int) -> tor
 
 
 class MarkovHead(nn.Module):
-    """Vanilla low-rank Markov head: bias_j = W2 · W1[d_j] (docs/dspark.md §5)."""
+    """Low-rank Markov head: bias_j = W2 · u_j, u_j = W1[d_j] (vanilla) or the gated / RNN feature of
+    ``reference/markov_heads.py`` (docs/dspark.md §5); module names as speculators and NeMo AutoModel save them."""
 
-    def __init__(self, vocab: int, draft_vocab: int, rank: int):
+    def __init__(self, vocab: int, draft_vocab: int, rank: int, head_type: str = "vanilla", hidden_size: int = 0):
         super().__init__()
+        self.head_type = head_type
         self.markov_w1 = nn.Embedding(vocab, rank)  # [V, r], indexed by the predecessor's *target* id
         self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)  # weight [V_d, r]
+        if head_type == "gated":
+            self.gate_proj = nn.Linear(hidden_size + rank, rank)  # over [h ; W1[d]]
+        elif head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)  # over [s ; W1[d] ; h] → [γ ; c ; o]
+
+    @property
+    def projection(self) -> nn.Linear | None:
+        """gate_proj (gated), joint_proj (rnn) or None (vanilla)."""
+        return getattr(self, "gate_proj", None) or getattr(self, "joint_proj", None)
 
 
 class ConfidenceHead(nn.Module):
@@ -69,7 +81,8 @@ class DSparkDrafter(nn.Module):
         )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self.markov_head = MarkovHead(c.vocab_size, c.draft_vocab_size, c.markov_rank)
+        self.markov_head = MarkovHead(c.vocab_size, c.draft_vocab_size, c.markov_rank, c.markov_head_type,
+                                      c.hidden_size)
         self.confidence_head = ConfidenceHead(c.confidence_input_size) if c.enable_confidence_head else None
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))  # [V_d] offsets
 
@@ -132,9 +145,31 @@ class DSparkDrafter(nn.Module):
         ctx_start: torch.Tensor | None = None,  # [B] int64: the position of context row 0 (None = 0)
     ) -> torch.Tensor:
         """Final-normed hidden states of the N prediction slots, [B, N, d] (layout handled here)."""
+        return self.prediction_slots(self.block_states(anchor, ctx_k, ctx_v, ctx_len, ctx_start))
+
+    def block_states(self, anchor: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_len: torch.Tensor,
+                     ctx_start: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states of every query slot, [B, Q, d] (``block_hidden`` before the layout)."""
         ids, positions = self.block_ids(anchor, ctx_len)
-        h = self.block_forward(ids, positions, ctx_k, ctx_v, ctx_len, ctx_start)
-        return h if self.config.sample_from_anchor else h[:, 1:]
+        return self.block_forward(ids, positions, ctx_k, ctx_v, ctx_len, ctx_start)
+
+    def prediction_slots(self, states: torch.Tensor) -> torch.Tensor:
+        """[B, Q, d] block states → [B, N, d], the prediction slots (bonus-anchor: without the anchor slot 0)."""
+        return states if self.config.sample_from_anchor else states[:, 1:]
+
+    def head_features(self, anchor: torch.Tensor, states: torch.Tensor) -> HeadFeatures | None:
+        """The gated / RNN head's walk inputs from the block states [B, Q, d] (None for vanilla): the hidden part
+        of its projection per prediction slot, the walk's weight, and (rnn, bonus-anchor) the state after the
+        anchor slot (``reference/markov_heads.py``)."""
+        head = self.markov_head
+        proj = head.projection
+        if proj is None:
+            return None
+        state0 = None
+        if head.head_type == "rnn" and not self.config.sample_from_anchor:
+            state0 = rnn_initial_state(head.markov_w1.weight[anchor.to(torch.int64)], states[:, 0], proj.weight,
+                                       proj.bias)
+        return head_features(head.head_type, self.prediction_slots(states), proj.weight, proj.bias, state0=state0)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """U = s · lm_head(H): [B, N, d] → [B, N, V_d] in the module dtype."""
@@ -169,9 +204,15 @@ class DSparkDrafter(nn.Module):
 
         ``select`` and ``walk`` (signatures of ``reference.markov.select_candidates`` and ``walk_candidates``)
         let an executor swap in native kernels. ``markov_topm`` M > 0 adds the candidate union
-        (``union_table``; the walk then also gets ``union_table`` and ``base_logits``).
+        (``union_table``; the walk then also gets ``union_table`` and ``base_logits``). A gated or RNN head's
+        walk also gets ``head=`` (``HeadFeatures``); a vanilla walk never does.
         """
-        hidden = self.block_hidden(anchor, ctx_k, ctx_v, ctx_len, ctx_start)
+        walk_options: dict = {}
+        states = self.block_states(anchor, ctx_k, ctx_v, ctx_len, ctx_start)  # [B, Q, d]
+        hidden = self.prediction_slots(states)  # [B, N, d]
+        head = self.head_features(anchor, states)
+        if head is not None:
+            walk_options["head"] = head
         conf_base, conf_w = self.confidence_parts(hidden)
         base = self.base_logits(hidden)  # [B, N, V_d]
         cand_vals, cand_ids = select(base, topk)  # [B, N, k]
@@ -190,6 +231,7 @@ class DSparkDrafter(nn.Module):
             conf_base=conf_base,
             conf_w_markov=conf_w,
             **union,
+            **walk_options,
         )
 
     def union_table(self, topm: int) -> torch.Tensor:

@@ -12,6 +12,10 @@ Per request, with base logits ``U`` [N, V_d] (already × ``s``), anchor ``a`` an
               = argmax_{v∈S_j} Z_j(v) / T + G(seed, p+1+j, v)   probabilistic (Gumbel-max, draft stream)
         d_{j+1} = t + d2t[t]                                   # draft id → target id
 
+Gated and RNN heads (``head``: ``reference/markov_heads.py``) replace ``e_j`` in the bias by a feature ``u_j`` [r]
+that also reads slot j's backbone state (and, for rnn, a recurrent state): ``Z_j = U_j[S_j] + s · (W2[S_j] @ u_j)``.
+The candidates, the confidence (which reads ``e_j``), the noise and the draft → target map are the same.
+
 Candidate union (``markov_topm = M > 0``, ``union_table`` [V, M] from ``markov_union_table``)::
 
     S_j = TopK_k(U_j) ∪ table[d_j]                   [k + M] ids, fixed shape: the k top-k ids, then table[d_j]
@@ -20,9 +24,9 @@ Candidate union (``markov_topm = M > 0``, ``union_table`` [V, M] from ``markov_u
 
 ``table[t]`` holds the ids of the M largest entries of the Markov bias row ``s · W2 · W1[t]`` (the
 tokens the head pushes up most after ``t``). It is indexed like ``W1``, by the predecessor's *target* id,
-so it is [V, M] (= [V_d, M] when V_d = V): the anchor ``d_0`` may be any target id. Only the vanilla
-head exists (``config.SUPPORTED_MARKOV_HEADS`` refuses gated heads before a table is built); a gated head
-scales the bias by a context-dependent gate, so a static table could rank only its ungated bias.
+so it is [V, M] (= [V_d, M] when V_d = V): the anchor ``d_0`` may be any target id. The union is defined for
+the vanilla head only (``DSparkConfig`` and ``walk_candidates`` refuse it for the others): a gated or RNN head's
+bias depends on the context, so a static table could rank only a bias that is never applied.
 
 The verifier must use ``q_j = softmax(Z_j / T)`` over ``S_j`` — the dense corrected distribution restricted
 to the candidates and renormalised — or one-hot for greedy drafts. The candidate logits are returned
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DSparkTrtError
+from .markov_heads import HeadFeatures
 from .sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
 __all__ = ["MarkovWalkResult", "markov_walk", "walk_candidates", "select_candidates", "draft_to_target",
@@ -168,13 +173,18 @@ def walk_candidates(
     conf_w_markov: torch.Tensor | None = None,  # [r]: the Markov-embedding part of the confidence weight
     union_table: torch.Tensor | None = None,  # [V, M] int draft ids per predecessor target id (candidate union)
     base_logits: torch.Tensor | None = None,  # [B, N, V_d] the base logits (× s): needed with union_table
+    head: HeadFeatures | None = None,  # a gated or RNN head's walk inputs (None = vanilla)
 ) -> MarkovWalkResult:
     """Walk the N sequential Markov steps over given candidates (the DSparkTopKMarkov op; module docstring).
 
     With ``union_table`` (M = its width > 0), slot j also scores ``union_table[d_j]``'s ids, their base values
-    read from ``base_logits``; a duplicate of a top-k id is masked (−inf). M = 0 is the plain walk.
+    read from ``base_logits``; a duplicate of a top-k id is masked (−inf). M = 0 is the plain walk. With ``head``
+    the bias multiplies the head's feature ``u_j`` instead of ``e_j`` (the DSparkTopKMarkovGated/RNN ops).
     """
     if union_table is not None and union_table.shape[-1] > 0:
+        if head is not None:
+            raise DSparkTrtError(f"the candidate union (--markov-topm M > 0) is defined for the vanilla Markov head "
+                                 f"only: a {head.kind} head's bias depends on the context; use --markov-topm 0")
         if cand_ids is None:
             raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k head: the dense head "
                                  "already scores every token; use --markov-topm 0 or a --topk")
@@ -201,17 +211,21 @@ def walk_candidates(
     wc = None if conf_w_markov is None else conf_w_markov.to(torch.float32)
 
     prev = anchor.to(torch.int64)  # [B] target ids
+    state = None if head is None else head.start()  # [B, r] fp32 (rnn) or None
     tokens, logits, conf = [], [], []
     for j in range(N):
         e = w1[prev].to(torch.float32)  # [B, r]
         if conf_base is not None:
             part = conf_base[:, j].to(torch.float32)
             conf.append(torch.sigmoid(part + e @ wc if wc is not None else part))  # [B]
+        u = e if head is None else None  # [B, r]: what multiplies W2
+        if head is not None:
+            u, state = head.step(e, j, state)
         if dense:
-            bias = (w2f @ e.T).T  # [B, V_d]: one GEMM over the whole vocabulary
+            bias = (w2f @ u.T).T  # [B, V_d]: one GEMM over the whole vocabulary
         else:
             rows = w2.index_select(0, cand_ids[:, j].reshape(-1)).view(B, k, -1).to(torch.float32)  # [B, k, r]
-            bias = torch.bmm(rows, e.unsqueeze(-1)).squeeze(-1)  # [B, k]
+            bias = torch.bmm(rows, u.unsqueeze(-1)).squeeze(-1)  # [B, k]
         z = cand_vals[:, j] + logit_scale * bias  # [B, k] fp32
         score = z
         if sampling:

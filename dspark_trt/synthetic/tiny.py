@@ -53,6 +53,7 @@ def tiny_config(
     num_key_value_heads: int = 2,
     head_dim: int = 16,
     markov_rank: int = 16,
+    markov_head_type: str = "vanilla",
     block_size: int = 7,
     draft_vocab_size: int | None = None,
     sample_from_anchor: bool = True,
@@ -80,6 +81,7 @@ def tiny_config(
         target_layer_ids=tuple(target_layer_ids or _default_taps(num_target_layers)),
         num_target_layers=num_target_layers,
         markov_rank=markov_rank,
+        markov_head_type=markov_head_type,  # type: ignore[arg-type]
         enable_confidence_head=confidence_head,
         confidence_head_with_markov=confidence_head,
         logit_scale=logit_scale,

@@ -176,4 +176,4 @@ class TorchDrafterBackend(DrafterBackend):
         c = self.config
         return select_markov_impl(self.device, topk=topk, rank=c.markov_rank, num_draft_tokens=c.num_draft_tokens,
                                   logits_dtype=torch.float32, weights_dtype=self.dtype, markov_topm=markov_topm,
-                                  draft_vocab_size=c.draft_vocab_size)
+                                  draft_vocab_size=c.draft_vocab_size, markov_head_type=c.markov_head_type)
