@@ -104,7 +104,7 @@ def test_the_three_markov_heads_are_read(head):
 
 @pytest.mark.parametrize("head", ["lstm", 3])
 def test_unknown_markov_heads_are_refused(head):
-    with pytest.raises(DSparkTrtError, match="markov_head_type .* (is not supported|must be a string)"):
+    with pytest.raises(DSparkTrtError, match="markov_head_type.*(is not supported|must be a string)"):
         DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "markov_head_type": head})
 
 
