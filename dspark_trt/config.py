@@ -143,13 +143,21 @@ class DSparkConfig:
             problems.append(f"draft_markov_topm {self.draft_markov_topm} must be in [0, draft_vocab_size="
                             f"{self.draft_vocab_size}]")
         if self.draft_markov_topm and self.markov_head_type != "vanilla":
-            problems.append(f"draft_markov_topm {self.draft_markov_topm} needs the vanilla Markov head: a "
-                            f"{self.markov_head_type} head's bias depends on the context, so no static candidate "
-                            f"table can rank it; set draft_markov_topm to 0")
+            problems.append(self.union_refusal(f"draft_markov_topm {self.draft_markov_topm}", "set it to 0"))
         if problems:
             raise DSparkTrtError("invalid DSpark config: " + "; ".join(problems))
 
     # -- derived ----------------------------------------------------------------------------------
+    def union_refusal(self, asked: str, fix: str = "use --markov-topm 0") -> str:
+        """Why the candidate union (``asked``: the flag or key as given) cannot run with this drafter's head."""
+        return (f"{asked} needs the vanilla Markov head: this drafter's {self.markov_head_type} head biases by the "
+                f"context, so no static candidate table can rank it; {fix}")
+
+    def check_markov_topm(self, markov_topm: int) -> None:
+        """Refuse a candidate union (M > 0) for a gated or RNN head, in one line (docs/kernel.md)."""
+        if markov_topm and self.markov_head_type != "vanilla":
+            raise DSparkTrtError(self.union_refusal(f"--markov-topm {markov_topm}"))
+
     @property
     def num_draft_tokens(self) -> int:
         """N: tokens proposed per round (block_size, minus the anchor slot in the bonus-anchor layout)."""

@@ -121,10 +121,7 @@ def resolve_markov_topm(config: DSparkConfig, markov_topm: int | str | None, top
     if isinstance(markov_topm, bool) or not 0 <= m <= vd:
         raise DSparkTrtError(f"--markov-topm {text} must be an integer in [0, draft_vocab_size={vd}] (0 = no "
                              f"candidate union); use a smaller M")
-    if m and config.markov_head_type != "vanilla":
-        raise DSparkTrtError(f"--markov-topm {m} needs the vanilla Markov head: this drafter's "
-                             f"{config.markov_head_type} head biases by the context, so no static candidate table "
-                             f"can rank it; use --markov-topm 0")
+    config.check_markov_topm(m)
     if m and topk is None:
         raise DSparkTrtError(f"--markov-topm {m} needs a top-k export (the dense walk already scores every token); "
                              f"pass --topk K, or --markov-topm 0 with --topk off")

@@ -54,6 +54,7 @@ def resolve_markov_topm(c, backend, markov_topm: int | None, topk: int | None) -
         if not 0 < markov_topm <= c.draft_vocab_size:
             raise DSparkTrtError(f"--markov-topm {markov_topm} must be in [0, draft_vocab_size="
                                  f"{c.draft_vocab_size}]; use a smaller M")
+        c.check_markov_topm(markov_topm)
         if topk is None:
             raise DSparkTrtError("--markov-topm needs a top-k head (the dense head already scores every token); "
                                  "pass --topk K or --markov-topm 0")

@@ -186,5 +186,19 @@ def test_bad_checkpoints_are_refused_in_one_line(tmp_path):
     with pytest.raises(DSparkTrtError, match="markov_head_type 'lstm' is not supported.*'vanilla', 'gated', 'rnn'"):
         load_drafter(ck.drafter)
     _edit(ck.drafter / "config.json", markov_head_type="rnn", draft_markov_topm=4)
-    with pytest.raises(DSparkTrtError, match="draft_markov_topm 4 needs the vanilla Markov head"):
+    with pytest.raises(DSparkTrtError, match="draft_markov_topm 4 needs the vanilla Markov head.*set it to 0"):
         load_drafter(ck.drafter)
+
+
+def test_the_union_is_refused_for_gated_and_rnn_before_any_round(tmp_path):
+    from dspark_trt.runtime.draft_options import resolve_markov_topm
+
+    config = load_drafter(write_tiny_checkpoint(tmp_path / "p", seed=0, markov_head_type="rnn").drafter).config
+
+    class Backend:  # what resolve_markov_topm reads of a drafter backend
+        name, supports_markov_topm, fixed_markov_topm = "torch", True, None
+
+    assert resolve_markov_topm(config, Backend(), 0, 16) == 0
+    with pytest.raises(DSparkTrtError, match="--markov-topm 4 needs the vanilla Markov head: this drafter's rnn head"):
+        resolve_markov_topm(config, Backend(), 4, 16)
+    assert resolve_markov_topm(config.replace(markov_head_type="vanilla"), Backend(), 4, 16) == 4
