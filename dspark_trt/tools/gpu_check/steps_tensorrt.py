@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .common import assert_graphs_captured
+from .common import assert_graphs_captured, median_ms
 
 __all__ = ["engine_tolerance", "tensorrt_requirement", "export_step", "validate_step", "generate_step",
            "target_runners", "drafter_runners", "GENERATE_PROMPTS"]
@@ -220,8 +220,6 @@ def _generate(export: dict, exact: bool) -> tuple[str, dict]:
             assert got == want, f"{mode}: tokens differ from onnxruntime's: {got} vs {want}"
         else:  # bf16: both sides round differently; the tokens are recorded, their agreement reported
             assert all(len(t) > 0 for t in got), f"{mode}: a request generated nothing: {got}"
-        from .common import median_ms
-
         ms = median_ms(lambda: dec.generate(prompts, max_new_tokens=24, topk=16), repeats=3, warmup=0)
         if mode == "graph":  # drafter (copied or bound context) and target: captured, nothing fell back to eager
             draft, target = drafter_runners(dec.backend), target_runners(dec.target)
