@@ -22,7 +22,8 @@ SUBCOMMANDS = {
     "bench": ("bench", f"benchmarks: {', '.join(BENCHMARKS)}"),
     "tune-topk": ("tune_topk", "sweep top-k and the candidate union on real prompts; recommend (and --write) one"),
     "env": ("env", "versions of everything a bug report needs"),
-    "gpu-check": ("gpu_check", "kernel, AOT PTX, benchmark and CUDA-graph checks on a GPU host (JSON report)"),
+    "gpu-check": ("gpu_check", "kernel, TensorRT, CUDA-graph and benchmark checks on a GPU host within a budget "
+                                "(JSON report; --dry-run: the plan)"),
     "triton-repo": ("triton_repo", "write a Triton model repository serving an export (or a checkpoint pair)"),
     "serve": ("serve", "serve a Triton model repository with tritonserver until Ctrl-C"),
 }

@@ -4,7 +4,7 @@ What differs between the flavours is data (``FLAVORS``); the build itself is the
 network from the ONNX parser, one optimization profile over the batch dimension (and any other dynamic
 dimension given a range) — plus, where asked (``extra_profiles``: the target's small-Q verify profile), more
 profiles that narrow some of those ranges — optional version-compatible / hardware-compatibility flags (full
-TensorRT), an
+TensorRT), TF32 cleared for fp32 exports (``EngineBuildConfig.tf32``), an
 explicit compute capability (TensorRT-RTX builds on a CPU-only machine), and TensorRT's progress monitor
 reported per phase.
 
@@ -27,7 +27,7 @@ from typing import Callable, Literal
 from ..errors import DSparkTrtError
 
 __all__ = ["EngineBuildConfig", "FLAVORS", "resolve_flavor", "profile_shapes", "onnx_inputs", "build_engine",
-           "write_engine",
+           "write_engine", "apply_build_flags",
            "EngineFromOnnx", "union_engine_refusal", "check_engine_graph", "check_version_compatible"]
 
 log = logging.getLogger("dspark.engine")
@@ -100,6 +100,9 @@ class EngineBuildConfig:
     hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] = "none"
     compute_capability: str = "SM80"  # TensorRT-RTX: target GPU architecture (no GPU needed to build)
     builder_optimization_level: int | None = None
+    #: TensorRT may run fp32 GEMMs and convolutions as TF32 (10-bit mantissa; ``BuilderFlag.TF32`` is on by
+    #: default); False clears it, so an fp32 export's engines compute in fp32 as its references do
+    tf32: bool = True
     register_plugins: Callable[[], None] | None = None  # called in the building process before parsing
 
     def __post_init__(self) -> None:
@@ -131,6 +134,7 @@ class EngineBuildConfig:
             "hardware_compatibility": self.hardware_compatibility,
             "compute_capability": self.compute_capability if self.flavor == "tensorrt-rtx" else None,
             "strongly_typed": True,
+            "tf32": self.tf32,
         }
 
 
@@ -335,6 +339,23 @@ def write_engine(onnx_path: str | Path, config: EngineBuildConfig, path: str | P
     return view.nbytes
 
 
+def apply_build_flags(build, trt, config: EngineBuildConfig) -> None:
+    """The builder config's flags from ``config``: version compatibility, hardware compatibility (full TensorRT),
+    the compute capability (TensorRT-RTX), the optimization level, and TF32 cleared unless allowed
+    (``EngineBuildConfig.tf32``; ``get_flag(BuilderFlag.TF32)`` is then False)."""
+    if config.version_compatible:
+        build.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if not config.tf32:
+        build.clear_flag(trt.BuilderFlag.TF32)
+    if config.hardware_compatibility != "none" and config.flavor == "tensorrt":
+        build.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, config.hardware_compatibility.upper())
+    if config.flavor == "tensorrt-rtx":
+        build.num_compute_capabilities = 1
+        build.set_compute_capability(getattr(trt.ComputeCapability, config.compute_capability), 0)
+    if config.builder_optimization_level is not None:
+        build.builder_optimization_level = config.builder_optimization_level
+
+
 def _build_plan(onnx_path: str | Path, config: EngineBuildConfig):
     """The serialized engine as TensorRT's ``IHostMemory`` (buffer protocol). The parser reads the graph *from its
     path* (``parse_from_file``), so external data (``<graph>.onnx.data``, graphs over 2 GiB) resolves beside it."""
@@ -361,15 +382,7 @@ def _build_plan(onnx_path: str | Path, config: EngineBuildConfig):
             if name in inputs:
                 profile.set_shape(name, lo, opt, hi)
         build.add_optimization_profile(profile)
-    if config.version_compatible:
-        build.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
-    if config.hardware_compatibility != "none" and config.flavor == "tensorrt":
-        build.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, config.hardware_compatibility.upper())
-    if config.flavor == "tensorrt-rtx":
-        build.num_compute_capabilities = 1
-        build.set_compute_capability(getattr(trt.ComputeCapability, config.compute_capability), 0)
-    if config.builder_optimization_level is not None:
-        build.builder_optimization_level = config.builder_optimization_level
+    apply_build_flags(build, trt, config)
     plan = _build_interruptibly(builder, network, build, trt)
     if plan is None:
         raise DSparkTrtError(f"{config.flavor} engine build failed for {onnx_path}: " + "; ".join(logger.errors[-3:]))

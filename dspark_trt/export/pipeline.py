@@ -341,6 +341,7 @@ def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk
         version_compatible=options.version_compatible,
         hardware_compatibility=options.hardware_compatibility,  # type: ignore[arg-type]
         compute_capability=options.compute_capability,
+        tf32=options.dtype != "fp32",  # an fp32 export's engines compute in fp32, as its references do
         register_plugins=register,
     )
 

@@ -1,6 +1,6 @@
 """Random inputs for the ``DSparkTopKMarkov`` op and a tie-robust comparison of two walks: the op's conformance check.
 
-Used by ``dspark gpu-check`` (``tools/gpu_check.py``) and by the kernel, dispatch and plugin tests, so every
+Used by ``dspark gpu-check`` (``tools/gpu_check/``) and by the kernel, dispatch and plugin tests, so every
 executor of the op is held to the same oracle (``contract.reference_op``) in the same way.
 
 Tie robustness: two executors may sum the rank-r dot products in different orders, so two candidates

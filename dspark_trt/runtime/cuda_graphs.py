@@ -373,6 +373,7 @@ class GraphRunner:
     entries: dict[GraphKey, GraphEntry] = field(default_factory=dict)
     captures: int = 0  # graphs captured so far (recaptures included; kept when entries are dropped)
     fallbacks: list[tuple[GraphKey, str]] = field(default_factory=list)  # (key, reason) of every failed capture
+    captured_keys: list[GraphKey] = field(default_factory=list)  # the key of every capture, in order (recaptures too)
     _pool: Any = None
     _stream: Any = None
     _warned: bool = False
@@ -519,5 +520,6 @@ class GraphRunner:
             return
         entry.graph, entry.outputs = graph, outputs
         self.captures += 1
+        self.captured_keys.append(entry.key)
         entry.input_ptrs = tuple(t.data_ptr() for t in entry.inputs.values())
         log.debug("captured %s", entry.key)

@@ -5,9 +5,11 @@
     describe_reserved(report)                  # "draft engine scratch 12.0 MiB, ..., CUDA caching allocator ..."
 
 A target or drafter backend that reserves device memory of its own says so with ``reserved_device_memory()``
-(the TensorRT ones: one scratch buffer per engine, shared by all its execution contexts). The CUDA caching
+(the TensorRT ones: one scratch buffer per engine, shared by all its execution contexts, and what TensorRT
+allocated itself for the engine — its weights — counted by the runtime's allocator, ``tensorrt_memory``). The CUDA caching
 allocator's total for each device the decoder uses comes last: it includes those buffers (they are torch
-tensors), the static graph buffers, the CUDA-graph pools and the models' weights.
+tensors, and TensorRT's allocator allocates through it), the static graph buffers, the CUDA-graph pools and the
+models' weights.
 """
 
 from __future__ import annotations

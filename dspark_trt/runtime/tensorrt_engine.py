@@ -22,6 +22,9 @@ Memory and lifetimes (``NvInferRuntime.h``):
   ``set_optimization_profile_async``).
 * Context memory and bound tensors are in use until enqueued work finishes: nothing is dropped (an evicted
   exact-shape context, ``deactivate``) before the engine's stream is synchronised.
+* What TensorRT allocates itself (the weights, per-context state) goes through the runtime's counting allocator
+  (``tensorrt_memory``), backed by torch's caching allocator: counted per engine (``allocated_bytes``) and
+  inside the caching allocator's reservation. ``DSPARK_TRT_ALLOCATOR=default`` leaves TensorRT's own.
 * Tensor addresses are 256-byte aligned (``TENSOR_ALIGNMENT``): a view with a storage offset is copied into
   an aligned buffer first (``aligned``, ``aligned_empty``).
 * At load, the engine's own I/O (names, input/output, dtypes, ranks, fixed dimensions) is compared with the
@@ -53,7 +56,8 @@ from .cuda_graphs import BucketPolicy, GraphKey, GraphRunner, InputSpec
 __all__ = ["TORCH_DTYPES", "TRT_DTYPES", "TENSOR_ALIGNMENT", "IoTensor", "EngineTensor", "Profile",
            "check_engine_version", "plan_io", "io_tensors", "input_specs", "output_batch_dims", "check_engine_io",
            "choose_profile", "select_profile", "ContextCache", "aligned", "aligned_empty", "bind_inputs",
-           "trt_enum_name", "tensorrt_available", "require_tensorrt", "TensorRTEngine", "TensorRTGraph", "engine_entry"]
+           "trt_enum_name", "tensorrt_available", "require_tensorrt", "TensorRTEngine", "TensorRTGraph", "engine_entry",
+           "engine_memory_report"]
 
 log = logging.getLogger("dspark.tensorrt")
 
@@ -367,6 +371,38 @@ def require_tensorrt(what: str = "the tensorrt backend") -> None:
                              f"here, or run on a GPU host with TensorRT installed")
 
 
+#: the counting allocators of every engine of the process: TensorRT requires an allocator to outlive every object
+#: that uses it, and an engine's memory is handed back through it when the engine goes (``tensorrt_memory``)
+_ALLOCATORS: list = []
+
+
+def _install_counting_allocator(trt, runtime, device):
+    """``runtime.gpu_allocator`` = a counting allocator backed by torch's caching allocator (``tensorrt_memory``),
+    before anything is deserialized → (ledger, allocator); (None, None) with ``DSPARK_TRT_ALLOCATOR=default``
+    (TensorRT's own cudaMalloc, uncounted)."""
+    import os
+
+    if os.environ.get("DSPARK_TRT_ALLOCATOR", "counting") == "default":
+        return None, None
+    from .tensorrt_memory import AllocationLedger, counting_allocator, torch_backing
+
+    ledger = AllocationLedger()
+    allocator = counting_allocator(trt, ledger, *torch_backing(device))
+    runtime.gpu_allocator = allocator
+    _ALLOCATORS.append(allocator)
+    return ledger, allocator
+
+
+def engine_memory_report(name: str, scratch: int, allocated: int | None) -> dict[str, int]:
+    """``{"<name> engine scratch": …, "<name> engine (TensorRT allocator)": …}``: the context scratch (a torch
+    tensor) and what TensorRT allocated itself through the runtime's counting allocator (the weights); that
+    entry is left out when the allocator is off. Both are part of the CUDA caching allocator's reservation."""
+    report = {f"{name} engine scratch": int(scratch)}
+    if allocated is not None:
+        report[f"{name} engine (TensorRT allocator)"] = int(allocated)
+    return report
+
+
 def engine_entry(manifest: Mapping[str, Any], graph: str) -> dict:
     """The manifest's TensorRT engine entry of ``graph`` ("context", "draft" or "target"):
     ``engines["<graph>.tensorrt"]``."""
@@ -404,14 +440,18 @@ class TensorRTEngine:
         with torch.cuda.device(self.device):
             self.logger = trt.Logger(trt.Logger.WARNING)
             self.runtime = trt.Runtime(self.logger)
+            self.ledger, self.allocator = _install_counting_allocator(trt, self.runtime, self.device)
             if host_code:
                 self.runtime.engine_host_code_allowed = True  # version-compatible: the lean runtime inside the plan
             self.engine = self.runtime.deserialize_cuda_engine(Path(plan).read_bytes())
             if self.engine is None:
-                raise DSparkTrtError(f"TensorRT could not deserialize {plan}; rebuild it with dspark build-engine "
-                                     f"OUT --force")
+                why = f" ({self.ledger.failure})" if self.ledger is not None and self.ledger.failure else ""
+                raise DSparkTrtError(f"TensorRT could not deserialize {plan}{why}; rebuild it with dspark "
+                                     f"build-engine OUT --force")
+            self.plan_bytes = Path(plan).stat().st_size
             self.io = self._read_io()
             self.profiles = self._read_profiles()
+            self.profile_uses: dict[int, int] = {}  # profile → contexts created on it (gpu-check's long-prompt row)
             self.scratch_bytes = int(self.engine.device_memory_size_v2)  # the largest profile's activations
             self.stream = torch.cuda.Stream(self.device)  # every context of this engine runs here, in order
             self.scratch = aligned_empty((max(self.scratch_bytes, 1),), torch.uint8, self.device)
@@ -454,6 +494,7 @@ class TensorRTEngine:
                 raise DSparkTrtError(f"TensorRT could not create an execution context for the {self.name} engine")
             ctx.set_device_memory(self.scratch.data_ptr(), self.scratch_bytes)
             profile = choose_profile(self.profiles, shapes)
+            self.profile_uses[profile] = self.profile_uses.get(profile, 0) + 1
             if len(self.profiles) > 1:
                 select_profile(ctx, profile, self.stream.cuda_stream, self.name)  # the stream every enqueue uses
             for name, shape in shapes.items():
@@ -485,6 +526,15 @@ class TensorRTEngine:
     def reserved_bytes(self) -> int:
         """Device memory this engine's contexts reserve: the one shared scratch buffer."""
         return self.scratch_bytes
+
+    def allocated_bytes(self) -> int | None:
+        """Device memory TensorRT itself holds for this engine now (its weights, per-context state), as counted by
+        the runtime's allocator; None when the counting allocator is off (``DSPARK_TRT_ALLOCATOR=default``)."""
+        return None if self.ledger is None else self.ledger.live
+
+    def memory_report(self) -> dict[str, int]:
+        """Name → bytes: the shared scratch and what TensorRT allocated (``engine_memory_report``)."""
+        return engine_memory_report(self.name, self.scratch_bytes, self.allocated_bytes())
 
 
 class TensorRTGraph:

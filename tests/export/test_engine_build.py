@@ -118,3 +118,48 @@ def test_tensorrt_rtx_parse_errors_are_one_line(tmp_path):
     with pytest.raises(DSparkTrtError) as info:
         EngineFromOnnx(bad, config)()
     assert "\n" not in str(info.value)
+
+
+class _FakeBuilderConfig:
+    """A builder config whose flags start as TensorRT's do: TF32 on."""
+
+    def __init__(self):
+        self.flags = {"TF32"}
+
+    def set_flag(self, flag):
+        self.flags.add(flag)
+
+    def clear_flag(self, flag):
+        self.flags.discard(flag)
+
+    def get_flag(self, flag):
+        return flag in self.flags
+
+
+def test_fp32_exports_build_their_engines_without_tf32():
+    """An fp32 export clears BuilderFlag.TF32 (TensorRT's default is on: fp32 GEMMs as TF32); other dtypes keep it,
+    and the manifest's build section records which."""
+    from types import SimpleNamespace
+
+    from dspark_trt.export.engine_build import apply_build_flags
+    from dspark_trt.export.pipeline import ExportOptions, engine_config
+
+    trt = SimpleNamespace(BuilderFlag=SimpleNamespace(TF32="TF32", VERSION_COMPATIBLE="VC"))
+    for dtype, tf32 in (("fp32", False), ("bf16", True), ("fp16", True)):
+        config = engine_config("tensorrt", ExportOptions(dtype=dtype), max_context=256, topk=None)
+        assert config.tf32 is tf32 and config.describe()["tf32"] is tf32
+        build = _FakeBuilderConfig()
+        apply_build_flags(build, trt, config)
+        assert build.get_flag("TF32") is tf32
+
+
+@pytest.mark.rtx
+def test_tf32_is_cleared_on_a_real_builder_config():
+    trt = pytest.importorskip("tensorrt_rtx")
+    from dspark_trt.export.engine_build import apply_build_flags
+
+    build = trt.Builder(trt.Logger(trt.Logger.ERROR)).create_builder_config()
+    apply_build_flags(build, trt, EngineBuildConfig("tensorrt-rtx", tf32=True))
+    assert build.get_flag(trt.BuilderFlag.TF32)  # TensorRT's default, left alone
+    apply_build_flags(build, trt, EngineBuildConfig("tensorrt-rtx", tf32=False))
+    assert not build.get_flag(trt.BuilderFlag.TF32)

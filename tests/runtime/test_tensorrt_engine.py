@@ -275,6 +275,7 @@ def _engine_with(ctx):
     engine.name, engine.device, engine.profiles = "target", None, tuple(TARGET_PROFILES)
     engine.scratch, engine.scratch_bytes = torch.zeros(64, dtype=torch.uint8), 64
     engine.stream = SimpleNamespace(cuda_stream=1234)
+    engine.profile_uses = {}
     return engine
 
 
@@ -291,8 +292,10 @@ def no_device(monkeypatch):
 
 def test_a_context_selects_its_profile_on_the_engines_stream(no_device):
     ctx = _BindingContext(refuse=False)
-    assert _engine_with(ctx).context(PREFILL) is ctx
+    engine = _engine_with(ctx)
+    assert engine.context(PREFILL) is ctx
     assert ctx.calls[:2] == [("memory", 64), ("profile", 0, 1234)] and ("shape", "input_ids", (2, 700)) in ctx.calls
+    assert engine.profile_uses == {0: 1}  # what gpu-check's long-prompt row reads (profile 0 ran)
 
 
 def test_a_profile_the_binding_refuses_is_a_one_line_error(no_device):

@@ -10,7 +10,7 @@ import torch
 
 from dspark_trt.cli.main import main as dspark
 from dspark_trt.tools.gpu_check import (Checks, assert_graphs_captured, main as gpu_check, parse_pytest_summary,
-                                        pytest_check, pytest_command, qwen3_8b_drafter_config, tensorrt_checks)
+                                        pytest_check, pytest_command, qwen3_8b_drafter_config)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,19 +92,38 @@ def test_a_fall_back_to_eager_is_a_fail_row_where_a_graph_mode_is_claimed(recwar
     assert len([w for w in recwarn if "running it eagerly" in str(w.message)]) == 1  # elsewhere: a warning
 
 
-def test_without_tensorrt_the_report_says_so_and_runs_nothing_else(tmp_path):
-    """The TensorRT section of the report: one explicit entry when full TensorRT is not importable."""
-    from dspark_trt.runtime.tensorrt_engine import tensorrt_available
+def test_a_missing_tensorrt_is_a_fail_row_when_required_and_a_skip_otherwise(monkeypatch):
+    """--require-tensorrt (the default on a GPU host): the import error as a FAIL row, and a non-zero exit."""
+    import dspark_trt.runtime.tensorrt_engine as engine
+    from dspark_trt.tools.gpu_check import exit_status
+    from dspark_trt.tools.gpu_check.steps_tensorrt import tensorrt_requirement
 
-    if tensorrt_available() is None:
-        pytest.skip("TensorRT and a GPU are present: the section runs for real on this host")
+    why = "full TensorRT is not importable (libnvinfer.so.10: cannot open shared object file)"
+    monkeypatch.setattr(engine, "tensorrt_available", lambda: why)
     checks = Checks()
-    section = tensorrt_checks(checks, tmp_path)
+    assert tensorrt_requirement(checks, required=True) == why
     (row,) = checks.rows
-    assert row["check"] == "tensorrt" and row["status"] == "SKIP" and checks.passed
-    assert row["detail"] == f"TensorRT not importable: {tensorrt_available()}"
-    assert section == {"available": False, "reason": tensorrt_available()} and list(tmp_path.iterdir()) == []
-    json.dumps(section)
+    assert row["status"] == "FAIL" and row["detail"].startswith(f"TensorRT not importable: {why}")
+    assert exit_status(checks) == 3
+    relaxed = Checks()
+    tensorrt_requirement(relaxed, required=False)
+    assert [r["status"] for r in relaxed.rows] == ["SKIP"] and exit_status(relaxed) == 0
+    skipped = Checks()
+    tensorrt_requirement(skipped, required=True, skip="--skip-tensorrt")
+    assert skipped.rows[0]["status"] == "SKIP" and skipped.rows[0]["detail"] == "--skip-tensorrt"
+
+
+def test_require_tensorrt_defaults_to_whether_a_gpu_is_present():
+    import argparse
+
+    from dspark_trt.tools.gpu_check import add_arguments
+    from dspark_trt.tools.gpu_check.cli import options_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert options_from_args(p.parse_args([])).require_tensorrt is torch.cuda.is_available()
+    assert options_from_args(p.parse_args(["--require-tensorrt"])).require_tensorrt is True
+    assert options_from_args(p.parse_args(["--no-require-tensorrt"])).require_tensorrt is False
 
 
 def test_pytest_command_runs_without_xdist_and_never_runs_gpu_check_inside_itself():
@@ -137,9 +156,9 @@ def test_the_pytest_step_runs_the_marked_tests_of_a_checkout():
 @pytest.mark.slow
 def test_gpu_check_quick_passes(tmp_path):
     assert gpu_check(["--out", str(tmp_path), "--quick", "--skip-bench", "--layers", "1", "--context", "256",
-                      "--skip-pytest"]) == 0
+                      "--skip-pytest", "--budget", "1800"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["passed"]
+    assert report["passed"] and report["complete"] and report["finished"]
     by_kind = {kind: [g["batch"] for g in report["graphs"] if g["kind"] == kind]
                for kind in ("eager_vs_graph", "copied_vs_bound")}
     assert by_kind == {"eager_vs_graph": [1, 4, 8], "copied_vs_bound": [1, 4, 8]} and len(report["graphs"]) == 6
@@ -153,14 +172,14 @@ def test_the_union_checks_run_in_the_interpreter():
     passes and sees masked duplicates, and the timing rows are shaped as the report expects."""
     from dspark_trt.plugins.kernel import interpreting
     from dspark_trt.plugins.walk_compare import WalkCase
-    from dspark_trt.tools.gpu_check import _jit_union_case, _union_timing
+    from dspark_trt.tools.gpu_check.steps_kernel import jit_union_case, union_timing
 
     if not interpreting():
         pytest.skip("the interpreter is off (a GPU host runs the real check)")
     case = WalkCase(batch=3, steps=3, vocab=257, rank=8, topk=16, mode="mixed", seed=1)
-    detail = _jit_union_case(case, 5, device="cpu")
+    detail = jit_union_case(case, 5, device="cpu")
     assert "9 steps" in detail and "masked duplicates" in detail
-    detail, data = _union_timing((2,), k=16, M=5, shapes=dict(vocab=257, rank=8, steps=3), device="cpu", repeats=1)
+    detail, data = union_timing((2,), k=16, M=5, shapes=dict(vocab=257, rank=8, steps=3), device="cpu", repeats=1)
     (row,) = data["rows"]
     assert row["batch"] == 2 and row["markov_topm"] == 5 and row["union_ms"] > 0 and row["plain_ms"] > 0
     assert row["union_vs_plain"] == pytest.approx(row["union_ms"] / row["plain_ms"], rel=1e-2) and "x plain" in detail

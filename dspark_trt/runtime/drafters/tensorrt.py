@@ -106,9 +106,13 @@ class TensorRTDrafterBackend(DrafterBackend):
             g.deactivate()  # each synchronizes its engine's stream before dropping anything
 
     def reserved_device_memory(self) -> dict[str, int]:
-        """Device memory the engines reserve for their contexts (one scratch buffer each), by name."""
-        return {f"{name} engine scratch": g.engine.reserved_bytes() for name, g in self._graphs.items()
-                if name != "draft_bound"}  # the draft engine's, counted once
+        """Device memory the engines hold, by name: each one's context scratch and what TensorRT allocated itself
+        (the weights; ``TensorRTEngine.memory_report``)."""
+        report: dict[str, int] = {}
+        for name, g in self._graphs.items():
+            if name != "draft_bound":  # the draft engine's, counted once
+                report.update(g.engine.memory_report())
+        return report
 
     def context_kv(self, taps: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from ..drafter_graphs import run_context

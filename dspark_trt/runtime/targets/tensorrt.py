@@ -213,5 +213,6 @@ class TensorRTTarget(ExportedTarget):
         self._graphs.clear()
 
     def reserved_device_memory(self) -> dict[str, int]:
-        """Device memory the target's engine reserves for its contexts (one scratch buffer), by name."""
-        return {"target engine scratch": self._engine.reserved_bytes()}
+        """Device memory the target's engine holds, by name: its contexts' one scratch buffer, and what TensorRT
+        allocated itself (the weights; ``TensorRTEngine.memory_report``)."""
+        return self._engine.memory_report()
