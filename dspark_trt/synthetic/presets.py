@@ -162,7 +162,8 @@ DSPARK_QWEN3_8B_BLOCK7_GATED = dataclasses.replace(
     description="dspark_qwen3_8b_block7 with a gated Markov head (gate_proj [256, 4096 + 256] over [h ; W1[prev]])")
 DSPARK_QWEN3_8B_BLOCK7_RNN = dataclasses.replace(
     DSPARK_QWEN3_8B_BLOCK7, name="dspark_qwen3_8b_block7_rnn", markov_head_type="rnn",
-    description="dspark_qwen3_8b_block7 with an RNN Markov head (joint_proj [768, 2·256 + 4096] over [s ; W1[prev] ; h])")
+    description="dspark_qwen3_8b_block7 with an RNN Markov head "
+                "(joint_proj [768, 2·256 + 4096] over [s ; W1[prev] ; h])")
 
 PRESETS: dict[str, TargetPreset | DrafterPreset] = {
     p.name: p for p in (DSPARK_QWEN3_8B_BLOCK7, DSPARK_QWEN3_8B_BLOCK7_GATED, DSPARK_QWEN3_8B_BLOCK7_RNN, QWEN3_8B)}
