@@ -150,6 +150,25 @@ def small_vocab_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def small_vocab_gated_pair(tmp_path_factory):
+    """As ``small_vocab_pair`` with a gated Markov head (anchor-first)."""
+    from dspark_trt.testing import write_distilled_pair
+
+    return build_once(tmp_path_factory, "distilled-vocab37-gated", lambda out: write_distilled_pair(
+        out, seed=4, vocab_size=37, head_scale=6.0, block_size=4, markov_head_type="gated"))
+
+
+@pytest.fixture(scope="session")
+def small_vocab_rnn_pair(tmp_path_factory):
+    """As ``small_vocab_pair`` with an RNN Markov head, in the bonus-anchor layout (its state starts from the
+    anchor slot's; N = block_size - 1 = 4)."""
+    from dspark_trt.testing import write_distilled_pair
+
+    return build_once(tmp_path_factory, "distilled-vocab37-rnn", lambda out: write_distilled_pair(
+        out, seed=5, vocab_size=37, head_scale=6.0, block_size=5, markov_head_type="rnn", sample_from_anchor=False))
+
+
+@pytest.fixture(scope="session")
 def small_vocab_reduced_pair(tmp_path_factory):
     """As ``small_vocab_pair`` with a reduced draft vocabulary (29 of 37 ids, d2t table)."""
     from dspark_trt.testing import write_distilled_pair

@@ -2,6 +2,7 @@
 
   dspark distill --target OUT/target -o OUT/drafter --minutes 30
   dspark distill --target TARGET -o DRAFTER --steps 400 --seed 1 --layers 1 --markov-rank 64 --context-window 0
+  dspark distill --target OUT/target -o OUT/drafter-rnn --markov-head-type rnn --minutes 30
   dspark distill --target OUT/target -o MORE --init-from OUT/drafter --bank-prompts 2000 --minutes 40
   dspark distill --target OUT/target -o OUT/drafter-gpu --device cuda      # the GPU preset (≤ 8 min on an H200)
 
@@ -28,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=None, help="drafter decoder layers (default 1)")
     p.add_argument("--block-size", type=int, default=None, help="draft slots N (default 7)")
     p.add_argument("--markov-rank", type=int, default=None, help="Markov head rank (default 64)")
+    p.add_argument("--markov-head-type", choices=("vanilla", "gated", "rnn"), default=None,
+                   help="Markov head: vanilla (W2·W1[prev]), gated or rnn (they also read the slot's hidden state; "
+                        "docs/dspark.md §5; default vanilla)")
     p.add_argument("--context-window", type=int, default=None, metavar="W",
                    help="context rows each draft layer reads, the last W (default 256; 0 = the whole context)")
     p.add_argument("--taps", default=None, metavar="I,J,K", help="target layer ids (DeepSeek convention)")
@@ -99,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-SHAPE_OPTIONS = {"layers": "--layers", "block_size": "--block-size", "markov_rank": "--markov-rank", "taps": "--taps",
+SHAPE_OPTIONS = {"layers": "--layers", "block_size": "--block-size", "markov_rank": "--markov-rank",
+                 "markov_head_type": "--markov-head-type", "taps": "--taps",
                  "draft_vocab": "--draft-vocab", "context_window": "--context-window"}
 
 
@@ -122,7 +127,8 @@ def _shape(args: argparse.Namespace):
             taps = tuple(int(t) for t in args.taps.replace(",", " ").split())
         except ValueError:
             raise DSparkTrtError(f"--taps {args.taps!r}: expected layer ids like 2,15,28") from None
-    chosen = {"num_layers": args.layers, "markov_rank": args.markov_rank, "block_size": args.block_size}
+    chosen = {"num_layers": args.layers, "markov_rank": args.markov_rank, "block_size": args.block_size,
+              "markov_head_type": args.markov_head_type}
     chosen = {k: v for k, v in chosen.items() if v is not None}
     if args.context_window is not None:
         if args.context_window < 0:

@@ -18,6 +18,9 @@ DeepSpec) replace ``e_j`` by a feature ``u_j`` [r] that also reads slot j's fina
 the walk (``hidden_part``: ``G_h · h_j + b_G`` [B, N, r], ``J_h · h_j + b_J`` [B, N, 3r]); a walk step adds only
 the r-sized products ``G_e · e_j`` ([r, r]) or ``J_{s,e} · [s_j ; e_j]`` ([3r, 2r]). ``HeadFeatures`` holds
 those walk inputs; ``head_features`` builds them from the head's weights. Everything is fp32.
+
+Training applies the same steps block-wise with teacher forcing (``block_features``: every slot's predecessor is
+the true token), which is how speculators' ``MarkovHead.block_bias`` trains them; ``training/blocks.py`` uses it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 
 from ..errors import DSparkTrtError
 
-__all__ = ["HeadFeatures", "head_features", "rnn_initial_state"]
+__all__ = ["HeadFeatures", "block_features", "head_features", "rnn_initial_state"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,20 @@ class HeadFeatures:
         gate, cand, out = (pre + torch.cat((state, e), dim=-1) @ w.T).chunk(3, dim=-1)  # 3 × [B, r]
         gate = torch.sigmoid(gate)
         return torch.tanh(out), gate * state + (1.0 - gate) * torch.tanh(cand)
+
+
+def block_features(head: HeadFeatures | None, e: torch.Tensor) -> torch.Tensor:
+    """[B, N, r]: what multiplies ``W2`` at every slot with the predecessors' embeddings ``e`` [B, N, r] given
+    (teacher forcing): ``e`` itself for vanilla (``head`` None), else the walk's own steps over the block.
+    Differentiable; the dtype of ``e`` for vanilla, fp32 otherwise."""
+    if head is None:
+        return e
+    state = head.start()
+    out = []
+    for j in range(e.shape[1]):
+        u, state = head.step(e[:, j].to(torch.float32), j, state)
+        out.append(u)
+    return torch.stack(out, dim=1)
 
 
 def head_features(

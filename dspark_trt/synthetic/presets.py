@@ -110,6 +110,7 @@ class DrafterPreset:
     target_layer_ids: tuple[int, ...]  # DeepSeek ids into target.num_hidden_layers layers
     mask_token_id: int
     confidence_head: bool = True
+    markov_head_type: str = "vanilla"  # vanilla | gated (+ gate_proj) | rnn (+ joint_proj): reference/markov_heads.py
     kind: str = "drafter"
 
     @property
@@ -125,6 +126,7 @@ class DrafterPreset:
             head_dim=t.head_dim, rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta, block_size=self.block_size,
             mask_token_id=self.mask_token_id, target_layer_ids=tuple(self.target_layer_ids),
             num_target_layers=t.num_hidden_layers, markov_rank=self.markov_rank,
+            markov_head_type=self.markov_head_type,  # type: ignore[arg-type]
             enable_confidence_head=self.confidence_head, confidence_head_with_markov=self.confidence_head,
         )
 
@@ -153,7 +155,18 @@ DSPARK_QWEN3_8B_BLOCK7 = DrafterPreset(
     mask_token_id=151669,
 )
 
-PRESETS: dict[str, TargetPreset | DrafterPreset] = {p.name: p for p in (DSPARK_QWEN3_8B_BLOCK7, QWEN3_8B)}
+#: the same drafter with the other Markov heads speculators 0.9.0 trains (``--markov-head-type gated | rnn``), at
+#: the rank of its training CLI's default for every head (``--markov-rank`` 256; docs/checkpoints.md)
+DSPARK_QWEN3_8B_BLOCK7_GATED = dataclasses.replace(
+    DSPARK_QWEN3_8B_BLOCK7, name="dspark_qwen3_8b_block7_gated", markov_head_type="gated",
+    description="dspark_qwen3_8b_block7 with a gated Markov head (gate_proj [256, 4096 + 256] over [h ; W1[prev]])")
+DSPARK_QWEN3_8B_BLOCK7_RNN = dataclasses.replace(
+    DSPARK_QWEN3_8B_BLOCK7, name="dspark_qwen3_8b_block7_rnn", markov_head_type="rnn",
+    description="dspark_qwen3_8b_block7 with an RNN Markov head "
+                "(joint_proj [768, 2·256 + 4096] over [s ; W1[prev] ; h])")
+
+PRESETS: dict[str, TargetPreset | DrafterPreset] = {
+    p.name: p for p in (DSPARK_QWEN3_8B_BLOCK7, DSPARK_QWEN3_8B_BLOCK7_GATED, DSPARK_QWEN3_8B_BLOCK7_RNN, QWEN3_8B)}
 
 
 def get_preset(name: str) -> TargetPreset | DrafterPreset:
@@ -267,13 +280,14 @@ def target_parameter_formula(t: TargetPreset) -> int:
 
 def drafter_parameter_formula(p: DrafterPreset, format: str = "deepseek") -> int:
     """Closed form of a DSpark drafter's parameters (docs/checkpoints.md): its Qwen3 layers, fc [d, m·d], two
-    norms, the Markov head 2·V·r, the confidence head d + r + 1 and, in DeepSeek format, embed_tokens and
-    lm_head (2·V·d)."""
+    norms, the Markov head 2·V·r (+ gated: gate_proj r·(d + r) + r; rnn: joint_proj 3r·(2r + d) + 3r), the
+    confidence head d + r + 1 and, in DeepSeek format, embed_tokens and lm_head (2·V·d)."""
     t = p.target
     d, D, V, r, m = t.hidden_size, t.head_dim, t.vocab_size, p.markov_rank, len(p.target_layer_ids)
     attn = 2 * d * t.num_attention_heads * D + 2 * d * t.num_key_value_heads * D + 2 * D
     layer = attn + 3 * d * t.intermediate_size + 2 * d
     total = p.num_hidden_layers * layer + m * d * d + 2 * d + 2 * V * r
+    total += {"vanilla": 0, "gated": r * (d + r) + r, "rnn": 3 * r * (2 * r + d) + 3 * r}[p.markov_head_type]
     if p.confidence_head:
         total += d + r + 1
     if format == "deepseek":

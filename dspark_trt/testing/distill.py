@@ -37,7 +37,8 @@ def distill_tiny_drafter(drafter_dir: str | Path, target_dir: str | Path, out_di
 
 
 def write_distilled_pair(out_dir: str | Path, *, seed: int = 0, vocab_size: int = 257, embed_scale: float = 10.0,
-                         head_scale: float = 3.0, steps: int = 150, force: bool = False, **tiny_options):
+                         head_scale: float = 3.0, steps: int = 150, markov_head_type: str = "vanilla",
+                         force: bool = False, **tiny_options):
     """A tiny pair whose drafter is often right: ``write_tiny_checkpoint``, then a *bigram-like* target, then
     a distilled drafter (≈ 10 s on 2 CPU cores). Returns ``TinyCheckpoint``.
 
@@ -45,10 +46,12 @@ def write_distilled_pair(out_dir: str | Path, *, seed: int = 0, vocab_size: int 
     copy. Scaling its token embeddings by ``embed_scale`` makes the residual stream follow the current token
     (next token ≈ f(current), with context still mattering), and scaling ``lm_head`` by ``head_scale``
     sharpens the distribution at T = 1. The drafter's shared ``embed_tokens`` / ``lm_head`` are copied from
-    the scaled target before distillation.
+    the scaled target before distillation. ``markov_head_type`` (vanilla, gated, rnn) picks the drafter's Markov
+    head; the quick distiller trains each as ``dspark distill`` does (``training/blocks.py``).
 
     Example:
         >>> pair = write_distilled_pair("/tmp/distilled", sample_from_anchor=False)
+        >>> rnn = write_distilled_pair("/tmp/distilled-rnn", markov_head_type="rnn")
     """
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
@@ -56,6 +59,8 @@ def write_distilled_pair(out_dir: str | Path, *, seed: int = 0, vocab_size: int 
     from ..loader import load_drafter
 
     out = Path(out_dir)
+    if markov_head_type != "vanilla":  # the marker of a vanilla pair stays as it was
+        tiny_options = {**tiny_options, "markov_head_type": markov_head_type}
     with atomic_output_dir(out, force=force) as tmp:
         pair = write_tiny_checkpoint(tmp / "random", seed=seed, vocab_size=vocab_size, **tiny_options)
         weights = pair.target / "model.safetensors"

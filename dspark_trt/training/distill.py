@@ -9,7 +9,9 @@
     anchors   positions of the target-written continuation only (from the prompt's last token on): the
               prompts share their chat template, which a drafter would otherwise learn by heart
     block     anchor x_p, then N - 1 mask slots (anchor-first layout); slot j predicts x_{p+j+1}
-    Markov    teacher-forced: slot j's bias is W2 · W1[x_{p+j}], the true predecessor
+    Markov    teacher-forced: slot j's bias is W2 · W1[x_{p+j}], the true predecessor (vanilla), or W2 · u_j, the
+              gated / RNN head's feature of it and of the slot's hidden state (``--markov-head-type``;
+              ``blocks.py``)
     loss      per slot, weighted exp(-j / γ): cross-entropy against the target's T = 1 distribution (its top-K,
               renormalised on the draft vocabulary) + cross-entropy against the target's greedy token,
               + ``conf_weight`` · BCE of the confidence head toward 1 - ½‖q_j - p_j‖₁ (DSpark Eq. 8/11)
@@ -103,6 +105,15 @@ def default_data_dir(out: str | Path) -> Path:
 def work_dir(out: str | Path) -> Path:
     out = Path(out)
     return out.parent / f".{out.name}.work"
+
+
+def _shape_key(shape: DrafterShape) -> dict:
+    """The shape's part of a run's key; a vanilla head is left out, so runs finished before the head was a
+    choice keep their key."""
+    key = asdict(shape)
+    if key.get("markov_head_type") == "vanilla":
+        del key["markov_head_type"]
+    return key
 
 
 def _weights_digest(model_dir: Path) -> str:
@@ -426,7 +437,7 @@ def distill(target_dir: str | Path, out: str | Path, *, shape: DrafterShape = Dr
     dev = _device(settings.device)
     raw = read_target_config(target_dir)
     key = {"settings": {k: v for k, v in asdict(settings).items() if k not in RUN_ONLY},
-           "shape": asdict(shape), "target": _digest(raw)}
+           "shape": _shape_key(shape), "target": _digest(raw)}
     if settings.init_from:
         key["init"] = _weights_digest(Path(settings.init_from))
     done = out / RESULT

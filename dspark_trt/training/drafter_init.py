@@ -10,6 +10,10 @@ Choices for a small CPU target (SmolLM2-135M: 30 layers, d = 576, V = 49152), al
   DSpark default; ``fc`` starts as a copy of the last tap (the nearest to the target's own output).
 - ``markov_rank = 64``: the Markov bias is a rank-r lookup plus an [r, V_d] product per slot; 64 keeps it
   far below the lm_head cost.
+- ``markov_head_type = "vanilla"`` (``gated``, ``rnn``: the heads speculators trains; ``reference/markov_heads.py``).
+  A gated or RNN head starts as the vanilla one: the hidden-state columns of its projection at 0, so the
+  gate reads only the predecessor (gate bias 0: g = σ(G_e·e), ≈ ½) and the RNN's output is tanh(e + …) ≈ e
+  (its e → o block the identity); training then learns what the context adds.
 - ``draft_vocab_size``: the draft vocabulary is the most frequent tokens of the target-written training
   text (``d2t`` maps draft ids to target ids); a smaller ``lm_head`` is the largest saving in the round.
 - ``block_size = 7`` anchor-first slots (N = 7), the released DSpark layout.
@@ -38,6 +42,7 @@ class DrafterShape:
     num_layers: int = 1
     target_layer_ids: tuple[int, ...] | None = None  # default: spread_taps(num_target_layers)
     markov_rank: int = 64
+    markov_head_type: str = "vanilla"  # vanilla | gated | rnn
     block_size: int = 7
     draft_vocab_size: int | None = None  # default: the full vocabulary
     mask_token_id: int | None = None  # default: a special token the target never writes, else V - 1
@@ -59,7 +64,8 @@ def spread_taps(num_target_layers: int) -> tuple[int, ...]:
 def shape_of(config: DSparkConfig) -> DrafterShape:
     """The ``DrafterShape`` of an existing drafter (``distill --init-from`` keeps it)."""
     return DrafterShape(num_layers=config.num_hidden_layers, target_layer_ids=tuple(config.target_layer_ids),
-                        markov_rank=config.markov_rank, block_size=config.block_size,
+                        markov_rank=config.markov_rank, markov_head_type=config.markov_head_type,
+                        block_size=config.block_size,
                         draft_vocab_size=config.draft_vocab_size if config.has_reduced_vocab else None,
                         mask_token_id=config.mask_token_id, context_window=context_window_of(config))
 
@@ -78,7 +84,7 @@ def context_window_of(config: DSparkConfig) -> int | None:
 
 
 SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "target_layer_ids", "markov_rank", "block_size",
+                "num_key_value_heads", "head_dim", "target_layer_ids", "markov_rank", "markov_head_type", "block_size",
                 "draft_vocab_size", "mask_token_id")
 
 
@@ -116,12 +122,30 @@ def drafter_config(target_config: dict, shape: DrafterShape) -> DSparkConfig:
         target_layer_ids=tuple(shape.target_layer_ids or spread_taps(L)),
         num_target_layers=L,
         markov_rank=shape.markov_rank,
+        markov_head_type=shape.markov_head_type,  # type: ignore[arg-type]  (DSparkConfig checks it)
         enable_confidence_head=True,
         confidence_head_with_markov=True,
         logit_scale=1.0,
         sample_from_anchor=True,
         **window,
     )
+
+
+@torch.no_grad()
+def _init_head_projection(head, d: int, gen: torch.Generator) -> None:
+    """A gated / RNN head's projection, starting as the vanilla head (module docstring); nothing for vanilla."""
+    proj = head.projection
+    if proj is None:
+        return
+    r = head.markov_w1.weight.shape[1]
+    w = 0.01 * torch.randn(proj.weight.shape, generator=gen)
+    if head.head_type == "gated":  # inputs [h ; e]
+        w[:, :d] = 0.0
+    else:  # inputs [s ; e ; h], outputs [γ ; c ; o]
+        w[:, 2 * r:] = 0.0
+        w[2 * r:, r:2 * r] += torch.eye(r)
+    proj.weight.copy_(w)
+    proj.bias.zero_()
 
 
 @torch.no_grad()
@@ -157,6 +181,7 @@ def init_drafter(config: DSparkConfig, target_model, draft_ids: torch.Tensor, *,
     drafter.markov_head.markov_w1.weight.copy_(0.01 * torch.randn(drafter.markov_head.markov_w1.weight.shape,
                                                                    generator=gen))
     drafter.markov_head.markov_w2.weight.zero_()  # starts as no bias; trained
+    _init_head_projection(drafter.markov_head, d, gen)
     if drafter.confidence_head is not None:
         drafter.confidence_head.proj.weight.zero_()
         drafter.confidence_head.proj.bias.zero_()

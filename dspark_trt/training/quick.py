@@ -7,7 +7,8 @@ with its text store, prompts, validation and resumable checkpoints). It builds t
     data     sequences the target itself writes from random prompts (greedy and T = 1 samples), or from
              random slices of a corpus
     inputs   context = taps of positions 0 … p-1, block = [x_p, M, …] (the reference ``block_hidden``)
-    loss     slot j, teacher-forced Markov predecessor x_{p+j}:  Z_j = U_j + s · W2 · W1[x_{p+j}]
+    loss     slot j, teacher-forced Markov predecessor x_{p+j}:  Z_j = U_j + s · W2 · u_j, u_j = W1[x_{p+j}]
+             (vanilla) or the gated / RNN head's feature of it (``blocks.block_logits``, every head)
              cross-entropy of softmax(Z_j) against the target's own distribution for x_{p+j+1}, + the
              cross-entropy against its greedy token
 

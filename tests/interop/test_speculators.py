@@ -1,5 +1,7 @@
 """Drafters written by vLLM's speculators (its own ``from_training_args`` + ``save_pretrained``) load into the
-reference and draft what speculators' own ``forward`` computes: one greedy round, per attention pattern.
+reference and draft what speculators' own ``forward`` computes: one greedy round, per attention pattern and per
+Markov head (vanilla, gated, rnn: speculators' ``MarkovHead.block_bias`` over the whole query block, the
+bonus-anchor layout's anchor slot included).
 
 speculators pins an older transformers than this project installs, so these tests run in their own venv in CI
 (``.ci/run``: ``.venv-interop``); elsewhere they are skipped (marker ``speculators``).
@@ -34,6 +36,8 @@ class Variant:
     sample_from_anchor: bool = True
     draft_vocab_size: int | None = None  # reduced vocabulary (t2d/d2t)
     confidence: bool = True
+    confidence_markov: bool | None = None  # the confidence head reads W1[prev] too (None: = confidence)
+    markov_head_type: str = "vanilla"  # gated / rnn: speculators' MarkovHead.block_bias over the query block
 
 
 VARIANTS = {
@@ -42,6 +46,16 @@ VARIANTS = {
     "windowed-mixed-bonus-reduced": Variant(full_attention_indices=(1,), sliding_window=5, sample_from_anchor=False,
                                             draft_vocab_size=600),
     "windowed-noncausal": Variant(full_attention_indices=(), sliding_window=3, non_causal=True, confidence=False),
+    # the gated and RNN heads: each in both layouts, with a full and a reduced draft vocabulary, its confidence
+    # head with and without the Markov features
+    "gated": Variant(full_attention_indices=(0, 1), sliding_window=2048, markov_head_type="gated"),
+    "gated-bonus-reduced-conf-hidden-only": Variant(full_attention_indices=(1,), sliding_window=5,
+                                                    sample_from_anchor=False, draft_vocab_size=600,
+                                                    confidence_markov=False, markov_head_type="gated"),
+    "rnn-bonus-reduced": Variant(full_attention_indices=(0, 1), sliding_window=2048, sample_from_anchor=False,
+                                 draft_vocab_size=600, markov_head_type="rnn"),
+    "rnn-conf-hidden-only": Variant(full_attention_indices=(), sliding_window=3, non_causal=True,
+                                    confidence_markov=False, markov_head_type="rnn"),
 }
 
 
@@ -71,7 +85,8 @@ def speculators_drafter(target_dir, variant: Variant, out_dir):
     kwargs = dict(draft_vocab_size=draft_vocab, verifier_name_or_path=str(target_dir), target_layer_ids=CAPTURE_IDS,
                   mask_token_id=MASK_ID, block_size=BLOCK, markov_rank=16, draft_attn_impl="eager",
                   sample_from_anchor=variant.sample_from_anchor, enable_confidence_head=variant.confidence,
-                  confidence_head_with_markov=variant.confidence)
+                  confidence_head_with_markov=variant.confidence if variant.confidence_markov is None
+                  else variant.confidence_markov, markov_head_type=variant.markov_head_type)
     if variant.non_causal is not None:
         kwargs["sliding_window_non_causal"] = variant.non_causal
     torch.manual_seed(0)
@@ -134,6 +149,8 @@ def test_reference_round_matches_speculators_forward(target_dir, tmp_path, name)
     drafter = load_drafter(tmp_path / "drafter")  # no target_dir: the verifier speculators recorded
     c = drafter.config
     assert c.num_target_layers == 6  # from the target directory: speculators never writes it
+    assert (c.markov_head_type, c.confidence_head_with_markov) == (
+        variant.markov_head_type, variant.confidence and variant.confidence_markov is not False)
 
     g = torch.Generator().manual_seed(4)
     S = P + BLOCK + 1
@@ -157,6 +174,13 @@ def test_reference_round_matches_speculators_forward(target_dir, tmp_path, name)
     else:
         assert ours.confidence is None and conf_logits is None
 
+    if c.markov_head_type != "vanilla":  # the head matters: the same round walked as a vanilla head differs
+        from dspark_trt.reference.markov import walk_candidates
+
+        hidden = drafter.block_hidden(anchor, k, v, ctx_len)
+        vanilla = walk_candidates(drafter.base_logits(hidden), None, anchor, drafter.markov_head.markov_w1.weight,
+                                  drafter.markov_head.markov_w2.weight, d2t=d2t)
+        assert (vanilla.cand_logits - theirs).abs().max() > 1e-2
     if not c.bidirectional_full_attention:  # the pattern matters: read as DeepSeek's, the round differs
         drafter.config = c.replace(layer_types=("full_attention",) * c.num_hidden_layers)
         wrong = drafter.draft(anchor, k, v, ctx_len, topk=None)

@@ -112,6 +112,47 @@ def test_a_wrong_draft_distribution_fails_the_same_test(decoder, exact_joint, to
     assert min(chi_square_pvalues(out.tokens, exact_joint)) < 1e-6
 
 
+@pytest.mark.parametrize("head, topk", [("gated", 4), ("rnn", None)], ids=["gated-top4", "rnn-dense"])
+def test_gated_and_rnn_heads_sample_losslessly(request, head, topk):
+    """The gated / RNN head's walk logits are what the verifier reads as q (rnn: bonus-anchor layout)."""
+    dec = make_decoder(request.getfixturevalue(f"small_vocab_{head}_pair"))
+    assert dec.config.markov_head_type == head
+    out = run(dec, topk)
+    assert out.stats.accepted > 0.2 * out.stats.rounds
+    assert min(chi_square_pvalues(out.tokens, target_joint(dec))) > 1e-4
+
+
+def test_a_verifier_that_reads_the_vanilla_logits_of_an_rnn_head_fails(small_vocab_rnn_pair):
+    """The same test can fail for a head: drafts walked with the RNN head, q read off the vanilla walk's logits."""
+    from dspark_trt.reference.markov import walk_candidates
+    from dspark_trt.runtime import HFTarget, SpeculativeDecoder
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
+
+    def vanilla_q(*args, head=None, **kwargs):
+        res = walk_candidates(*args, head=head, **kwargs)
+        res.cand_logits = walk_candidates(*args, **kwargs).cand_logits
+        return res
+
+    pair = small_vocab_rnn_pair
+    backend = TorchDrafterBackend.from_pretrained(pair.drafter, target_dir=pair.target, dtype="fp32", device="cpu",
+                                                  walk_fn=vanilla_q)
+    dec = SpeculativeDecoder(HFTarget.from_pretrained(pair.target, dtype="fp32", device="cpu"), backend)
+    out = run(dec, None)
+    assert min(chi_square_pvalues(out.tokens, target_joint(dec))) < 1e-6
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_gated_and_rnn_heads_greedy_equal_the_target_alone(request, head):
+    from tests.runtime.runtime_helpers import random_prompts
+
+    dec = make_decoder(request.getfixturevalue(f"small_vocab_{head}_pair"))
+    prompts = random_prompts(6, 37, seed=1, avoid=(dec.config.mask_token_id,))
+    for topk in (None, 3):
+        spec = dec.generate(prompts, 12, eos_token_id=[], topk=topk)
+        assert spec.stats.accepted > 0.2 * spec.stats.rounds
+        assert spec.tokens == dec.generate(prompts, 12, eos_token_id=[], draft=False).tokens
+
+
 def test_target_only_sampling_matches_the_target_distribution(decoder, exact_joint):
     out = decoder.generate([PROMPT] * REQUESTS, 3, temperature=1.0, seed=list(range(REQUESTS)), draft=False,
                            eos_token_id=[])

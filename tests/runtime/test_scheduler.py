@@ -334,3 +334,29 @@ def test_a_lone_failing_request_fails_and_the_scheduler_goes_on(distilled_pair):
     good = sched.submit([1, 2, 3], 8)
     sched.run_until_idle()
     assert good.tokens == alone(dec, [1, 2, 3], 8)
+
+
+@pytest.mark.parametrize("head, topk", [("gated", 3), ("rnn", None)], ids=["gated-top3", "rnn-dense"])
+def test_gated_and_rnn_drafters_in_a_mixed_batch_give_each_request_its_tokens_alone(request, head, topk):
+    """The head's features are per request (its own slots' hidden states; rnn: its own state from its anchor):
+    requests with other prompts, lengths and temperatures in the same rounds change nothing."""
+    from tests.runtime.runtime_helpers import make_decoder
+
+    dec = make_decoder(request.getfixturevalue(f"small_vocab_{head}_pair"))
+    assert dec.config.markov_head_type == head
+    prompts = prompts_for(dec, 5, seed=7, min_len=1, max_len=10)
+    settings = [(0.0, 0), (1.0, 3), (0.0, 0), (1.0, 8), (0.0, 0)]
+    budgets = [14, 9, 12, 16, 7]
+    sched = RequestScheduler(dec, topk=topk)
+    handles = [sched.submit(prompts[i], budgets[i], temperature=settings[i][0], seed=settings[i][1])
+               for i in range(3)]
+    assert sched.step()
+    handles += [sched.submit(prompts[i], budgets[i], temperature=settings[i][0], seed=settings[i][1])
+                for i in range(3, 5)]
+    sched.run_until_idle()
+    assert sched.stats.max_batch >= 4 and sum(h.accepted for h in handles) > 0
+    for i, h in enumerate(handles):
+        assert h.tokens == dec.generate([prompts[i]], budgets[i], temperature=settings[i][0], seed=settings[i][1],
+                                        topk=topk, eos_token_id=None).tokens[0], f"request {i}"
+    for i in (0, 2, 4):  # the greedy ones are the target's own greedy text
+        assert handles[i].tokens == alone(dec, prompts[i], budgets[i], draft=False)

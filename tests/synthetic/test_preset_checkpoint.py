@@ -194,3 +194,19 @@ def test_bad_options_are_one_line_errors_and_write_nothing(tmp_path, kwargs, mes
         write_preset(out_dir=tmp_path / "x", **kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_gated_and_rnn_presets_write_load_and_draft(tmp_path, head):
+    """The head presets at test width: written, checked, loaded, finite drafts that the head changes."""
+    out = write_preset(f"{DRAFTER}_{head}", tmp_path / "d", layers=1, target_layers=8, vocab=600, **NARROW)
+    config, shapes, _ = checked(out.drafter)
+    assert config.markov_head_type == head
+    proj = "gate_proj" if head == "gated" else "joint_proj"
+    assert {f"markov_head.{proj}.weight", f"markov_head.{proj}.bias"} <= set(shapes)
+    model = load_drafter(out.drafter, dtype="bf16")
+    res = drafts(model)
+    assert bool(torch.isfinite(res.cand_logits).all()) and bool(torch.isfinite(res.confidence).all())
+    with torch.no_grad():
+        getattr(model.markov_head, proj).weight.zero_()
+    assert not torch.equal(drafts(model).cand_logits, res.cand_logits)  # the projection is read

@@ -100,3 +100,28 @@ def test_an_unknown_preset_lists_the_known_ones():
         get_preset("qwen3_32b")
     assert str(e.value) == (f"unknown checkpoint preset 'qwen3_32b': use one of {', '.join(PRESETS)} "
                             f"(dspark make-checkpoint --list shows their sizes)")
+
+
+@pytest.mark.parametrize("head, extra", [
+    ("gated", {"markov_head.gate_proj.weight": (256, 4096 + 256), "markov_head.gate_proj.bias": (256,)}),
+    ("rnn", {"markov_head.joint_proj.weight": (768, 2 * 256 + 4096), "markov_head.joint_proj.bias": (768,)}),
+])
+@pytest.mark.parametrize("format", ["deepseek", "speculators"])
+def test_gated_and_rnn_presets_satisfy_the_checkpoint_contract_at_full_size(head, extra, format):
+    """Planned, never written: the config.json and tensor list make-checkpoint would write, read back as a
+    checkpoint would be (the vanilla preset's tensors plus the head's projection, rank 256)."""
+    from dspark_trt.errors import CheckpointContractError
+
+    name = f"dspark_qwen3_8b_block7_{head}"
+    (planned,) = plan_preset(name, format=format)
+    config = DSparkConfig.from_dict(planned.json_files["config.json"])
+    assert (config.markov_head_type, config.markov_rank) == (head, 256)
+    shapes = {p.name: (list(p.shape), "BF16") for p in planned.tensors}
+    vanilla = drafter_tensor_shapes(get_preset("dspark_qwen3_8b_block7"), format)
+    assert {k: tuple(v[0]) for k, v in shapes.items()} == {**vanilla, **extra}
+    assert planned.parameters == drafter_parameter_formula(get_preset(name), format)
+    check_checkpoint(config, shapes, target_available=format == "speculators")
+    broken = dict(shapes)
+    del broken[next(iter(extra))]  # the head's projection missing: refused
+    with pytest.raises(CheckpointContractError):
+        check_checkpoint(config, broken, target_available=format == "speculators")

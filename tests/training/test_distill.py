@@ -271,3 +271,38 @@ def test_trained_prompts_are_the_prompts_the_target_continued(peaky_pair, tmp_pa
         distill_module.trained_prompts(out, peaky_pair.target)
     (out / "distill.json").unlink()
     assert distill_module.trained_prompts(out, peaky_pair.target) is None  # not a distilled drafter
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_gated_and_rnn_heads_train_load_and_draft(peaky_pair, tmp_path, head):
+    from dspark_trt.loader import load_drafter
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    shape = DrafterShape(markov_rank=8, block_size=4, markov_head_type=head)
+    out = distill(peaky_pair.target, tmp_path / head, shape=shape, settings=settings(steps=24, lr=3e-3),
+                  progress=False)
+    history = json.loads((out / "distill.json").read_text())["history"]
+    first, last = (sum(h["ce"] for h in part) for part in (history[:4], history[-4:]))
+    assert last < 0.9 * first, (first, last)
+    drafter = load_drafter(out, target_dir=peaky_pair.target)
+    assert drafter.config.markov_head_type == head
+    d, proj = drafter.config.hidden_size, drafter.markov_head.projection.weight
+    hidden_part = proj[:, :d] if head == "gated" else proj[:, -d:]  # gated reads [h ; e], rnn [s ; e ; h]
+    assert hidden_part.abs().max() > 0  # started at 0 (drafter_init), trained
+    dec = SpeculativeDecoder.from_pretrained(out, peaky_pair.target, device="cpu")
+    prompts = [[3, 14, 15], [92, 65, 35, 89]]
+    spec = dec.generate(prompts, max_new_tokens=10, eos_token_id=[])
+    assert spec.tokens == dec.generate(prompts, max_new_tokens=10, eos_token_id=[], draft=False).tokens
+
+
+def test_cli_markov_head_type(peaky_pair, tmp_path, capsys):
+    from dspark_trt.cli.main import main
+    from dspark_trt.config import DSparkConfig
+
+    out = tmp_path / "gated"
+    assert main(["distill", "--target", str(peaky_pair.target), "-o", str(out), "--steps", "1", "--markov-rank", "8",
+                 "--block-size", "4", "--markov-head-type", "gated", "--new-tokens", "12", "--val-prompts", "0"]) == 0
+    assert DSparkConfig.from_pretrained(out).markov_head_type == "gated"
+    assert main(["distill", "--target", str(peaky_pair.target), "-o", str(tmp_path / "x"), "--init-from", str(out),
+                 "--markov-head-type", "rnn"]) != 0
+    assert "--markov-head-type with --init-from" in capsys.readouterr().err
