@@ -18,8 +18,9 @@ import torch
 from ..reference.markov import MarkovWalkResult
 from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["WalkCase", "make_walk_inputs", "make_union_inputs", "compare_walks", "compare_union_walks", "WalkMismatch",
-           "by_candidate_id"]
+__all__ = ["WalkCase", "make_walk_inputs", "make_union_inputs", "make_head_inputs", "compare_walks",
+           "compare_union_walks", "WalkMismatch", "by_candidate_id", "HEAD_KERNEL_CASES", "head_kernel_check",
+           "head_kernel_checks"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,29 @@ def make_union_inputs(case: WalkCase, topm: int, device: torch.device | str = "c
             table[a] = torch.cat((take, rest))[torch.randperm(M, generator=g)]
     union = (table.to(torch.int32), base.to(case.logits_dtype))
     return tuple(t.to(device) for t in (*inputs, *union))
+
+
+def make_head_inputs(case: WalkCase, head: str, device: torch.device | str = "cpu") -> tuple:
+    """The gated (13: ``contract.GATED_INPUTS``) or RNN (14: ``RNN_INPUTS``) op's inputs: ``make_walk_inputs``'s 11,
+    then random head inputs, the weight in ``case.weights_dtype``.
+
+    Scales keep every nonlinearity in its working range: the hidden parts ~ N(0, 1), the weights ~ N(0, 1/fan-in),
+    the RNN start state in (−1, 1). For the RNN head (u = tanh(o), entries of size 1 where e's are of size
+    1/√r) W2 is scaled by 1/√r, so the bias stays of the base logits' size as for the other heads."""
+    if head not in ("gated", "rnn"):
+        raise ValueError(f"unknown head {head!r}")
+    g = torch.Generator().manual_seed(case.seed + 104729)
+    B, N, r = case.batch, case.steps, case.rank
+    inputs = list(make_walk_inputs(case, "cpu"))
+    if head == "gated":
+        extra = (torch.randn(B, N, r, generator=g),  # gate_hidden [B, N, r] fp32
+                 (torch.randn(r, r, generator=g) / r**0.5 * 4.0).to(case.weights_dtype))  # gate_w [r, r] W
+    else:
+        inputs[4] = (inputs[4].to(torch.float32) / r**0.5).to(case.weights_dtype)
+        extra = (torch.randn(B, N, 3 * r, generator=g),  # joint_hidden [B, N, 3r] fp32
+                 (torch.randn(3 * r, 2 * r, generator=g) / r**0.5).to(case.weights_dtype),  # joint_w [3r, 2r] W
+                 torch.rand(B, r, generator=g) * 2.0 - 1.0)  # rnn_state0 [B, r] fp32
+    return tuple(t.to(device) for t in (*inputs, *extra))
 
 
 def _walk_inputs(case: WalkCase, device, *, shuffle: bool, hot: int = 0) -> tuple[tuple, torch.Tensor]:
