@@ -300,6 +300,9 @@ def head_markov_walk(
 
     ``out``: preallocated outputs to write into (every element is written). CUDA tensors run the compiled kernel;
     CPU tensors run in Triton's interpreter (``TRITON_INTERPRET=1`` before triton was imported).
+    ``gate_w`` / ``joint_w`` may have another float dtype than W1 and W2 (the JIT kernel specialises on each; the
+    TensorRT plugin's signature gives it the weights type W): the runtime passes the head's fp32 split weight
+    as it is, so the walk multiplies exactly what the reference does.
     """
     if head not in HEAD_KINDS:
         raise DSparkTrtError(f"head_markov_walk: head {head!r} is not one of {', '.join(HEAD_KINDS)}")
@@ -327,10 +330,6 @@ def head_markov_walk(
     }
     for name, t in named.items():
         _check(name, t, *want[name], op)
-    head_w = named["gate_w" if head == "gated" else "joint_w"]
-    if head_w.dtype != markov_w1.dtype:
-        raise DSparkTrtError(f"{op}: {'gate_w' if head == 'gated' else 'joint_w'} ({head_w.dtype}) must share the "
-                             f"weights dtype of markov_w1 ({markov_w1.dtype}) (the contract's W)")
     device, interpret = _launch_device(f"the fused {head} kernel", cand_values, markov_w1, markov_w2)
     why = head_unsupported_reason(head, k=k, r=r, n=N, logits_dtype=cand_values.dtype,
                                   weights_dtype=markov_w1.dtype, device=None if interpret else device)

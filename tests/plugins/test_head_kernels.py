@@ -100,6 +100,16 @@ def test_full_vocabulary_equals_the_dense_head_walk(device, head, mode):
 
 
 @pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_the_head_weight_may_keep_its_own_dtype(device, head):
+    """bf16 W1 / W2 with the head's fp32 split weight (what the runtime's ``head_features`` gives): no rounding."""
+    case = WalkCase(batch=2, steps=5, vocab=257, rank=8, topk=16, weights_dtype=BF16, mode="mixed", seed=8)
+    inputs = list(make_head_inputs(case, head, device))
+    inputs[12] = inputs[12].float() + torch.randn(inputs[12].shape, generator=torch.Generator().manual_seed(0)).to(
+        device) * 1e-3  # not representable in bf16
+    compare_walks(run_kernel(head, inputs, 1.0), reference(head, inputs, 1.0), inputs, **TOL)
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
 def test_the_head_changes_the_walk(device, head):
     """The comparison can fail: the vanilla op on the same 11 inputs (bias from e, not u) is not the head's walk,
     and for the RNN neither is the walk from another start state."""
@@ -139,8 +149,8 @@ def test_rejects_inputs_outside_the_contract(device):
         head_markov_walk("rnn", *rnn[:11], rnn[11][..., :8], *rnn[12:], logit_scale=1.0)
     with pytest.raises(DSparkTrtError, match=r"rnn_state0 has dtype torch.bfloat16"):
         head_markov_walk("rnn", *rnn[:13], rnn[13].bfloat16(), logit_scale=1.0)
-    with pytest.raises(DSparkTrtError, match="joint_w .torch.bfloat16. must share the weights dtype"):
-        head_markov_walk("rnn", *rnn[:12], rnn[12].bfloat16(), rnn[13], logit_scale=1.0)
+    with pytest.raises(DSparkTrtError, match=r"joint_w has dtype torch.float64"):
+        head_markov_walk("rnn", *rnn[:12], rnn[12].double(), rnn[13], logit_scale=1.0)
     with pytest.raises(DSparkTrtError, match="head 'vanilla' is not one of gated, rnn"):
         head_markov_walk("vanilla", *gated, logit_scale=1.0)
 
