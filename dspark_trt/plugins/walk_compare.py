@@ -235,3 +235,72 @@ def by_candidate_id(result: MarkovWalkResult) -> MarkovWalkResult:
     order = result.cand_ids.argsort(dim=-1)  # [B, N, k]
     return MarkovWalkResult(tokens=result.tokens, cand_ids=result.cand_ids.gather(-1, order),
                             cand_logits=result.cand_logits.gather(-1, order), confidence=result.confidence)
+
+
+# ------------------------------------------------------------------ gpu-check rows for the gated and RNN kernels
+#: (head, B, k, weights/logits dtype name, mode) at Qwen3-8B shapes (V = 151936, r = 256, N = 7); quick = first two
+HEAD_KERNEL_CASES = (("gated", 64, 512, "bfloat16", "mixed"), ("rnn", 64, 512, "bfloat16", "mixed"),
+                     ("gated", 8, 3840, "float32", "sampled"), ("rnn", 8, 3840, "bfloat16", "sampled"),
+                     ("rnn", 1, 512, "float32", "greedy"))
+_QWEN3_8B = dict(vocab=151936, rank=256, steps=7)
+
+
+def head_kernel_check(head: str, case: WalkCase, device: torch.device | str = "cuda", *,
+                      aot_arch: int | None = None) -> str:
+    """One gpu-check row: the fused ``head`` kernel on ``make_head_inputs(case)`` (poisoned outputs) against
+    ``contract.REFERENCE_OPS[head]`` on the CPU, tie-robust; a one-line summary, ``WalkMismatch`` on a difference.
+
+    ``aot_arch`` (a CUDA device): instead of the JIT kernel, the AOT PTX built here for that compute capability
+    (``aot.compile_walk_kernel``, ISA capped by this driver), loaded by the driver and launched in TensorRT's AOT
+    order (``ptx_launch``). ``device`` cpu runs the JIT kernel in Triton's interpreter (tests)."""
+    from .contract import HEAD_OPS, REFERENCE_OPS
+
+    inputs = make_head_inputs(case, head, device)
+    B, N, k = inputs[0].shape
+    dev = inputs[0].device
+    out = (torch.full((B, N), -1, dtype=torch.int32, device=dev), torch.full((B, N, k), float("nan"), device=dev),
+           torch.full((B, N), float("nan"), device=dev))
+    where = "jit"
+    if aot_arch is None:
+        from .head_kernels import head_markov_walk
+
+        head_markov_walk(head, *inputs, logit_scale=case.logit_scale, out=out)
+    else:
+        from .aot import DTYPE_NAMES, WalkKernelSpec, compile_walk_kernel, extra_arg_values
+        from .ptx_launch import PtxModule, aot_kernel_params
+
+        names = {getattr(torch, n): n for n in DTYPE_NAMES}
+        spec = WalkKernelSpec(N, k, case.rank, case.logit_scale, names[case.logits_dtype], names[case.weights_dtype],
+                              aot_arch, markov_head_type=head)
+        ck = compile_walk_kernel(spec)
+        shapes = {c.name: tuple(t.shape) for c, t in zip(HEAD_OPS[head][1], inputs)}
+        params = aot_kernel_params([t.data_ptr() for t in inputs], extra_arg_values(shapes),
+                                   [t.data_ptr() for t in out], ck.trailing_params)
+        stream = torch.cuda.current_stream()
+        with PtxModule(ck.ptx, ck.name) as module:
+            module.launch((B, 1, 1), tuple(ck.launch["block"]), ck.launch["shared_mem"], stream.cuda_stream, params)
+            stream.synchronize()
+        where = f"aot {spec.sm} ISA {ck.ptx_isa}"
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    want = REFERENCE_OPS[head](*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+    report = compare_walks(out, want, inputs, atol=2e-5, rtol=1e-5)
+    return f"{where}: {report['steps']} steps, {report['near_ties']} near-ties"
+
+
+def head_kernel_checks(quick: bool = False, arch: int | None = None) -> list[tuple[str, object]]:
+    """The gpu-check's (row name, zero-argument check) pairs for the gated and RNN kernels: JIT at Qwen3-8B shapes
+    (``HEAD_KERNEL_CASES``), and with ``arch`` (the PTX arch this GPU loads: ``aot.plugin_arch``) each head's AOT
+    PTX built here, bf16, k = 512, B = 8."""
+    rows = []
+    for head, B, k, dt, mode in HEAD_KERNEL_CASES[:2] if quick else HEAD_KERNEL_CASES:
+        case = WalkCase(batch=B, topk=k, logits_dtype=getattr(torch, dt), weights_dtype=getattr(torch, dt),
+                        mode=mode, logit_scale=1.0, seed=B + k + 2, **_QWEN3_8B)
+        rows.append((f"jit {head} B={B} k={k} {dt} {mode}", lambda h=head, c=case: head_kernel_check(h, c)))
+    if arch is not None:
+        for head in ("gated", "rnn"):
+            case = WalkCase(batch=8, topk=512, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16,
+                            mode="mixed", logit_scale=1.0, seed=5, **_QWEN3_8B)
+            rows.append((f"aot {head} (built here) bf16 k=512",
+                         lambda h=head, c=case: head_kernel_check(h, c, aot_arch=arch)))
+    return rows

@@ -175,3 +175,17 @@ def test_support_predicate_and_tiles():
             assert t.block_r >= r and t.block_r & (t.block_r - 1) == 0  # the whole rank, a power of two
             assert t.block_k * t.block_r <= TILE_ELEMENTS and t.block_r * t.block_m <= MATVEC_TILE_ELEMENTS
             assert t.block_m <= t.block_r and t.block_m & (t.block_m - 1) == 0 and t.num_warps in (4, 8)
+
+
+def test_gpu_check_rows_compare_with_the_oracle(device):
+    """The gpu-check's head rows (``walk_compare.head_kernel_checks``) name every case, and one row's check run here
+    (small shapes; Triton's interpreter without CUDA) passes against the oracle."""
+    from dspark_trt.plugins.walk_compare import HEAD_KERNEL_CASES, head_kernel_check, head_kernel_checks
+
+    rows = head_kernel_checks(quick=False, arch=90)
+    assert len(rows) == len(HEAD_KERNEL_CASES) + 2 and len({name for name, _ in rows}) == len(rows)
+    assert {name.split()[1] for name, _ in rows} == {"gated", "rnn"} and sum(n.startswith("aot") for n, _ in rows) == 2
+    assert len(head_kernel_checks(quick=True)) == 2  # no AOT rows without an arch
+    for head in ("gated", "rnn"):
+        case = WalkCase(batch=2, steps=3, vocab=257, rank=8, topk=16, mode="mixed", seed=4)
+        assert head_kernel_check(head, case, device).startswith("jit: 6 steps")
