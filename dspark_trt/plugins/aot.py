@@ -655,7 +655,8 @@ def main(argv: list[str] | None = None) -> int:
                                    markov_head_type=args.markov_head_type)
         from ..atomic import atomic_write_text
 
-        atomic_write_text(Path(args.out) / description_file(args.markov_topm, args.markov_head_type), json.dumps(info, indent=2) + "\n")
+        atomic_write_text(Path(args.out) / description_file(args.markov_topm, args.markov_head_type),
+                          json.dumps(info, indent=2) + "\n")
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
