@@ -44,6 +44,11 @@ file (``description_file(M)``).
 Run as ``python -m dspark_trt.plugins.aot --out DIR [--n 7 --k 512 --rank 256 --markov-topm M ...]``: prints
 the dict and writes it to ``DIR/dspark_topk_markov_walk.json`` (``..._union.json`` with ``--markov-topm``;
 what ``gpu_check --ptx-dir DIR`` reads).
+
+The gated and RNN heads' kernels (``head_kernels.py``, ops ``DSparkTopKMarkovGated`` / ``DSparkTopKMarkovRNN``)
+build the same way from a spec with ``markov_head_type`` ``gated`` | ``rnn`` (``--markov-head-type``): calling
+convention ``(13 | 14 input pointers, 2 int32 extras, 3 output pointers)``, the same grid and block, their own
+kernel names (so their own file names) and description files (``dspark_topk_markov_walk_gated.json``, ``..._rnn``).
 It refuses to run under ``TRITON_INTERPRET=1``: the interpreter replaces the kernel that would be compiled.
 """
 
@@ -64,8 +69,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DSparkTrtError
-from .contract import (INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, PLUGIN_VERSION, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS,
-                       UNION_PLUGIN_ID)
+from .contract import (HEAD_OPS, INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, PLUGIN_NAMESPACE, PLUGIN_VERSION, UNION_INPUTS,
+                       UNION_OP_NAME, UNION_OUTPUTS, UNION_PLUGIN_ID)
 from .ptx_isa import check_isa_for_arch, choose_ptx_isa, isa_number, min_driver_cuda, min_ptx_isa
 
 __all__ = [
@@ -107,8 +112,10 @@ DESCRIPTION_FILE = "dspark_topk_markov_walk.json"  # what the CLI writes beside 
 UNION_DESCRIPTION_FILE = "dspark_topk_markov_walk_union.json"  # the same for the union kernel (--markov-topm M)
 
 
-def description_file(markov_topm: int = 0) -> str:
-    """The JSON description's file name: one per op, so both kernels' PTX can share a directory."""
+def description_file(markov_topm: int = 0, markov_head_type: str = "vanilla") -> str:
+    """The JSON description's file name: one per op, so every kernel's PTX can share a directory."""
+    if markov_head_type != "vanilla":
+        return f"dspark_topk_markov_walk_{markov_head_type}.json"
     return UNION_DESCRIPTION_FILE if markov_topm else DESCRIPTION_FILE
 
 #: the int32 extra arguments, in order: (kernel argument, input whose shape gives the value, dimension)
@@ -128,10 +135,17 @@ class WalkKernelSpec:
     arch: int = 90  # compute capability, e.g. 80, 90
     ptx_isa: int | None = DEFAULT_PTX_ISA  # cap on the PTX ISA (80 = 8.0); None = Triton's default
     markov_topm: int = 0  # M: 0 = the DSparkTopKMarkov kernel, > 0 = the DSparkTopKMarkovUnion kernel
+    markov_head_type: str = "vanilla"  # gated | rnn: the DSparkTopKMarkovGated / DSparkTopKMarkovRNN kernel
 
     def __post_init__(self):
         from .kernel import MAX_RANK, MAX_TOPK
         from .union_kernel import MAX_TOPM
+
+        if self.markov_head_type not in HEAD_OPS:
+            raise DSparkTrtError(f"markov_head_type {self.markov_head_type!r} is not one of {', '.join(HEAD_OPS)}")
+        if self.head and self.markov_topm:
+            raise DSparkTrtError(f"the candidate union (markov_topm {self.markov_topm}) is defined for the vanilla "
+                                 f"Markov head only, not {self.markov_head_type}")
 
         if not 0 <= self.markov_topm <= MAX_TOPM:
             raise DSparkTrtError(f"markov_topm {self.markov_topm} is outside [0, {MAX_TOPM}] (0 = no candidate union)")
@@ -157,12 +171,22 @@ class WalkKernelSpec:
         return self.markov_topm > 0
 
     @property
+    def head(self) -> bool:
+        """A gated or RNN head's kernel (``head_kernels.py``)."""
+        return self.markov_head_type != "vanilla"
+
+    @property
+    def inputs(self) -> tuple:
+        """The op's input contract (``contract.INPUTS``, ``UNION_INPUTS``, ``GATED_INPUTS`` or ``RNN_INPUTS``)."""
+        return UNION_INPUTS if self.union else HEAD_OPS[self.markov_head_type][1]
+
+    @property
     def op_name(self) -> str:
-        return UNION_OP_NAME if self.union else OP_NAME
+        return UNION_OP_NAME if self.union else HEAD_OPS[self.markov_head_type][0]
 
     @property
     def plugin_id(self) -> str:
-        return UNION_PLUGIN_ID if self.union else PLUGIN_ID
+        return UNION_PLUGIN_ID if self.union else PLUGIN_ID if not self.head else f"{PLUGIN_NAMESPACE}::{self.op_name}"
 
     @property
     def file_name(self) -> str:
@@ -172,7 +196,12 @@ class WalkKernelSpec:
 
 
 def kernel_name(spec: WalkKernelSpec | None = None) -> str:
-    """The kernel's (PTX entry's) name: the union kernel's for a spec with ``markov_topm`` > 0."""
+    """The kernel's (PTX entry's) name: the union kernel's for a spec with ``markov_topm`` > 0, a head kernel's for
+    a gated or RNN spec."""
+    if spec is not None and spec.head:
+        from .head_kernels import HEAD_KERNEL_NAMES
+
+        return HEAD_KERNEL_NAMES[spec.markov_head_type]
     if spec is not None and spec.union:
         from .union_kernel import UNION_KERNEL_NAME
 
@@ -191,7 +220,7 @@ def kernel_signature(spec: WalkKernelSpec) -> list[tuple[str, str]]:
             return DTYPE_NAMES[spec.weights_dtype]
         return _FIXED[dtype]
 
-    inputs, outputs = (UNION_INPUTS, UNION_OUTPUTS) if spec.union else (INPUTS, OUTPUTS)
+    inputs, outputs = spec.inputs, UNION_OUTPUTS if spec.union else OUTPUTS
     return ([(c.name, "*" + ty(c.dtype)) for c in inputs]
             + [(name, "i32") for name, _, _ in EXTRA_ARGS]
             + [(c.name, "*" + ty(c.dtype)) for c in outputs])
@@ -200,6 +229,12 @@ def kernel_signature(spec: WalkKernelSpec) -> list[tuple[str, str]]:
 def kernel_constexprs(spec: WalkKernelSpec) -> dict[str, int | float]:
     from .kernel import tile_config
 
+    if spec.head:
+        from .head_kernels import head_tile_config
+
+        h = head_tile_config(spec.topk, spec.rank)
+        return dict(N=spec.num_draft_tokens, K=spec.topk, R=spec.rank, BLOCK_K=h.block_k, BLOCK_R=h.block_r,
+                    BLOCK_M=h.block_m, LOGIT_SCALE=float(spec.logit_scale))
     if spec.union:
         from .union_kernel import union_tile_config
 
@@ -213,6 +248,11 @@ def kernel_constexprs(spec: WalkKernelSpec) -> dict[str, int | float]:
 
 def num_warps(spec: WalkKernelSpec) -> int:
     from .kernel import tile_config
+
+    if spec.head:
+        from .head_kernels import head_tile_config
+
+        return head_tile_config(spec.topk, spec.rank).num_warps
 
     return tile_config(spec.topk, spec.rank).num_warps
 
@@ -322,6 +362,10 @@ def compile_walk_kernel(spec: WalkKernelSpec) -> CompiledWalkKernel:
         raise DSparkTrtError("AOT compilation cannot run with TRITON_INTERPRET=1 (the interpreter replaces the "
                              "kernel); run `python -m dspark_trt.plugins.aot` in a process without it")
     fn = dspark_topk_markov_walk_union if spec.union else dspark_topk_markov_walk
+    if spec.head:
+        from .head_kernels import head_kernel
+
+        fn = head_kernel(spec.markov_head_type)
     signature = dict(kernel_signature(spec))
     constexprs = kernel_constexprs(spec)
     signature.update({name: "constexpr" for name in constexprs})
@@ -497,8 +541,12 @@ def write_ptx_artifacts(
     ptx_isa: int | None = DEFAULT_PTX_ISA,
     validate_with: str | None = None,
     markov_topm: int = 0,
+    markov_head_type: str = "vanilla",
 ) -> dict:
     """Compile one PTX per (arch, dtype pair) into ``out_dir`` and return their JSON-able description.
+
+    ``markov_head_type`` gated | rnn builds that head's kernel (``DSparkTopKMarkovGated`` / ``RNN``): the
+    description then names that op and plugin and carries ``markov_head_type``.
 
     ``markov_topm`` M > 0 builds the union kernel (``DSparkTopKMarkovUnion``) instead: the description then
     names that op and plugin and carries ``markov_topm`` and the constexpr ``M``.
@@ -516,7 +564,7 @@ def write_ptx_artifacts(
     for arch in archs:
         for logits_dtype, weights_dtype in dtypes:
             spec = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), logits_dtype, weights_dtype,
-                                  arch, ptx_isa, markov_topm)
+                                  arch, ptx_isa, markov_topm, markov_head_type)
             ck = compile_walk_kernel(spec)
             triton_version = ck.triton_version
             path = out_dir / spec.file_name
@@ -543,12 +591,13 @@ def write_ptx_artifacts(
                 entry["validated"] = validate_ptx(ck.ptx, spec.sm, validate_with)
             kernels.append(entry)
     first = WalkKernelSpec(num_draft_tokens, topk, rank, float(logit_scale), *dtypes[0], archs[0], ptx_isa,
-                           markov_topm)
+                           markov_topm, markov_head_type)
     return {
         "op": first.op_name,
         "plugin": first.plugin_id,
         "plugin_version": PLUGIN_VERSION,
         **({"markov_topm": markov_topm} if markov_topm else {}),
+        **({"markov_head_type": markov_head_type} if markov_head_type != "vanilla" else {}),
         "kernel_name": kernel_name(first),
         "triton_version": triton_version,
         "calling_convention": "input pointers, int32 extra arguments, output pointers (TensorRT AOT), then a "
@@ -584,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=256, help="Markov rank r (default 256)")
     p.add_argument("--markov-topm", type=int, default=0, help="union width M: > 0 builds the DSparkTopKMarkovUnion "
                                                               "kernel (default 0: DSparkTopKMarkov)")
+    p.add_argument("--markov-head-type", default="vanilla", choices=tuple(HEAD_OPS),
+                   help="gated | rnn builds the DSparkTopKMarkovGated / DSparkTopKMarkovRNN kernel (default vanilla)")
     p.add_argument("--logit-scale", type=float, default=1.0)
     p.add_argument("--dtypes", default="bf16-bf16", help="comma list of LOGITS-WEIGHTS (default bf16-bf16)")
     p.add_argument("--archs", default="80,90", help="compute capabilities (default 80,90)")
@@ -600,10 +651,12 @@ def main(argv: list[str] | None = None) -> int:
         info = write_ptx_artifacts(args.out, num_draft_tokens=args.n, topk=args.k, rank=args.rank,
                                    logit_scale=args.logit_scale, dtypes=_parse_dtypes(args.dtypes),
                                    archs=tuple(int(a) for a in args.archs.split(",")), ptx_isa=isa,
-                                   validate_with=ptxas, markov_topm=args.markov_topm)
+                                   validate_with=ptxas, markov_topm=args.markov_topm,
+                                   markov_head_type=args.markov_head_type)
         from ..atomic import atomic_write_text
 
-        atomic_write_text(Path(args.out) / description_file(args.markov_topm), json.dumps(info, indent=2) + "\n")
+        atomic_write_text(Path(args.out) / description_file(args.markov_topm, args.markov_head_type),
+                          json.dumps(info, indent=2) + "\n")
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -49,7 +49,7 @@ REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candida
 #: dense speed for that alone (docs/runtime.md, "Which Markov walk").
 CPU_KERNEL_MIN_HEAD = 1 << 20
 #: the Markov heads (config.SUPPORTED_MARKOV_HEADS) each device's native kernels walk; the others get the reference
-NATIVE_HEADS = {"cpu": ("vanilla",), "cuda": ("vanilla",)}
+NATIVE_HEADS = {"cpu": ("vanilla",), "cuda": ("vanilla", "gated", "rnn")}
 
 
 def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,
@@ -75,6 +75,11 @@ def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, 
         return f"no native Markov kernel for {device.type} devices"
     if importlib.util.find_spec("triton") is None:
         return "OpenAI Triton is not installed (pip install 'dspark-trt[kernels]')"
+    if markov_head_type != "vanilla":
+        from .head_kernels import head_unsupported_reason
+
+        return head_unsupported_reason(markov_head_type, k=topk, r=rank, n=num_draft_tokens, markov_topm=markov_topm,
+                                       logits_dtype=logits_dtype, weights_dtype=weights_dtype, device=device)
     if markov_topm:
         from .union_kernel import union_unsupported_reason
 
@@ -181,9 +186,11 @@ def fused_walk_candidates(
     conf_w_markov: torch.Tensor | None = None,
     union_table: torch.Tensor | None = None,  # [V, M] int draft ids: the candidate union (reference.markov)
     base_logits: torch.Tensor | None = None,  # [B, N, V_d] base logits (× s), read at the union's ids
+    head=None,  # reference.markov_heads.HeadFeatures of a gated or RNN head (None = vanilla)
 ) -> MarkovWalkResult:
-    """``reference.markov.walk_candidates`` in one fused kernel launch: the DSparkTopKMarkov op, or with
-    ``union_table`` (M > 0) the DSparkTopKMarkovUnion op (``union_kernel.py``; candidates [B, N, k + M])."""
+    """``reference.markov.walk_candidates`` in one fused kernel launch: the DSparkTopKMarkov op, with
+    ``union_table`` (M > 0) the DSparkTopKMarkovUnion op (``union_kernel.py``; candidates [B, N, k + M]), with
+    ``head`` the DSparkTopKMarkovGated / RNN op (``head_kernels.py``)."""
     from ..errors import DSparkTrtError
 
     if cand_ids is None:
@@ -191,6 +198,9 @@ def fused_walk_candidates(
     if temperature is not None and (seed is None or positions is None):
         raise DSparkTrtError("a temperature tensor needs seed and positions tensors (the Gumbel noise key)")
     union = union_table is not None and union_table.shape[-1] > 0
+    if union and head is not None:
+        raise DSparkTrtError(f"the candidate union (--markov-topm M > 0) is defined for the vanilla Markov head "
+                             f"only: a {head.kind} head's bias depends on the context; use --markov-topm 0")
     if union and base_logits is None:
         raise DSparkTrtError("the candidate union needs the base logits [B, N, V_d] to value the table's ids")
     B, N, k = cand_vals.shape
@@ -209,7 +219,16 @@ def fused_walk_candidates(
         torch.zeros(B, N, device=dev) if conf_base is None else conf_base.to(dev, torch.float32).contiguous(),
         torch.zeros(r, device=dev) if conf_w_markov is None else conf_w_markov.to(dev, torch.float32),
     )
-    if union:
+    if head is not None:
+        from .head_kernels import head_markov_walk
+
+        extra = [head.hidden_part.to(dev, torch.float32).contiguous(), _kernel_float(head.weight.to(dev))]
+        if head.kind == "rnn":
+            extra.append(head.start().to(dev, torch.float32).contiguous())
+        M = 0
+        tokens, cand_logits, confidence = head_markov_walk(head.kind, *inputs, *extra, logit_scale=float(logit_scale))
+        all_ids = cand_ids.to(torch.int64)
+    elif union:
         from .union_kernel import union_markov_walk
 
         M = union_table.shape[-1]

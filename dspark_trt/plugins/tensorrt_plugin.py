@@ -1,4 +1,4 @@
-"""``dspark::DSparkTopKMarkov`` v1 and ``dspark::DSparkTopKMarkovUnion`` v1 as TensorRT quickly-deployable
+"""``dspark::DSparkTopKMarkov``, ``...Union``, ``...Gated`` and ``...RNN`` (all v1) as TensorRT quickly-deployable
 plugins (``tensorrt.plugin``), AOT only.
 
 The engine embeds the kernel's PTX (the export's ``plugin/*.ptx``), so it runs in any TensorRT runtime —
@@ -7,9 +7,9 @@ shapes, dtypes, type combinations, launch parameters and extra arguments come fr
 in ``aot.py`` that the CPU tests cover; only the decorated functions touch ``tensorrt``.
 
     from dspark_trt.plugins.tensorrt_plugin import register_plugin
-    register_plugin()            # before parsing an ONNX file with a DSparkTopKMarkov(Union) node (aot=1)
+    register_plugin()            # before parsing an ONNX file with a DSparkTopKMarkov(Union|Gated|RNN) node (aot=1)
 
-``register_plugin`` registers both ops (``register_plugins`` returns both ids). The node's attributes: ``k``
+``register_plugin`` registers every op (``register_plugins`` returns their ids). The node's attributes: ``k``
 (int) and ``logit_scale`` (float), and for the union ``markov_topm`` (int, M). AOT plugins do not serialize
 attributes; all are compiled into the PTX as constants, with N and r read from the (static) input shapes.
 The union op (``union_kernel.py``): 13 inputs (``contract.UNION_INPUTS``: the 11 of the plain op, then
@@ -26,6 +26,12 @@ kernel here, once per spec (``aot.cached_walk_kernel``), with the ISA capped by 
 the PTX arch follows ``aot.plugin_arch``: sm_80 for hardware-compatible engines, else the building GPU's.
 ``embedded_kernels()`` lists what went into the engines built in this process (for the manifest).
 
+The gated and RNN heads' ops (``head_kernels.py``): ``dspark::DSparkTopKMarkovGated`` v1 (13 inputs,
+``contract.GATED_INPUTS``: the plain 11, ``gate_hidden`` [B, N, r] fp32, ``gate_w`` [r, r] W) and
+``dspark::DSparkTopKMarkovRNN`` v1 (14, ``RNN_INPUTS``: ``joint_hidden`` [B, N, 3r] fp32, ``joint_w`` [3r, 2r] W,
+``rnn_state0`` [B, r] fp32), the plain op's attributes, outputs, launch and int32 extras. Their AOT hook also
+checks the head inputs' static dims against N and the rank (``check_head_shapes``): a mismatch is a stale export.
+
 TensorRT < 10.9 has no AOT plugins (``KernelLaunchParams``): ``register_plugin`` refuses it in one line
 before registering anything.
 """
@@ -36,13 +42,13 @@ import itertools
 
 from ..errors import DSparkTrtError
 from .aot import DEFAULT_PTX_ISA, EXTRA_ARGS, WalkKernelSpec
-from .contract import (INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS,
-                       UNION_PLUGIN_ID)
+from .contract import (GATED_PLUGIN_ID, HEAD_OPS, INPUTS, OP_NAME, OUTPUTS, PLUGIN_ID, RNN_PLUGIN_ID, UNION_INPUTS,
+                       UNION_OP_NAME, UNION_OUTPUTS, UNION_PLUGIN_ID)
 
 __all__ = ["TRT_TYPE_NAMES", "DTYPE_COMBINATIONS", "MIN_TENSORRT", "autotune_type_strings", "output_layout",
            "union_output_layout", "output_shapes", "register_plugin", "register_plugins", "register_union_plugin",
            "build_arch", "check_tensorrt_version", "use_export_ptx", "embedded_kernels", "union_kernel_spec",
-           "node_kernel_spec"]
+           "node_kernel_spec", "register_head_plugins", "head_input_dims", "check_head_shapes"]
 
 MIN_TENSORRT = (10, 9)  # tensorrt.plugin.aot_impl / KernelLaunchParams
 #: (kernel description, its directory, hardware compatibility) set by use_export_ptx
@@ -55,13 +61,13 @@ TRT_TYPE_NAMES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int
 DTYPE_COMBINATIONS = tuple(itertools.product(("float32", "float16", "bfloat16"), repeat=2))
 
 
-def autotune_type_strings(union: bool = False) -> list[str]:
+def autotune_type_strings(union: bool = False, markov_head_type: str = "vanilla") -> list[str]:
     """One ``AutoTuneCombination`` type string per (T, W): the inputs then the outputs, in contract order (11 + 3;
-    the union op's 13 + 4)."""
+    the union op's 13 + 4; the gated op's 13 + 3, the RNN op's 14 + 3)."""
     def name(dtype: str, t: str, w: str) -> str:
         return TRT_TYPE_NAMES[{"T": t, "W": w}.get(dtype, dtype)]
 
-    io = (*UNION_INPUTS, *UNION_OUTPUTS) if union else (*INPUTS, *OUTPUTS)
+    io = (*UNION_INPUTS, *UNION_OUTPUTS) if union else (*HEAD_OPS[markov_head_type][1], *OUTPUTS)
     return [", ".join(name(c.dtype, t, w) for c in io) for t, w in DTYPE_COMBINATIONS]
 
 
@@ -101,12 +107,34 @@ def output_shapes(layout, input_shapes) -> list[tuple]:
     return out
 
 
+def head_input_dims(markov_head_type: str) -> dict[str, tuple[tuple[int, str], ...]]:
+    """The head inputs' static dims a node must have, per input: (dim index, ``"N"`` | ``"r"`` | ``"2r"`` |
+    ``"3r"``), from ``contract.GATED_INPUTS`` / ``RNN_INPUTS``' shapes (B, the batch, is dynamic: not listed)."""
+    extra = HEAD_OPS[markov_head_type][1][len(INPUTS):]
+    return {c.name: tuple((i, d.strip()) for i, d in enumerate(c.shape.strip("[]").split(",")) if d.strip() != "B")
+            for c in extra}
+
+
+def check_head_shapes(markov_head_type: str, shapes: dict, *, n: int, rank: int) -> None:
+    """One-line refusal of a gated / RNN node whose head inputs' static dims (``shapes[name][dim]``, ints) do
+    not fit N and the rank of its other inputs (a stale or hand-edited export)."""
+    op = HEAD_OPS[markov_head_type][0]
+    size = {"N": n, "r": rank, "2r": 2 * rank, "3r": 3 * rank}
+    for name, dims in head_input_dims(markov_head_type).items():
+        for dim, sym in dims:
+            if int(shapes[name][dim]) != size[sym]:
+                raise DSparkTrtError(f"{op} input {name} has {int(shapes[name][dim])} at dim {dim}, the contract "
+                                     f"needs {sym} = {size[sym]} (N = {n}, r = {rank} from cand_values and "
+                                     "markov_w1); re-export")
+
+
 def node_kernel_spec(cand_values_shape, union_table_shape=None, *, k: int, markov_topm: int = 0, rank: int,
-                     logit_scale: float, logits_dtype: str, weights_dtype: str, arch: int) -> WalkKernelSpec:
-    """The kernel spec of a node, either op (M = ``markov_topm``, 0 = the plain op, no table): static N and k
-    from ``cand_values``' shape and M from ``union_table``'s (ints), checked against the attributes — a
-    mismatch means a stale export."""
-    op = UNION_OP_NAME if markov_topm else OP_NAME
+                     logit_scale: float, logits_dtype: str, weights_dtype: str, arch: int,
+                     markov_head_type: str = "vanilla") -> WalkKernelSpec:
+    """The kernel spec of a node, any op (M = ``markov_topm``, 0 = no table; ``markov_head_type`` gated | rnn for
+    the head ops): static N and k from ``cand_values``' shape and M from ``union_table``'s (ints), checked
+    against the attributes — a mismatch means a stale export."""
+    op = UNION_OP_NAME if markov_topm else HEAD_OPS[markov_head_type][0]
     n, k_shape = int(cand_values_shape[1]), int(cand_values_shape[2])
     if k_shape != k:
         raise DSparkTrtError(f"{op} attribute k={k} but cand_values has k={k_shape}; re-export")
@@ -114,7 +142,7 @@ def node_kernel_spec(cand_values_shape, union_table_shape=None, *, k: int, marko
         raise DSparkTrtError(f"{op} attribute markov_topm={markov_topm} but union_table has M="
                              f"{int(union_table_shape[1])}; re-export")
     return WalkKernelSpec(n, k, rank, float(logit_scale), logits_dtype, weights_dtype, arch, DEFAULT_PTX_ISA,
-                          markov_topm)
+                          markov_topm, markov_head_type)
 
 
 def union_kernel_spec(cand_values_shape, union_table_shape, *, markov_topm: int, **kwargs) -> WalkKernelSpec:
@@ -216,17 +244,20 @@ def _tensorrt_plugin_api():
     return trt, trtp
 
 
-def register_plugins() -> tuple[str, str]:
-    """Register both plugins (idempotent); returns their ids (``PLUGIN_ID``, ``UNION_PLUGIN_ID``)."""
-    return register_plugin(), register_union_plugin()
+def register_plugins() -> tuple[str, ...]:
+    """Register every plugin (idempotent); returns their ids (``PLUGIN_ID``, ``UNION_PLUGIN_ID``,
+    ``GATED_PLUGIN_ID``, ``RNN_PLUGIN_ID``)."""
+    return (register_plugin(), register_union_plugin(), *register_head_plugins())
 
 
 @functools.cache
 def register_plugin() -> str:
-    """Register both plugins with TensorRT in this process (idempotent; ``register_plugins``); returns the plain
-    op's id ``dspark::DSparkTopKMarkov`` (``register_union_plugin`` returns the union's)."""
+    """Register every plugin with TensorRT in this process (idempotent; ``register_plugins``); returns the plain
+    op's id ``dspark::DSparkTopKMarkov`` (``register_union_plugin`` returns the union's, ``register_head_plugins``
+    the gated and RNN ones)."""
     _register_plain_plugin()
     register_union_plugin()
+    register_head_plugins()
     return PLUGIN_ID
 
 
@@ -242,11 +273,13 @@ def _describe_outputs(trtp, trt, layout, shapes) -> tuple:
                                                                                           layout))
 
 
-def _aot_kernel(trtp, trt, descs: tuple, *, k: int, logit_scale: float, markov_topm: int = 0) -> tuple:
-    """Both ops' AOT hook, one body (M = ``markov_topm``, 0 = the plain op): the node's kernel spec from its static
-    shapes and attributes, the PTX (the export's, else compiled here), the launch (grid B, block warps·32, the
-    dynamic shared memory it was compiled with) and the int32 extras as ``SymInt32`` of the inputs' shapes."""
-    op, contract = (UNION_OP_NAME, UNION_INPUTS) if markov_topm else (OP_NAME, INPUTS)
+def _aot_kernel(trtp, trt, descs: tuple, *, k: int, logit_scale: float, markov_topm: int = 0,
+                markov_head_type: str = "vanilla") -> tuple:
+    """Every op's AOT hook, one body (M = ``markov_topm``, 0 = no union; ``markov_head_type`` gated | rnn for the
+    head ops): the node's kernel spec from its static shapes and attributes, the PTX (the export's, else compiled
+    here), the launch (grid B, block warps·32, the dynamic shared memory it was compiled with) and the int32
+    extras as ``SymInt32`` of the inputs' shapes."""
+    op, contract = (UNION_OP_NAME, UNION_INPUTS) if markov_topm else HEAD_OPS[markov_head_type]
     named = dict(zip((c.name for c in contract), descs, strict=True))
     cand_values, markov_w1 = named["cand_values"], named["markov_w1"]
     what = {1: "num_draft_tokens (cand_values dim 1)", 2: "top-k (cand_values dim 2)"}
@@ -254,10 +287,15 @@ def _aot_kernel(trtp, trt, descs: tuple, *, k: int, logit_scale: float, markov_t
     table = (None, _constant(named["union_table"].shape_expr[1], "union width (union_table dim 1)", op)) \
         if markov_topm else None
     rank = _constant(markov_w1.shape_expr[1], "Markov rank (markov_w1 dim 1)", op)
+    if markov_head_type != "vanilla":
+        shapes = {name: {d: _constant(named[name].shape_expr[d], f"{name} dim {d}", op) for d, _ in dims}
+                  for name, dims in head_input_dims(markov_head_type).items()}
+        check_head_shapes(markov_head_type, shapes, n=cv[1], rank=rank)
     names = {v: name for name, v in _trt_dtypes(trt).items()}
     spec = node_kernel_spec(cv, table, k=k, markov_topm=markov_topm, rank=rank, logit_scale=logit_scale,
                             logits_dtype=names[cand_values.dtype], weights_dtype=names[markov_w1.dtype],
-                            arch=build_arch(_EXPORT_PTX.get("hardware_compatibility", "none")))
+                            arch=build_arch(_EXPORT_PTX.get("hardware_compatibility", "none")),
+                            markov_head_type=markov_head_type)
     name, ptx, launch, record = _kernel_for(spec)
     _EMBEDDED.append(record)  # called once per tactic/format TensorRT tries
     params = trtp.KernelLaunchParams()
@@ -333,3 +371,73 @@ def register_union_plugin() -> str:
                            logit_scale=logit_scale, markov_topm=markov_topm)
 
     return UNION_PLUGIN_ID
+
+
+def register_head_plugins() -> tuple[str, str]:
+    """Register ``dspark::DSparkTopKMarkovGated`` and ``dspark::DSparkTopKMarkovRNN`` (idempotent); their ids."""
+    return _register_gated_plugin(), _register_rnn_plugin()
+
+
+@functools.cache
+def _register_gated_plugin() -> str:
+    trt, trtp = _tensorrt_plugin_api()
+
+    @trtp.register(GATED_PLUGIN_ID)
+    def _describe(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
+                  markov_w1: trtp.TensorDesc, markov_w2: trtp.TensorDesc, d2t: trtp.TensorDesc,
+                  temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
+                  conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, gate_hidden: trtp.TensorDesc,
+                  gate_w: trtp.TensorDesc, k: int, logit_scale: float
+                  ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+        return _describe_outputs(trtp, trt, output_layout(), {0: cand_values.shape_expr})
+
+    @trtp.autotune(GATED_PLUGIN_ID)
+    def _autotune(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                  conf_base, conf_w, gate_hidden, gate_w, outputs) -> list[trtp.AutoTuneCombination]:
+        return [trtp.AutoTuneCombination(s) for s in autotune_type_strings(markov_head_type="gated")]
+
+    @trtp.aot_impl(GATED_PLUGIN_ID)
+    def _aot(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
+             markov_w1: trtp.TensorDesc, markov_w2: trtp.TensorDesc, d2t: trtp.TensorDesc,
+             temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
+             conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, gate_hidden: trtp.TensorDesc,
+             gate_w: trtp.TensorDesc, k: int, logit_scale: float, outputs: tuple[trtp.TensorDesc], tactic: int
+             ) -> tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+        return _aot_kernel(trtp, trt, (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                       position, conf_base, conf_w, gate_hidden, gate_w), k=k,
+                           logit_scale=logit_scale, markov_head_type="gated")
+
+    return GATED_PLUGIN_ID
+
+
+@functools.cache
+def _register_rnn_plugin() -> str:
+    trt, trtp = _tensorrt_plugin_api()
+
+    @trtp.register(RNN_PLUGIN_ID)
+    def _describe(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
+                  markov_w1: trtp.TensorDesc, markov_w2: trtp.TensorDesc, d2t: trtp.TensorDesc,
+                  temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
+                  conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, joint_hidden: trtp.TensorDesc,
+                  joint_w: trtp.TensorDesc, rnn_state0: trtp.TensorDesc, k: int, logit_scale: float
+                  ) -> tuple[trtp.TensorDesc, trtp.TensorDesc, trtp.TensorDesc]:
+        return _describe_outputs(trtp, trt, output_layout(), {0: cand_values.shape_expr})
+
+    @trtp.autotune(RNN_PLUGIN_ID)
+    def _autotune(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                  conf_base, conf_w, joint_hidden, joint_w, rnn_state0, outputs) -> list[trtp.AutoTuneCombination]:
+        return [trtp.AutoTuneCombination(s) for s in autotune_type_strings(markov_head_type="rnn")]
+
+    @trtp.aot_impl(RNN_PLUGIN_ID)
+    def _aot(cand_values: trtp.TensorDesc, cand_ids: trtp.TensorDesc, anchor: trtp.TensorDesc,
+             markov_w1: trtp.TensorDesc, markov_w2: trtp.TensorDesc, d2t: trtp.TensorDesc,
+             temperature: trtp.TensorDesc, seed: trtp.TensorDesc, position: trtp.TensorDesc,
+             conf_base: trtp.TensorDesc, conf_w: trtp.TensorDesc, joint_hidden: trtp.TensorDesc,
+             joint_w: trtp.TensorDesc, rnn_state0: trtp.TensorDesc, k: int, logit_scale: float,
+             outputs: tuple[trtp.TensorDesc], tactic: int
+             ) -> tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]:
+        return _aot_kernel(trtp, trt, (cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                       position, conf_base, conf_w, joint_hidden, joint_w, rnn_state0), k=k,
+                           logit_scale=logit_scale, markov_head_type="rnn")
+
+    return RNN_PLUGIN_ID

@@ -18,8 +18,9 @@ import torch
 from ..reference.markov import MarkovWalkResult
 from ..reference.sampling import DRAFT_SALT, gumbel_noise, is_greedy
 
-__all__ = ["WalkCase", "make_walk_inputs", "make_union_inputs", "compare_walks", "compare_union_walks", "WalkMismatch",
-           "by_candidate_id"]
+__all__ = ["WalkCase", "make_walk_inputs", "make_union_inputs", "make_head_inputs", "compare_walks",
+           "compare_union_walks", "WalkMismatch", "by_candidate_id", "HEAD_KERNEL_CASES", "head_kernel_check",
+           "head_kernel_checks"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,29 @@ def make_union_inputs(case: WalkCase, topm: int, device: torch.device | str = "c
             table[a] = torch.cat((take, rest))[torch.randperm(M, generator=g)]
     union = (table.to(torch.int32), base.to(case.logits_dtype))
     return tuple(t.to(device) for t in (*inputs, *union))
+
+
+def make_head_inputs(case: WalkCase, head: str, device: torch.device | str = "cpu") -> tuple:
+    """The gated (13: ``contract.GATED_INPUTS``) or RNN (14: ``RNN_INPUTS``) op's inputs: ``make_walk_inputs``'s 11,
+    then random head inputs, the weight in ``case.weights_dtype``.
+
+    Scales keep every nonlinearity in its working range: the hidden parts ~ N(0, 1), the weights ~ N(0, 1/fan-in),
+    the RNN start state in (−1, 1). For the RNN head (u = tanh(o), entries of size 1 where e's are of size
+    1/√r) W2 is scaled by 1/√r, so the bias stays of the base logits' size as for the other heads."""
+    if head not in ("gated", "rnn"):
+        raise ValueError(f"unknown head {head!r}")
+    g = torch.Generator().manual_seed(case.seed + 104729)
+    B, N, r = case.batch, case.steps, case.rank
+    inputs = list(make_walk_inputs(case, "cpu"))
+    if head == "gated":
+        extra = (torch.randn(B, N, r, generator=g),  # gate_hidden [B, N, r] fp32
+                 (torch.randn(r, r, generator=g) / r**0.5 * 4.0).to(case.weights_dtype))  # gate_w [r, r] W
+    else:
+        inputs[4] = (inputs[4].to(torch.float32) / r**0.5).to(case.weights_dtype)
+        extra = (torch.randn(B, N, 3 * r, generator=g),  # joint_hidden [B, N, 3r] fp32
+                 (torch.randn(3 * r, 2 * r, generator=g) / r**0.5).to(case.weights_dtype),  # joint_w [3r, 2r] W
+                 torch.rand(B, r, generator=g) * 2.0 - 1.0)  # rnn_state0 [B, r] fp32
+    return tuple(t.to(device) for t in (*inputs, *extra))
 
 
 def _walk_inputs(case: WalkCase, device, *, shuffle: bool, hot: int = 0) -> tuple[tuple, torch.Tensor]:
@@ -211,3 +235,72 @@ def by_candidate_id(result: MarkovWalkResult) -> MarkovWalkResult:
     order = result.cand_ids.argsort(dim=-1)  # [B, N, k]
     return MarkovWalkResult(tokens=result.tokens, cand_ids=result.cand_ids.gather(-1, order),
                             cand_logits=result.cand_logits.gather(-1, order), confidence=result.confidence)
+
+
+# ------------------------------------------------------------------ gpu-check rows for the gated and RNN kernels
+#: (head, B, k, weights/logits dtype name, mode) at Qwen3-8B shapes (V = 151936, r = 256, N = 7); quick = first two
+HEAD_KERNEL_CASES = (("gated", 64, 512, "bfloat16", "mixed"), ("rnn", 64, 512, "bfloat16", "mixed"),
+                     ("gated", 8, 3840, "float32", "sampled"), ("rnn", 8, 3840, "bfloat16", "sampled"),
+                     ("rnn", 1, 512, "float32", "greedy"))
+_QWEN3_8B = dict(vocab=151936, rank=256, steps=7)
+
+
+def head_kernel_check(head: str, case: WalkCase, device: torch.device | str = "cuda", *,
+                      aot_arch: int | None = None) -> str:
+    """One gpu-check row: the fused ``head`` kernel on ``make_head_inputs(case)`` (poisoned outputs) against
+    ``contract.REFERENCE_OPS[head]`` on the CPU, tie-robust; a one-line summary, ``WalkMismatch`` on a difference.
+
+    ``aot_arch`` (a CUDA device): instead of the JIT kernel, the AOT PTX built here for that compute capability
+    (``aot.compile_walk_kernel``, ISA capped by this driver), loaded by the driver and launched in TensorRT's AOT
+    order (``ptx_launch``). ``device`` cpu runs the JIT kernel in Triton's interpreter (tests)."""
+    from .contract import HEAD_OPS, REFERENCE_OPS
+
+    inputs = make_head_inputs(case, head, device)
+    B, N, k = inputs[0].shape
+    dev = inputs[0].device
+    out = (torch.full((B, N), -1, dtype=torch.int32, device=dev), torch.full((B, N, k), float("nan"), device=dev),
+           torch.full((B, N), float("nan"), device=dev))
+    where = "jit"
+    if aot_arch is None:
+        from .head_kernels import head_markov_walk
+
+        head_markov_walk(head, *inputs, logit_scale=case.logit_scale, out=out)
+    else:
+        from .aot import DTYPE_NAMES, WalkKernelSpec, compile_walk_kernel, extra_arg_values
+        from .ptx_launch import PtxModule, aot_kernel_params
+
+        names = {getattr(torch, n): n for n in DTYPE_NAMES}
+        spec = WalkKernelSpec(N, k, case.rank, case.logit_scale, names[case.logits_dtype], names[case.weights_dtype],
+                              aot_arch, markov_head_type=head)
+        ck = compile_walk_kernel(spec)
+        shapes = {c.name: tuple(t.shape) for c, t in zip(HEAD_OPS[head][1], inputs)}
+        params = aot_kernel_params([t.data_ptr() for t in inputs], extra_arg_values(shapes),
+                                   [t.data_ptr() for t in out], ck.trailing_params)
+        stream = torch.cuda.current_stream()
+        with PtxModule(ck.ptx, ck.name) as module:
+            module.launch((B, 1, 1), tuple(ck.launch["block"]), ck.launch["shared_mem"], stream.cuda_stream, params)
+            stream.synchronize()
+        where = f"aot {spec.sm} ISA {ck.ptx_isa}"
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    want = REFERENCE_OPS[head](*(t.cpu() for t in inputs), logit_scale=case.logit_scale)
+    report = compare_walks(out, want, inputs, atol=2e-5, rtol=1e-5)
+    return f"{where}: {report['steps']} steps, {report['near_ties']} near-ties"
+
+
+def head_kernel_checks(quick: bool = False, arch: int | None = None) -> list[tuple[str, object]]:
+    """The gpu-check's (row name, zero-argument check) pairs for the gated and RNN kernels: JIT at Qwen3-8B shapes
+    (``HEAD_KERNEL_CASES``), and with ``arch`` (the PTX arch this GPU loads: ``aot.plugin_arch``) each head's AOT
+    PTX built here, bf16, k = 512, B = 8."""
+    rows = []
+    for head, B, k, dt, mode in HEAD_KERNEL_CASES[:2] if quick else HEAD_KERNEL_CASES:
+        case = WalkCase(batch=B, topk=k, logits_dtype=getattr(torch, dt), weights_dtype=getattr(torch, dt),
+                        mode=mode, logit_scale=1.0, seed=B + k + 2, **_QWEN3_8B)
+        rows.append((f"jit {head} B={B} k={k} {dt} {mode}", lambda h=head, c=case: head_kernel_check(h, c)))
+    if arch is not None:
+        for head in ("gated", "rnn"):
+            case = WalkCase(batch=8, topk=512, logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16,
+                            mode="mixed", logit_scale=1.0, seed=5, **_QWEN3_8B)
+            rows.append((f"aot {head} (built here) bf16 k=512",
+                         lambda h=head, c=case: head_kernel_check(h, c, aot_arch=arch)))
+    return rows

@@ -384,3 +384,105 @@ def test_ptx_text_helpers():
         aot.ptx_param_count(ptx, "g")
     with pytest.raises(DSparkTrtError):
         aot.ptx_isa_version("no version here")
+
+
+# --------------------------------------------------------------------- the gated and RNN heads' kernels
+@pytest.fixture(scope="module", params=["gated", "rnn"])
+def head_build(request, tmp_path_factory):
+    """A head kernel (--markov-head-type) into its own directory, fp32 logits and bf16 weights, sm_80 and sm_90a."""
+    out = tmp_path_factory.mktemp(f"ptx-{request.param}")
+    args = ["--n", "3", "--k", "16", "--rank", "40", "--logit-scale", "0.5", "--dtypes", "fp32-bf16",
+            "--markov-head-type", request.param]
+    if aot.find_ptxas():
+        args.append("--validate")
+    return request.param, out, build(out, *args)
+
+
+def test_head_build_describes_the_head_op(head_build):
+    from dspark_trt.plugins.contract import GATED_INPUTS, HEAD_OPS, RNN_INPUTS
+
+    head, out, info = head_build
+    op, inputs = HEAD_OPS[head]
+    assert inputs == {"gated": GATED_INPUTS, "rnn": RNN_INPUTS}[head]
+    assert (info["op"], info["plugin"], info["markov_head_type"]) == (op, f"dspark::{op}", head)
+    assert info["kernel_name"] == f"dspark_topk_markov_walk_{head}" and "markov_topm" not in info
+    assert json.loads((out / aot.description_file(0, head)).read_text()) == info
+    assert not (out / aot.DESCRIPTION_FILE).exists()  # the vanilla op's description is not overwritten
+    # r = 40: the whole rank padded to 64 in registers; mat-vec tiles of 64 × 64
+    assert info["constexprs"] == {"N": 3, "K": 16, "R": 40, "BLOCK_K": 16, "BLOCK_R": 64, "BLOCK_M": 64,
+                                  "LOGIT_SCALE": 0.5}
+    assert [a["name"] for a in info["signature"]] == [c.name for c in inputs] + ["vocab", "draft_vocab"] + [
+        c.name for c in OUTPUTS]
+    types = {a["name"]: a["type"] for a in info["signature"]}
+    weight, hidden = ("gate_w", "gate_hidden") if head == "gated" else ("joint_w", "joint_hidden")
+    assert (types[weight], types[hidden], types["markov_w2"], types["cand_values"]) == ("*bf16", "*fp32", "*bf16",
+                                                                                         "*fp32")
+    assert {k["file"] for k in info["kernels"]} == {
+        f"dspark_topk_markov_walk_{head}.{sm}.fp32-bf16.n3k16r40.ptx" for sm in ("sm_80", "sm_90a")}
+
+
+def test_head_ptx_files_are_what_the_engine_needs(head_build):
+    head, out, info = head_build
+    n_inputs = 13 if head == "gated" else 14
+    for k in info["kernels"]:
+        ptx = (out / k["file"]).read_text()
+        assert hashlib.sha256(ptx.encode()).hexdigest() == k["sha256"]
+        assert re.search(rf"\.visible \.entry dspark_topk_markov_walk_{head}\(", ptx)
+        assert re.search(rf"^\.target {k['arch']}\b", ptx, re.MULTILINE)
+        # TensorRT's AOT parameters exactly: the inputs, 2 int32 extras, 3 outputs (scratch pointers stripped)
+        assert k["params"] == n_inputs + 2 + len(OUTPUTS) and k["trailing_params"] == 0
+        assert len(re.findall(r"\.param \.u32 ", ptx)) == 2
+        assert len(re.findall(r"\.param \.u64 \.ptr", ptx)) == n_inputs + len(OUTPUTS)
+        assert k["launch"]["grid"] == ["B", 1, 1] and k["launch"]["block"] == [k["num_warps"] * 32, 1, 1]
+        assert 0 <= k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM
+        assert k["ptx_isa"] == "8.0" and k["min_driver_cuda"] == "12.0"  # every CUDA 12.x / 13.x driver JITs it
+        if aot.find_ptxas():  # the CUDA toolkit's ptxas assembles the stripped PTX, as the driver's JIT would
+            assert k["validated"]["spill_store_bytes"] == 0 and k["validated"]["registers"] > 0
+
+
+def test_select_export_kernel_matches_the_head(head_build, small_build):
+    head, out, info = head_build
+    spec = aot.WalkKernelSpec(3, 16, 40, 0.5, "float32", "bfloat16", arch=90, markov_head_type=head)
+    assert aot.select_export_kernel(info, out, spec)["name"] == f"dspark_topk_markov_walk_{head}"
+    other = "rnn" if head == "gated" else "gated"
+    with pytest.raises(DSparkTrtError, match=f"PTX is for {info['op']}, the graph's node is DSparkTopKMarkov"):
+        aot.select_export_kernel(info, out, aot.WalkKernelSpec(3, 16, 40, 0.5, "float32", "bfloat16", arch=90,
+                                                               markov_head_type=other))
+    plain_out, plain_info = small_build
+    with pytest.raises(DSparkTrtError, match=f"PTX is for DSparkTopKMarkov, the graph's node is {info['op']}"):
+        aot.select_export_kernel(plain_info, plain_out, spec)
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_head_kernel_arguments_follow_the_aot_calling_convention(head):
+    from dspark_trt.plugins.head_kernels import head_kernel
+
+    spec = aot.WalkKernelSpec(7, 512, 256, 1.0, "float16", "bfloat16", 90, markov_head_type=head)
+    sig = aot.kernel_signature(spec)
+    constexprs = aot.kernel_constexprs(spec)
+    assert [n for n, _ in sig] + list(constexprs) == list(head_kernel(head).arg_names)
+    assert spec.op_name == f"DSparkTopKMarkov{'Gated' if head == 'gated' else 'RNN'}"
+    assert spec.plugin_id == f"dspark::{spec.op_name}" and spec.head and not spec.union
+    assert spec.file_name == f"dspark_topk_markov_walk_{head}.sm_90a.fp16-bf16.n7k512r256.ptx"
+    types = dict(sig)
+    if head == "rnn":
+        assert (types["joint_hidden"], types["joint_w"], types["rnn_state0"]) == ("*fp32", "*bf16", "*fp32")
+    else:
+        assert (types["gate_hidden"], types["gate_w"]) == ("*fp32", "*bf16")
+    with pytest.raises(DSparkTrtError, match="vanilla Markov head only, not " + head):
+        aot.WalkKernelSpec(7, 512, 256, 1.0, markov_topm=4, markov_head_type=head)
+    with pytest.raises(DSparkTrtError, match="markov_head_type 'lstm' is not one of vanilla, gated, rnn"):
+        aot.WalkKernelSpec(7, 512, 256, 1.0, markov_head_type="lstm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_head_kernels_at_the_largest_shapes_build_without_spills(tmp_path, head):
+    """k = 3840, r = 1024 (the whole rank in registers, the smallest tiles): no spills, shared memory within the
+    AOT launch's 48 KiB."""
+    args = ["--n", "7", "--k", "3840", "--rank", "1024", "--archs", "80,90", "--markov-head-type", head]
+    info = build(tmp_path, *args, *(["--validate"] if aot.find_ptxas() else []))
+    for k in info["kernels"]:
+        assert k["launch"]["shared_mem"] <= aot.MAX_STATIC_SHARED_MEM
+        if aot.find_ptxas():
+            assert k["validated"]["spill_store_bytes"] == 0

@@ -172,3 +172,55 @@ def test_fused_union_walk_is_a_drop_in_for_markov_walk(sampled):
     compare_union_walks((got.tokens.cpu(), got.cand_logits.cpu(), got.confidence.cpu(), got.cand_ids[..., k:].cpu()),
                         (want.tokens, want.cand_logits, want.confidence, want.cand_ids[..., k:]), inputs,
                         atol=2e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------- the gated and RNN heads on CUDA
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_the_head_kernels_are_chosen_on_cuda_when_supported(head):
+    pytest.importorskip("triton")
+    assert fallback_reason("cuda", **CASE, markov_head_type=head) is None
+    assert select_markov_walk("cuda", **CASE, markov_head_type=head) is fused_markov_walk
+    assert select_markov_impl("cuda", **CASE, markov_head_type=head).name == "fused Triton kernel"
+    assert "[1, 1024]" in fallback_reason("cuda", **{**CASE, "rank": 2048}, markov_head_type=head)
+    assert "vanilla Markov head only" in fallback_reason("cuda", **CASE, markov_topm=8, markov_head_type=head)
+    assert "dense Markov head" in fallback_reason("cuda", **{**CASE, "topk": None}, markov_head_type=head)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_fused_head_walk_is_a_drop_in_for_markov_walk(head, sampled):
+    """``fused_markov_walk(..., head=HeadFeatures)`` is ``markov_walk(..., head=)``: bf16 W1 / W2 with the head's
+    fp32 split weight (``head_features``), a reduced vocabulary, int64 keys, an RNN start state."""
+    from dspark_trt.reference.markov_heads import head_features
+
+    dev = _device()
+    g = torch.Generator().manual_seed(12)
+    B, N, V, Vd, r, k, d = 3, 7, 257, 101, 8, 16, 24
+    base = torch.randn(B, N, Vd, generator=g) * 3
+    anchor = torch.randint(0, V, (B,), generator=g)
+    w1, w2 = (torch.randn(V, r, generator=g) / r**0.5).bfloat16(), torch.randn(Vd, r, generator=g).bfloat16()
+    d2t = torch.sort(torch.randperm(V, generator=g)[:Vd]).values - torch.arange(Vd)
+    hidden = torch.randn(B, N, d, generator=g)
+    width, fan_in = (r, d + r) if head == "gated" else (3 * r, 2 * r + d)
+    feats = head_features(head, hidden, torch.randn(width, fan_in, generator=g) / fan_in**0.5,
+                          torch.randn(width, generator=g) * 0.1,
+                          state0=torch.rand(B, r, generator=g) - 0.5 if head == "rnn" else None)
+    opts = dict(topk=k, logit_scale=0.5, d2t=d2t, conf_base=torch.randn(B, N, generator=g),
+                conf_w_markov=torch.randn(r, generator=g), head=feats)
+    if sampled:
+        opts.update(temperature=torch.tensor([0.7, 0.0, 1.2]), seed=torch.tensor([2**40 + 3, 5, 2**33]),
+                    positions=torch.tensor([7, 2**31 + 9, 100]))
+    on_dev = {key: (v.to(dev) if isinstance(v, torch.Tensor) else v) for key, v in opts.items()}
+    on_dev["head"] = type(feats)(feats.kind, feats.hidden_part.to(dev), feats.weight.to(dev),
+                                 None if feats.state0 is None else feats.state0.to(dev))
+    got = fused_markov_walk(base.to(dev), anchor.to(dev), w1.to(dev), w2.to(dev), **on_dev)
+    want = markov_walk(base, anchor, w1, w2, **opts)
+    assert got.tokens.dtype == torch.int64 and torch.equal(got.cand_ids.cpu(), want.cand_ids)
+    inputs = (None, want.cand_ids.to(torch.int32), None, None, None, d2t.to(torch.int32),
+              opts.get("temperature", torch.zeros(B)), (opts["seed"] % (2**31 - 1)) if sampled else torch.zeros(B),
+              (opts["positions"] % (2**31 - 1)) if sampled else torch.zeros(B))
+    compare_walks((got.tokens.cpu(), got.cand_logits.cpu(), got.confidence.cpu()),
+                  (want.tokens, want.cand_logits, want.confidence), inputs, atol=2e-5, rtol=1e-5)
+    vanilla = markov_walk(base, anchor, w1, w2, **{**opts, "head": None})
+    assert not torch.allclose(got.cand_logits.cpu(), vanilla.cand_logits)  # the head is really used

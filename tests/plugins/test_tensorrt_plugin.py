@@ -287,3 +287,119 @@ def test_engine_with_the_union_plugin_matches_the_reference(mode):
     stream.synchronize()
     want = reference_union_op(*(t.cpu() for t in inputs), logit_scale=0.5)
     compare_union_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------- the gated and RNN heads' plugins (pure parts)
+@pytest.mark.parametrize("head, n_inputs, extra", [
+    ("gated", 13, ["FP32", "W"]),  # gate_hidden fp32, gate_w the weights type
+    ("rnn", 14, ["FP32", "W", "FP32"]),  # joint_hidden fp32, joint_w W, rnn_state0 fp32
+])
+def test_head_autotune_lists_the_head_inputs_per_dtype_pair(head, n_inputs, extra):
+    strings = autotune_type_strings(markov_head_type=head)
+    assert len(strings) == len(DTYPE_COMBINATIONS) == 9
+    names = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
+    plain = autotune_type_strings()
+    for s, p, (t, w) in zip(strings, plain, DTYPE_COMBINATIONS):
+        types = [x.strip() for x in s.split(",")]
+        plain_types = [x.strip() for x in p.split(",")]
+        assert len(types) == n_inputs + len(OUTPUTS)
+        assert types[:11] == plain_types[:11] and types[n_inputs:] == plain_types[11:]  # same inputs 0-10, outputs
+        assert types[11:n_inputs] == [names[w] if x == "W" else x for x in extra], s
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_head_node_kernel_spec_and_shape_checks(head):
+    from dspark_trt.plugins.aot import DEFAULT_PTX_ISA, WalkKernelSpec
+    from dspark_trt.plugins.tensorrt_plugin import check_head_shapes, head_input_dims, node_kernel_spec
+
+    spec = node_kernel_spec((None, 7, 512), None, k=512, rank=256, logit_scale=0.5, logits_dtype="float32",
+                            weights_dtype="bfloat16", arch=90, markov_head_type=head)
+    assert spec == WalkKernelSpec(7, 512, 256, 0.5, "float32", "bfloat16", 90, DEFAULT_PTX_ISA, 0, head)
+    op = "DSparkTopKMarkovGated" if head == "gated" else "DSparkTopKMarkovRNN"
+    assert spec.op_name == op and spec.plugin_id == f"dspark::{op}"
+    with pytest.raises(DSparkTrtError, match=f"^{op} attribute k=64 but cand_values has k=512; re-export"):
+        node_kernel_spec((None, 7, 512), None, k=64, rank=256, logit_scale=0.5, logits_dtype="float32",
+                         weights_dtype="bfloat16", arch=90, markov_head_type=head)
+    dims = head_input_dims(head)
+    if head == "gated":  # from the contract's shapes, B (dynamic) left out
+        assert dims == {"gate_hidden": ((1, "N"), (2, "r")), "gate_w": ((0, "r"), (1, "r"))}
+        good = {"gate_hidden": (5, 7, 256), "gate_w": (256, 256)}
+        bad = {**good, "gate_w": (256, 255)}
+        message = r"DSparkTopKMarkovGated input gate_w has 255 at dim 1, the contract needs r = 256"
+    else:
+        assert dims == {"joint_hidden": ((1, "N"), (2, "3r")), "joint_w": ((0, "3r"), (1, "2r")),
+                        "rnn_state0": ((1, "r"),)}
+        good = {"joint_hidden": (5, 7, 768), "joint_w": (768, 512), "rnn_state0": (5, 256)}
+        bad = {**good, "joint_hidden": (5, 6, 768)}
+        message = r"DSparkTopKMarkovRNN input joint_hidden has 6 at dim 1, the contract needs N = 7"
+    check_head_shapes(head, good, n=7, rank=256)
+    with pytest.raises(DSparkTrtError, match=message):
+        check_head_shapes(head, bad, n=7, rank=256)
+
+
+def test_export_ptx_of_another_op_is_refused_for_a_head_node(tmp_path):
+    from dspark_trt.plugins import tensorrt_plugin as tp
+    from dspark_trt.plugins.aot import WalkKernelSpec
+
+    plain = {"op": "DSparkTopKMarkov", "constexprs": {"N": 7, "K": 16, "R": 8, "LOGIT_SCALE": 1.0}, "kernels": []}
+    try:
+        tp.use_export_ptx([plain], tmp_path)
+        for head, op in (("gated", "DSparkTopKMarkovGated"), ("rnn", "DSparkTopKMarkovRNN")):
+            with pytest.raises(DSparkTrtError, match=f"no PTX for {op} .it has DSparkTopKMarkov."):
+                tp._kernel_for(WalkKernelSpec(7, 16, 8, 1.0, "float32", "float32", 80, markov_head_type=head))
+    finally:
+        tp.use_export_ptx(None)
+
+
+def test_register_head_plugins_refuses_without_tensorrt():
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("TensorRT is importable here")
+    except Exception:
+        pass
+    from dspark_trt.plugins.tensorrt_plugin import _register_gated_plugin, _register_rnn_plugin
+
+    for register in (_register_gated_plugin, _register_rnn_plugin):
+        with pytest.raises(DSparkTrtError, match="needs full TensorRT"):
+            register.__wrapped__()
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+@pytest.mark.parametrize("mode", ["greedy", "mixed"])
+def test_engine_with_a_head_plugin_matches_the_reference(head, mode):
+    import tensorrt as trt
+    import tensorrt.plugin as trtp
+
+    from dspark_trt.plugins.contract import HEAD_OPS, REFERENCE_OPS
+    from dspark_trt.plugins.tensorrt_plugin import register_plugins
+    from dspark_trt.plugins.walk_compare import WalkCase, compare_walks, make_head_inputs
+
+    register_plugins()
+    op, contract = HEAD_OPS[head]
+    case = WalkCase(batch=5, steps=7, vocab=1031, draft_vocab=769, rank=192, topk=512, mode=mode,
+                    logits_dtype=torch.bfloat16, weights_dtype=torch.bfloat16, logit_scale=0.5)
+    inputs = [t.cuda() for t in make_head_inputs(case, head)]
+    to_trt = {torch.float32: trt.float32, torch.bfloat16: trt.bfloat16, torch.int32: trt.int32}
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    tensors = [network.add_input(c.name, to_trt[t.dtype], tuple(t.shape)) for c, t in zip(contract, inputs)]
+    layer = network.add_plugin(getattr(trtp.op.dspark, op)(*tensors, k=case.topk, logit_scale=0.5), aot=True)
+    for i, c in enumerate(OUTPUTS):
+        layer.get_output(i).name = c.name
+        network.mark_output(layer.get_output(i))
+    engine_bytes = builder.build_serialized_network(network, builder.create_builder_config())
+    assert engine_bytes is not None, "engine build failed"
+    engine = trt.Runtime(logger).deserialize_cuda_engine(engine_bytes)
+    context = engine.create_execution_context()
+    outs = [torch.full((5, 7), -1, dtype=torch.int32, device="cuda"),
+            torch.full((5, 7, 512), float("nan"), device="cuda"), torch.full((5, 7), float("nan"), device="cuda")]
+    for c, t in zip((*contract, *OUTPUTS), (*inputs, *outs)):
+        context.set_tensor_address(c.name, t.data_ptr())
+    stream = torch.cuda.Stream()
+    assert context.execute_async_v3(stream.cuda_stream)
+    stream.synchronize()
+    want = REFERENCE_OPS[head](*(t.cpu() for t in inputs), logit_scale=0.5)
+    compare_walks(outs, want, inputs, atol=2e-5, rtol=1e-5)

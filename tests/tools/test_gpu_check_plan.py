@@ -124,7 +124,7 @@ def test_dry_run_prints_the_plan_on_a_cpu_host(capsys, tmp_path):
     assert " 1. tensorrt importable  ~2 s  done by ~2 s" in out
     assert "proves: the engines deserialize in a process that imports only tensorrt" in out
     assert "NOT RUN: past the budget" in out  # 200 s holds only the first steps
-    assert "the gated and RNN plugin rows: none yet" in out
+    assert "the gated and RNN head kernels JIT and AOT" in out and "step hooks registered: 0" in out
     assert gpu_check(["--dry-run", "--skip-tensorrt", "--out", str(tmp_path / "x")]) == 0
     assert "skipped: --skip-tensorrt" in capsys.readouterr().out and not (tmp_path / "x").exists()
     assert gpu_check(["--dry-run", "--budget", "0"]) == 1  # a budget must be positive

@@ -131,6 +131,10 @@ def aot_step(run) -> None:
                         seed=3, **QWEN3_8B)
         return _aot_case(ck.ptx, entry, ck.name, case, markov_topm)
 
+    from ...plugins.walk_compare import head_kernel_checks  # the gated / RNN kernels: JIT and AOT rows
+
+    for name, fn in head_kernel_checks(run.options.quick, plugin_arch("none", arch)):
+        checks.run(name, fn)
     checks.run("aot (built here) bf16 k=512", lambda: local_aot("bfloat16"))
     checks.run(f"aot union (built here) bf16 k=512 M={UNION_M}", lambda: local_aot("bfloat16", UNION_M))
     if not ptx_dir:
