@@ -67,14 +67,18 @@ def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, 
             return (f"small Markov head (V_d·r = {draft_vocab_size * rank} < {CPU_KERNEL_MIN_HEAD}): the PyTorch "
                     f"top-k walk is as fast and needs no kernel loading")
         if importlib.util.find_spec("numba") is None:
-            return "Numba is not installed (pip install 'dspark-trt[cpu]')"
+            from ..optional import pip_install
+
+            return f"Numba is not installed ({pip_install('cpu')})"
         from .cpu_walk import cpu_unsupported_reason
 
         return cpu_unsupported_reason(topk=topk, weights_dtype=weights_dtype)
     if device.type != "cuda":
         return f"no native Markov kernel for {device.type} devices"
     if importlib.util.find_spec("triton") is None:
-        return "OpenAI Triton is not installed (pip install 'dspark-trt[kernels]')"
+        from ..optional import pip_install
+
+        return f"OpenAI Triton is not installed ({pip_install('kernels')})"
     if markov_topm:
         from .union_kernel import union_unsupported_reason
 
