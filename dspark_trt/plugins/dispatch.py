@@ -46,7 +46,7 @@ REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candida
 
 #: Below this many W2 elements (V_d · r) the CPU round is cache-resident and the PyTorch top-k walk costs a
 #: few ms, while the Numba kernels cost ~1 s to load per process: the demo pair's --topk 16 ran at 1/3 of the
-#: dense speed for that alone (docs/runtime.md, "Which Markov walk").
+#: dense speed for that alone (docs/design/runtime.md, "Which Markov walk on the CPU").
 CPU_KERNEL_MIN_HEAD = 1 << 20
 #: the Markov heads (config.SUPPORTED_MARKOV_HEADS) each device's native kernels walk; the others get the reference
 NATIVE_HEADS = {"cpu": ("vanilla",), "cuda": ("vanilla",)}
