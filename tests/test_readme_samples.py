@@ -85,7 +85,7 @@ def test_regenerate_runs_each_command_in_order_and_writes_what_it_printed(script
     (FAKE.replace("<!-- /sample -->\n\nText after.", "\nText after."), "end marker"),
     (FAKE.replace("<!-- sample: second -->", "<!-- sample: first -->"), "repeat"),
     (FAKE.replace("```\n$ dspark-export", "```\ndspark-export"), "well-formed"),
-])
+], ids=["an end marker missing", "a name repeated", "no $ command"])
 def test_broken_markers_are_refused(script, broken, message):
     with pytest.raises(script.MarkerError, match=message):
         script.regenerate(broken, run=lambda command: pytest.fail("ran a command"), say=lambda line: None)
