@@ -8,10 +8,11 @@ listed here to the same hint (``cli/common.run_guarded``).
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from .errors import MissingDependency
 
-__all__ = ["PACKAGES", "available", "install_hint", "missing_dependency", "require"]
+__all__ = ["PACKAGES", "available", "install_hint", "missing_dependency", "pip_install", "require", "source_tree"]
 
 #: top-level module → (distribution on PyPI, the dspark-trt extra that installs it; None: a core dependency)
 PACKAGES: dict[str, tuple[str, str | None]] = {
@@ -49,11 +50,31 @@ def available(module: str) -> bool:
         return False
 
 
+def source_tree() -> Path | None:
+    """The clone this ``dspark_trt`` is imported from (its ``pyproject.toml`` beside the package: an editable
+    install, or the checkout on PYTHONPATH); None for a copy installed into site-packages."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        project = (root / "pyproject.toml").read_text()
+    except OSError:
+        return None
+    return root if 'name = "dspark-trt"' in project else None
+
+
+def pip_install(extra: str) -> str:
+    """The command that adds dspark-trt's optional ``extra`` to this environment. dspark-trt is not published
+    on PyPI, so it names the clone: this package's own checkout when it runs from one."""
+    root = source_tree()
+    if root is None:
+        return f"pip install '<your dspark-trt clone>[{extra}]'"
+    return f"pip install -e '{root}[{extra}]'"
+
+
 def install_hint(module: str) -> str:
     dist, extra = PACKAGES.get(module.split(".")[0], (module.split(".")[0], None))
     if extra is None:
         return f"pip install {dist} (a dependency of dspark-trt: reinstalling dspark-trt brings it)"
-    return f"pip install 'dspark-trt[{extra}]'"
+    return pip_install(extra)
 
 
 def missing_dependency(module: str, purpose: str) -> MissingDependency:

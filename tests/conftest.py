@@ -66,7 +66,7 @@ GATES = {
     "speculators": (lambda: have_module("speculators"),
                     "speculators not installed (it pins an older transformers: .ci/run runs these in .venv-interop)"),
     "tritonserver": (lambda: have_module("tritonclient") and have_module("grpc"),
-                     "tritonclient not installed (pip install 'dspark-trt[serve]')"),
+                     "tritonclient not installed (pip install -e '.[serve]')"),
 }
 
 

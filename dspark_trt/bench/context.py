@@ -552,7 +552,9 @@ def plot(r: dict, out: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib missing (pip install 'dspark-trt[bench]'): no plot")
+        from ..optional import pip_install
+
+        log.warning("matplotlib missing (%s): no plot", pip_install("bench"))
         return None
     from .report import _savefig
 

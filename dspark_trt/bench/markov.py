@@ -283,7 +283,9 @@ def plot_rows(rows: list[dict], path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise DSparkTrtError("--plot needs matplotlib: pip install 'dspark-trt[bench]'") from None
+        from ..optional import pip_install
+
+        raise DSparkTrtError(f"--plot needs matplotlib: {pip_install('bench')}") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for B in sorted({r["batch"] for r in rows}):
         rs = [r for r in rows if r["batch"] == B]

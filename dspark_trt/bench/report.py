@@ -318,7 +318,9 @@ def plot(r: dict, out: Path) -> list[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib missing (pip install 'dspark-trt[bench]'): no plots")
+        from ..optional import pip_install
+
+        log.warning("matplotlib missing (%s): no plots", pip_install("bench"))
         return []
     files = []
     sweep = r["sweep"]

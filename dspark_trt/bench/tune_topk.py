@@ -108,7 +108,9 @@ def plot_sweep(rows: list[dict], path: str | Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise DSparkTrtError("--plot needs matplotlib: pip install 'dspark-trt[bench]'") from None
+        from ..optional import pip_install
+
+        raise DSparkTrtError(f"--plot needs matplotlib: {pip_install('bench')}") from None
     import io
 
     from ..atomic import atomic_write_bytes

@@ -1,6 +1,7 @@
 """Serve a drafter checkpoint, an export or a Triton model repository: tritonserver + an OpenAI-compatible API.
 
-  dspark serve                                  the embedded demo pair (exported once, then cached)
+  dspark serve                                  the embedded demo pair (exported once, then cached; chat through
+                                                dspark-trt's plain template, serving/plain_chat.jinja)
   dspark serve DRAFTER [--target DIR]           a checkpoint: exported on first use, cached by content digest
   dspark serve OUT                              an export directory (dspark-export -o OUT)
   dspark serve REPO                             a model repository (dspark triton-repo)
@@ -61,6 +62,29 @@ def _options(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(**values, repository_flags=changed_flags(RepositorySettings, args))
 
 
+def _chat_note(frontend) -> str:
+    """The ready line's word on chat: served or not, and with which template."""
+    from ..serving.chat_template import PLAIN_CHAT_TEMPLATE, plain_chat_template
+
+    if not frontend.chat_available:
+        return f"chat: no (the tokenizer has no chat template; --chat-template {PLAIN_CHAT_TEMPLATE} serves it)"
+    if frontend.config.chat_template == plain_chat_template():
+        return "chat: yes, dspark-trt's plain User/Assistant template"
+    return "chat: yes"
+
+
+def demo_options(options: ServeOptions) -> ServeOptions:
+    """The embedded demo pair's serving options: its byte tokenizer has no chat template, so chat is served with
+    dspark-trt's plain one (``serving/plain_chat.jinja``) unless ``--chat-template`` gives another."""
+    import dataclasses
+
+    from ..serving.chat_template import plain_chat_template
+
+    if options.chat_template is not None:
+        return options
+    return dataclasses.replace(options, chat_template=plain_chat_template())
+
+
 def _announce(d) -> None:
     from ..serving.addresses import bind_note
 
@@ -69,7 +93,7 @@ def _announce(d) -> None:
           f"gRPC {e.grpc}, metrics {e.metrics}", flush=True)
     if d.frontend is not None:
         c = d.frontend.config
-        chat = "chat: yes" if d.frontend.chat_available else "chat: no (no tokenizer chat template; --chat-template)"
+        chat = _chat_note(d.frontend)
         print(f"OpenAI API ready: {d.frontend.url} (model {c.name!r}, context {c.max_context}, {chat})", flush=True)
     note = bind_note(e.host)
     if note:
@@ -90,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
         drafter, target = embedded_pair()
         source = resolve_source(drafter, target=target)
+        options = demo_options(options)
     else:
         source = resolve_source(args.source, target=args.target)
     if source.kind != "checkpoint" and (args.dtype or args.cache_dir):

@@ -39,6 +39,7 @@ from ..atomic import atomic_output_dir, check_output_dir
 from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
+from ..optional import pip_install
 from ..topk import DEFAULT_TOPK
 from .engine_build import (FLAVORS, EngineBuildConfig, check_version_compatible, onnx_inputs, profile_shapes, resolve_flavor,
                      union_engine_refusal, write_engine)
@@ -471,8 +472,8 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     if flavor == "tensorrt-rtx" and manifest.get("markov_topm"):
         raise DSparkTrtError(f"{export_dir}: " + union_engine_refusal(flavor, int(manifest["markov_topm"])))
     if flavor is None:
-        raise DSparkTrtError("no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
-                             "pip install 'dspark-trt[rtx]' for TensorRT-RTX), then re-run dspark build-engine")
+        raise DSparkTrtError(f"no TensorRT flavor is importable here: install TensorRT on the GPU host (or "
+                             f"{pip_install('rtx')} for TensorRT-RTX), then re-run dspark build-engine")
     kernel = manifest.get("kernel")
     build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
                           topk=manifest.get("topk"), kernel=kernel,
@@ -537,4 +538,4 @@ def _no_engine_note(out_dir: Path, *, requested: str = "auto") -> str:
     if requested == "none":
         return f"no engine was built (--engine none): {later}, or `dspark build-engine {out_dir} --engine tensorrt-rtx`"
     return (f"no engine was built: neither TensorRT nor TensorRT-RTX is importable here. {later[0].upper()}{later[1:]}, "
-            f"or `pip install 'dspark-trt[rtx]'` and `dspark build-engine {out_dir} --engine tensorrt-rtx` here")
+            f"or `{pip_install('rtx')}` and `dspark build-engine {out_dir} --engine tensorrt-rtx` here")

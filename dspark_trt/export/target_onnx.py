@@ -219,7 +219,7 @@ def _config_sha256(target_dir: str | Path) -> str:
 
 def new_target_section(*, target_dir: str | Path, target_config: dict, config: DSparkConfig, dtype: str,
                        io: dict, tokenizer: list[str], max_context: int, validation: list[str] | None) -> dict:
-    """The manifest's ``target`` section (CONTRACT: docs/export.md, "Target graph")."""
+    """The manifest's ``target`` section (CONTRACT: docs/export.md, "The target graph")."""
     from types import SimpleNamespace
 
     from ..artifact.target_io import KV_INTERFACE

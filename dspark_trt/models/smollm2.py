@@ -33,6 +33,7 @@ from pathlib import Path
 from ..atomic import atomic_output_dir, atomic_write_text
 from ..cache import cache_root
 from ..errors import DSparkTrtError
+from ..optional import pip_install
 
 __all__ = ["GGUF_NAME", "WHEEL", "locate_gguf", "write_smollm2_target", "is_built", "cached_smollm2_target",
            "build_smollm2_pair", "smollm2_settings"]
@@ -121,7 +122,7 @@ def write_smollm2_target(out: str | Path, *, force: bool = False) -> Path:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise DSparkTrtError(f"building SmolLM2 needs the 'smollm2' extra ({e.name} missing): "
-                             "pip install 'dspark-trt[smollm2]'") from None
+                             f"{pip_install('smollm2')}") from None
     from ..hf import no_progress_bars
 
     with no_progress_bars():

@@ -46,7 +46,7 @@ REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candida
 
 #: Below this many W2 elements (V_d · r) the CPU round is cache-resident and the PyTorch top-k walk costs a
 #: few ms, while the Numba kernels cost ~1 s to load per process: the demo pair's --topk 16 ran at 1/3 of the
-#: dense speed for that alone (docs/runtime.md, "Which Markov walk").
+#: dense speed for that alone (docs/design/runtime.md, "Which Markov walk on the CPU").
 CPU_KERNEL_MIN_HEAD = 1 << 20
 #: the Markov heads (config.SUPPORTED_MARKOV_HEADS) each device's native kernels walk; the others get the reference
 NATIVE_HEADS = {"cpu": ("vanilla",), "cuda": ("vanilla", "gated", "rnn")}
@@ -67,14 +67,18 @@ def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, 
             return (f"small Markov head (V_d·r = {draft_vocab_size * rank} < {CPU_KERNEL_MIN_HEAD}): the PyTorch "
                     f"top-k walk is as fast and needs no kernel loading")
         if importlib.util.find_spec("numba") is None:
-            return "Numba is not installed (pip install 'dspark-trt[cpu]')"
+            from ..optional import pip_install
+
+            return f"Numba is not installed ({pip_install('cpu')})"
         from .cpu_walk import cpu_unsupported_reason
 
         return cpu_unsupported_reason(topk=topk, weights_dtype=weights_dtype)
     if device.type != "cuda":
         return f"no native Markov kernel for {device.type} devices"
     if importlib.util.find_spec("triton") is None:
-        return "OpenAI Triton is not installed (pip install 'dspark-trt[kernels]')"
+        from ..optional import pip_install
+
+        return f"OpenAI Triton is not installed ({pip_install('kernels')})"
     if markov_head_type != "vanilla":
         from .head_kernels import head_unsupported_reason
 

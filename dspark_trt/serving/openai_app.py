@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..errors import DSparkTrtError
 from .addresses import client_address
+from .chat_template import no_template_message
 from . import openai_protocol as oa
 from .triton_stream import Final, Piece, TritonRequestError, TritonStreamClient, generate_inputs
 
@@ -320,8 +321,7 @@ class _App:
                 raise oa.OpenAIError("this model has no tokenizer, so it cannot serve chat: use /v1/completions "
                                      "with token ids", param="messages")
             if not self.chat_template:
-                raise oa.OpenAIError("the model's tokenizer has no chat template: start dspark serve with "
-                                     "--chat-template FILE, or use /v1/completions", param="messages")
+                raise oa.OpenAIError(no_template_message(), param="messages")
             size = sum(len(m["content"].encode("utf-8")) for m in req.messages)
             self._check_size(size, "messages")
             try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..atomic import atomic_output_dir, write_marker
 from ..errors import DSparkTrtError
+from ..optional import pip_install
 from .served_decoder import choose_runtime
 from .settings import ModelSettings, RepositorySettings
 from .protocol import INPUTS, OUTPUTS
@@ -44,7 +45,7 @@ def _pb():
         from tritonclient.grpc import model_config_pb2
     except ImportError as e:
         raise DSparkTrtError(f"writing a Triton model repository needs tritonclient ({e.name} missing): "
-                             f"pip install 'dspark-trt[serve]'") from None
+                             f"{pip_install('serve')}") from None
     return model_config_pb2
 
 
@@ -178,7 +179,7 @@ library's default (for an export, the draft settings it was exported with).
 
 ## Launch on a CPU host
 
-    pip install 'dspark-trt[serve]'
+    {pip_install('serve')}
     dspark serve REPO --http-port 8000 --grpc-port 8001 --metrics-port 8002
 
 `dspark serve` starts the `tritonserver` bundled with PyTriton (`nvidia-pytriton`), which runs the Python
@@ -190,7 +191,8 @@ once). Ctrl-C stops the server.
 
 Write the repository on that host with `--runtime tensorrt` (the default where TensorRT is importable and
 the export has engines); the instance group is then `KIND_GPU`. In NVIDIA's Triton container
-(`nvcr.io/nvidia/tritonserver:<yy.mm>-py3`, with `pip install dspark-trt tensorrt` inside):
+(`nvcr.io/nvidia/tritonserver:<yy.mm>-py3`, with dspark-trt installed inside from its clone, `pip install -e
+'CLONE[serve]' tensorrt`):
 
     tritonserver --model-repository REPO
 

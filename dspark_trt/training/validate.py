@@ -69,7 +69,9 @@ def plot_curve(curve: list[dict], path: Path, *, best_step: int | None = None) -
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("matplotlib missing (pip install 'dspark-trt[bench]'): no validation plot")
+        from ..optional import pip_install
+
+        log.warning("matplotlib missing (%s): no validation plot", pip_install("bench"))
         return None
     from ..atomic import atomic_output_file
 

@@ -124,4 +124,6 @@ def test_the_shipped_benchmark_record_holds_no_absolute_path():
 
     record = Path(dspark_trt.__file__).resolve().parents[1] / "docs" / "benchmarks" / "benchmarks.json"
     text = json.loads(record.read_text())
-    assert not Path(text["pair"]).is_absolute() and "/work/" not in record.read_text()
+    from tests.test_standalone import MACHINE_PATH
+
+    assert not Path(text["pair"]).is_absolute() and not MACHINE_PATH.search(record.read_text())

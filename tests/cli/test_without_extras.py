@@ -57,10 +57,10 @@ def test_the_blocker_blocks(tmp_path):
 @pytest.mark.parametrize("blocked, argv, hint", [
     ("triton", ["export", "{drafter}", "--topk", "16", "--engine", "none", "-o", "out"],
      "compiling the top-k Markov kernel to PTX (--topk) needs the Python package triton, which is not installed: "
-     "pip install 'dspark-trt[kernels]'"),
+     f"pip install -e '{REPO}[kernels]'"),
     ("tensorrt_rtx", ["export", "{drafter}", "--topk", "off", "--engine", "tensorrt-rtx", "-o", "out"],
      "--engine tensorrt-rtx needs the Python package tensorrt-rtx, which is not installed: "
-     "pip install 'dspark-trt[rtx]'"),
+     f"pip install -e '{REPO}[rtx]'"),
     ("onnx", ["export", "{drafter}", "--topk", "off", "--engine", "none", "-o", "out"],
      "dspark export needs the Python package onnx, which is not installed: pip install onnx (a dependency of "
      "dspark-trt: reinstalling dspark-trt brings it)"),
@@ -68,7 +68,8 @@ def test_the_blocker_blocks(tmp_path):
                      "--input-ids", "1 2 3", "--max-new-tokens", "2"],
      "needs the Python package onnxruntime, which is not installed: pip install onnxruntime"),
     ("matplotlib", ["bench", "markov", "--plot", "m.png", "--vocab", "300", "--topk", "4", "--rank", "8"],
-     "--plot needs the Python package matplotlib, which is not installed: pip install 'dspark-trt[bench]'"),
+     "--plot needs the Python package matplotlib, which is not installed: "
+     f"pip install -e '{REPO}[bench]'"),
 ])
 def test_a_missing_package_is_a_one_line_pip_hint(tmp_path, tiny_pair, blocked, argv, hint):
     argv = [a.format(drafter=tiny_pair.drafter, target=tiny_pair.target) for a in argv]
@@ -80,7 +81,7 @@ def test_a_missing_package_is_a_one_line_pip_hint(tmp_path, tiny_pair, blocked, 
 def test_dspark_export_entry_point_too(tmp_path, tiny_pair):
     proc = run_without(tmp_path, "triton", str(tiny_pair.drafter), "--topk", "16", "-o", "out",
                        entry="dspark_trt.cli.export_entry")
-    assert "pip install 'dspark-trt[kernels]'" in one_error_line(proc)
+    assert f"pip install -e '{REPO}[kernels]'" in one_error_line(proc)
     assert proc.stderr.rstrip().splitlines()[-1].startswith("FAILED | ")
 
 

@@ -4,7 +4,9 @@ Two starts of the embedded demo pair's checkpoint with one export cache: the fir
 through a full queue (503, then served again), a killed model stub (readiness false, the one-line notice, a
 restart, served again; a request in flight at that moment is answered 503 at once), a killed tritonserver (the
 same, the server started again and its orphaned stub killed) and SIGTERM (exit 0); the
-second reuses the cached export and, with --no-restart, exits 1 when the stub dies. Each start runs in a
+second reuses the cached export and, with --no-restart, exits 1 when the stub dies; a third, with no SOURCE (the
+embedded default, as the README's serve row runs it), answers a chat through the official ``openai`` client and
+stops on SIGINT (exit 130). Each start runs in a
 process whose parent ignores SIGINT, as a script's background job does. No process may be left behind. The cache
 is the run's ``serve_cache_dir`` (tests/conftest.py): the other tritonserver modules serve the export made here.
 """
@@ -273,6 +275,37 @@ def test_second_start_reuses_the_cached_export_and_no_restart_exits_1(cache_dir,
         line = serve.wait_for("died", 30)
         assert "--no-restart" in line
         assert serve.proc.wait(120) == 1
+        assert not [p for p in processes if _running(p)], "processes left behind"
+    finally:
+        serve.kill()
+
+
+def test_the_embedded_default_serves_chat_through_the_openai_client(cache_dir, tmp_path):
+    """``dspark serve`` with no SOURCE (the demo pair: its byte tokenizer has no chat template) answers
+    /v1/chat/completions through the official client, with dspark-trt's plain template; the answer is what
+    in-process ``generate`` gives the rendered conversation."""
+    openai = pytest.importorskip("openai")
+    from dspark_trt.runtime import SpeculativeDecoder
+    from dspark_trt.serving.chat_template import plain_chat_template
+
+    serve = Serve(serve_args(cache_dir, tmp_path)[3:], tmp_path / "err")  # the options, no SOURCE and no --target
+    try:
+        serve.ready()
+        ready = next(line for line in serve.seen if line.startswith("OpenAI API ready"))
+        assert "chat: yes, dspark-trt's plain User/Assistant template" in ready, serve.seen
+        export = next(line for line in serve.seen if "export" in line).split(" ")[-1]
+        client = openai.OpenAI(base_url=serve.openai, api_key="unused", max_retries=0, timeout=300)
+        messages = [{"role": "user", "content": "What does the verifier do?"}]
+        r = client.chat.completions.create(model="dspark", messages=messages, max_tokens=16, temperature=0)
+        decoder = SpeculativeDecoder.from_export(export, backend="onnxruntime", device="cpu", threads=1)
+        prompt = decoder.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                       chat_template=plain_chat_template())
+        assert prompt == "User: What does the verifier do?\nAssistant:"
+        assert r.choices[0].message.content == decoder.generate(prompt, 16, temperature=0.0).texts[0]
+        assert r.usage.prompt_tokens == len(prompt.encode())  # the byte tokenizer: one token per byte
+        processes = serve.processes()
+        serve.proc.send_signal(signal.SIGINT)
+        assert serve.proc.wait(120) == 130
         assert not [p for p in processes if _running(p)], "processes left behind"
     finally:
         serve.kill()

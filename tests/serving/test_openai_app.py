@@ -86,7 +86,11 @@ def test_checks_after_readiness_and_an_unreachable_triton(frontend):
     try:
         status, body, _ = call(frontend, "/v1/chat/completions",
                                {"model": "dspark", "messages": [{"role": "user", "content": "hi"}]})
-        assert status == 400 and "--chat-template" in body["error"]["message"]
+        # the exact flag, with the template dspark-trt ships (a file that exists, beside the package's code)
+        from dspark_trt.serving.chat_template import PLAIN_CHAT_TEMPLATE
+
+        assert status == 400 and f"--chat-template {PLAIN_CHAT_TEMPLATE} " in body["error"]["message"]
+        assert PLAIN_CHAT_TEMPLATE.is_file() and body["error"]["param"] == "messages"
         status, body, _ = call(frontend, "/v1/completions", {"model": "dspark", "prompt": "a" * 60, "max_tokens": 5})
         assert status == 400 and body["error"]["param"] == "max_tokens" and "at most 4" in body["error"]["message"]
         status, body, _ = call(frontend, "/v1/completions", {"model": "dspark", "prompt": "a" * 64})

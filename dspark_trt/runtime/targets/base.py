@@ -50,8 +50,10 @@ def target_class(name: str):
     try:
         return getattr(importlib.import_module(module), cls)
     except ModuleNotFoundError as e:
-        raise DSparkTrtError(f"target backend {name!r} needs the optional package {e.name!r}: "
-                             f"pip install 'dspark-trt[onnx]'") from None
+        from ...optional import install_hint
+
+        raise DSparkTrtError(f"target backend {name!r} needs the package {e.name!r}: {install_hint(e.name or '')}") \
+            from None
 
 
 @dataclass
