@@ -241,6 +241,12 @@ class DSparkConfig:
                 )
             return _from_speculators(raw, where)
         archs = raw.get("architectures") or []
+        if "Gemma4DSparkModel" in archs:
+            raise DSparkTrtError(
+                f"{where}: a Gemma-4 DSpark drafter (Gemma4DSparkModel: Gemma-4 draft layers with q/k/v norms, "
+                f"sandwich norms, proportional RoPE at global_head_dim, unscaled attention, GELU-tanh MLP, scaled "
+                f"embeddings and logit soft-capping) is not supported; dspark-trt runs Qwen3-layer drafters only"
+            )
         if any("DSpark" in a for a in archs) or "target_layer_ids" in raw or "dspark_target_layer_ids" in raw:
             return _from_deepseek(raw, where)
         raise DSparkTrtError(

@@ -20,8 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", nargs="?",
                    help="directory to create (refused if non-empty unless it is an earlier output and --force)")
     p.add_argument("--list", action="store_true", help="list the presets with their parameters and bytes, and exit")
-    p.add_argument("--format", choices=("deepseek", "speculators"), default="deepseek",
-                   help="drafter layout (default deepseek: embed_tokens and lm_head included)")
+    p.add_argument("--format", choices=("deepseek", "speculators"), default=None,
+                   help="drafter layout (default: the release's own, as --list shows; deepseek: embed_tokens and "
+                        "lm_head included, speculators: both read from the target)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (draft layers of a drafter preset)")
     p.add_argument("--target-layers", type=int, default=None,
                    help="target depth of a drafter preset (its target_layer_ids are spread over it anew)")
@@ -45,11 +46,15 @@ def preset_table(dtype: str = "bf16") -> str:
     size = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
     rows = [("preset", "kind", "parameters", f"bytes ({dtype})", "description")]
     for p in PRESETS.values():
-        if isinstance(p, DrafterPreset):
-            for fmt in ("deepseek", "speculators"):
+        if p.kind == "drafter":
+            other = "speculators" if p.format == "deepseek" else "deepseek"
+            formats = (p.format,) if not isinstance(p, DrafterPreset) else (p.format, other)  # Gemma-4: DeepSpec's only
+            for fmt in formats:  # the release's own layout first
                 n = parameter_count(drafter_tensor_shapes(p, fmt))
-                rows.append((p.name if fmt == "deepseek" else "", f"drafter ({fmt})", f"{n / 1e9:.2f} B ({n:,})",
-                             format_size(n * size), p.description if fmt == "deepseek" else f"target: {p.target.name}"))
+                first = fmt == p.format
+                rows.append((p.name if first else "", f"drafter ({fmt}{', release' if first else ''})",
+                             f"{n / 1e9:.2f} B ({n:,})", format_size(n * size),
+                             p.description if first else f"target: {p.target.name}; release: {p.hub_id or '-'}"))
         else:
             n = parameter_count(target_tensor_shapes(p))
             rows.append((p.name, "target", f"{n / 1e9:.2f} B ({n:,})", format_size(n * size), p.description))

@@ -114,6 +114,10 @@ def check_architecture(config) -> str:
     """The target's architecture (a transformers config or its config.json dict), refused when not supported."""
     raw = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
     arch = (raw or ["?"])[0]
+    if arch.startswith("Gemma4"):
+        raise DSparkTrtError(f"target architecture {arch} (Gemma-4: sliding-window and global layers of different "
+                             f"head sizes, per-type RoPE, logit soft-capping) is not exported yet; pass --skip-target "
+                             f"to export the drafter only")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise DSparkTrtError(f"target architecture {arch} is not supported by the target export (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)}); pass --skip-target to export the drafter only")

@@ -36,6 +36,7 @@ from ..atomic import atomic_output_dir, check_output_dir, write_marker
 from ..errors import DSparkTrtError
 from .byte_tokenizer import write_byte_tokenizer
 from .drafter_config import deepseek_drafter_config, speculators_drafter_config
+from .gemma4_presets import Gemma4DrafterPreset, Gemma4TargetPreset
 from .presets import (MIN_TOKENIZER_VOCAB, DrafterPreset, TargetPreset, drafter_tensor_shapes, get_preset,
                       parameter_count, scaled, target_tensor_shapes)
 from .safetensors_stream import (DTYPES, TensorPlan, constant_chunks, format_size, is_disk_full, parse_size,
@@ -87,7 +88,7 @@ def _plans(shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, seed: int, ke
     plans = []
     for name, shape in shapes.items():
         n = math.prod(shape)
-        if name.endswith("norm.weight"):
+        if name.endswith("norm.weight") or name.endswith("layer_scalar"):
             chunks = constant_chunks(n, dtype, 1.0)
         elif name == "confidence_head.proj.bias":
             chunks = constant_chunks(n, dtype, 0.0)
@@ -115,30 +116,37 @@ def _target_dir(t: TargetPreset, dtype: str, seed: int, shard_size, subdir: str)
 
 def _drafter_dir(p: DrafterPreset, format: str, dtype: str, seed: int, shard_size, subdir: str,
                  with_target: bool) -> PlannedDir:
-    c = p.config()
     target_config = p.target.config_json(dtype)
-    if format == "deepseek":
-        config = deepseek_drafter_config(c, target_config)
+    if isinstance(p, Gemma4DrafterPreset):
+        drafter_tensor_shapes(p, format)  # refuses a speculators layout
+        config = p.config_json(dtype)
+    elif format == "deepseek":
+        config = deepseek_drafter_config(p.config(), target_config)
     else:
-        config = speculators_drafter_config(c, target_config)
+        config = speculators_drafter_config(p.config(), target_config)
         config["speculators_config"]["verifier"]["name_or_path"] = "../target" if with_target else p.target.hub_id
+    shared = dict(SHARED_KEYS)
+    if p.target.tie_word_embeddings:  # a tied target's lm_head is its embed_tokens
+        shared["lm_head.weight"] = "model.embed_tokens.weight"
     plans = _plans(drafter_tensor_shapes(p, format), DTYPES[dtype][0], seed,
-                   key=lambda name: SHARED_KEYS.get(name, f"dspark.{name}"))
+                   key=lambda name: shared.get(name, f"dspark.{name}"))
     return PlannedDir("drafter", subdir, {"config.json": config}, plans, _shard_bytes(shard_size, None), tokenizer=False)
 
 
-def plan_preset(preset: str | TargetPreset | DrafterPreset, *, format: str = "deepseek", layers: int | None = None,
+def plan_preset(preset: str | TargetPreset | DrafterPreset, *, format: str | None = None, layers: int | None = None,
                 target_layers: int | None = None, vocab: int | None = None, shard_size: str | int | None = None,
                 target_shard_size: str | int | None = None, dtype: str = "bf16", seed: int = 0,
                 with_target: bool = False, **shape) -> list[PlannedDir]:
     """What ``write_preset`` writes with these options (nothing is written); see ``write_preset``."""
+    p = get_preset(preset) if isinstance(preset, str) else preset
+    if format is None:
+        format = getattr(p, "format", "deepseek")  # the release's own layout
     if format not in ("deepseek", "speculators"):
         raise DSparkTrtError(f"unknown checkpoint format {format!r}: use 'deepseek' or 'speculators'")
     if dtype not in DTYPES:
         raise DSparkTrtError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    p = get_preset(preset) if isinstance(preset, str) else preset
     p = scaled(p, layers=layers, target_layers=target_layers, vocab=vocab, **shape)
-    if isinstance(p, TargetPreset):
+    if isinstance(p, (TargetPreset, Gemma4TargetPreset)):
         if with_target or target_layers is not None or target_shard_size is not None:
             raise DSparkTrtError(f"{p.name} is a target preset: --with-target, --target-layers and --target-shard-size "
                                  f"apply to drafter presets")
@@ -164,7 +172,7 @@ def _check_free_disk(out: Path, need: int) -> None:
                              f"write a smaller model (--layers, --target-layers, --vocab)")
 
 
-def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path, *, format: str = "deepseek",
+def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path, *, format: str | None = None,
                  layers: int | None = None, target_layers: int | None = None, vocab: int | None = None,
                  shard_size: str | int | None = None, target_shard_size: str | int | None = None,
                  dtype: str = "bf16", seed: int = 0, with_target: bool = False, force: bool = False,
@@ -174,7 +182,7 @@ def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path
     Args:
         preset: a preset name (``presets.PRESETS``) or object.
         format: drafter layout, ``"deepseek"`` (self-contained) or ``"speculators"`` (embed_tokens and lm_head
-            from the target).
+            from the target); default: the release's own (``DrafterPreset.format``).
         layers, target_layers, vocab, **shape: ``presets.scaled`` options (a smaller model of the same family).
         shard_size: shard limit (``"2GB"``, bytes; ``"none"``: one file) of the drafter, or of a target preset;
             default: drafters one ``model.safetensors``, targets the release's limit (4 GB for Qwen3-8B).
@@ -190,6 +198,8 @@ def write_preset(preset: str | TargetPreset | DrafterPreset, out_dir: str | Path
                           shard_size=shard_size, target_shard_size=target_shard_size, dtype=dtype, seed=seed,
                           with_target=with_target, **shape)
     name = preset if isinstance(preset, str) else preset.name
+    if format is None:
+        format = getattr(get_preset(preset) if isinstance(preset, str) else preset, "format", "deepseek")
     out = check_output_dir(out_dir, force=force, marker=MARKER)
     weight_bytes = sum(d.nbytes for d in planned)
     need = weight_bytes + SMALL_FILES_BYTES

@@ -37,7 +37,8 @@ QWEN3_LAYER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k
 
 @dataclass(frozen=True)
 class TargetPreset:
-    """A Hugging Face Qwen3 causal LM's shapes and the ``config.json`` keys its release carries."""
+    """A Hugging Face Qwen3 causal LM's shapes and the ``config.json`` keys its release carries (or, for a release
+    whose target is not a Qwen3 model, a Qwen3-shaped stand-in: docs/checkpoints.md says which)."""
 
     name: str
     description: str
@@ -56,6 +57,7 @@ class TargetPreset:
     eos_token_id: int | None
     generation_eos_token_ids: tuple[int, ...]  # generation_config.json's eos_token_id
     shard_size: str  # the release's shard limit (save_pretrained's max_shard_size)
+    tie_word_embeddings: bool = False  # Qwen3-4B ties lm_head to embed_tokens (no lm_head.weight)
     kind: str = "target"
 
     def config_json(self, dtype: str) -> dict:
@@ -81,7 +83,7 @@ class TargetPreset:
             "rope_scaling": None,
             "rope_theta": self.rope_theta,
             "sliding_window": None,
-            "tie_word_embeddings": False,
+            "tie_word_embeddings": self.tie_word_embeddings,
             "torch_dtype": _TORCH_DTYPE[dtype],
             "transformers_version": "4.51.0",
             "use_cache": True,
@@ -111,6 +113,12 @@ class DrafterPreset:
     mask_token_id: int
     confidence_head: bool = True
     markov_head_type: str = "vanilla"  # vanilla | gated (+ gate_proj) | rnn (+ joint_proj): reference/markov_heads.py
+    format: str = "deepseek"  # the release's layout: make-checkpoint's default --format
+    lm_head: bool = True  # False: the release ships no lm_head.weight (read from the target, V_d = V)
+    layer_types: tuple[str, ...] = ()  # () = all full_attention
+    sliding_window: int | None = None
+    sliding_window_non_causal: bool = False
+    hub_id: str = ""  # the release this preset mirrors
     kind: str = "drafter"
 
     @property
@@ -128,6 +136,8 @@ class DrafterPreset:
             num_target_layers=t.num_hidden_layers, markov_rank=self.markov_rank,
             markov_head_type=self.markov_head_type,  # type: ignore[arg-type]
             enable_confidence_head=self.confidence_head, confidence_head_with_markov=self.confidence_head,
+            layer_types=tuple(self.layer_types), sliding_window=self.sliding_window,
+            sliding_window_non_causal=self.sliding_window_non_causal,
         )
 
 
@@ -165,8 +175,88 @@ DSPARK_QWEN3_8B_BLOCK7_RNN = dataclasses.replace(
     description="dspark_qwen3_8b_block7 with an RNN Markov head "
                 "(joint_proj [768, 2·256 + 4096] over [s ; W1[prev] ; h])")
 
+# -- the release matrix (docs/checkpoints.md, "The release matrix": where each key and shape comes from) ----------
+QWEN3_4B = TargetPreset(
+    name="qwen3_4b", description="Qwen3-4B-shaped target (Qwen3ForCausalLM, lm_head tied to embed_tokens)",
+    hub_id="Qwen/Qwen3-4B", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645,
+    generation_eos_token_ids=(151645, 151643), shard_size="4GB", tie_word_embeddings=True,
+)
+QWEN3_14B = TargetPreset(
+    name="qwen3_14b", description="Qwen3-14B-shaped target (Qwen3ForCausalLM, untied lm_head)",
+    hub_id="Qwen/Qwen3-14B", vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+    num_attention_heads=40, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+    max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645,
+    generation_eos_token_ids=(151645, 151643), shard_size="4GB",
+)
+DSPARK_QWEN3_4B_BLOCK7 = DrafterPreset(
+    name="dspark_qwen3_4b_block7", hub_id="deepseek-ai/dspark_qwen3_4b_block7",
+    description="DeepSeek's DSpark drafter for Qwen3-4B: 5 layers, Markov rank 256, block 7 (DeepSpec dspark_qwen3_4b)",
+    target=QWEN3_4B, num_hidden_layers=5, markov_rank=256, block_size=7, target_layer_ids=(1, 9, 17, 25, 33),
+    mask_token_id=151669,
+)
+DSPARK_QWEN3_14B_BLOCK7 = DrafterPreset(
+    name="dspark_qwen3_14b_block7", hub_id="deepseek-ai/dspark_qwen3_14b_block7",
+    description="DeepSeek's DSpark drafter for Qwen3-14B: 5 layers, Markov rank 256, block 7 (DeepSpec dspark_qwen3_14b)",
+    target=QWEN3_14B, num_hidden_layers=5, markov_rank=256, block_size=7, target_layer_ids=(1, 10, 19, 28, 37),
+    mask_token_id=151669,
+)
+#: Model Optimizer writes DeepSpec's weight names and config keys; nothing else about its output is established here,
+#: so the preset is the Qwen3-4B drafter that TensorRT-Edge-LLM's docs build (7 drafted tokens, 8 verified)
+MODELOPT_QWEN3_4B_BLOCK7 = dataclasses.replace(
+    DSPARK_QWEN3_4B_BLOCK7, name="modelopt_qwen3_4b_block7", hub_id="(Model Optimizer output, no public release)",
+    description="a Model Optimizer-format drafter (DeepSpec names and keys) for Qwen3-4B: dspark_qwen3_4b_block7's shapes")
+#: stand-in target of the speculators GLM-5 drafter: the drafter's own widths (a speculators drafter's layers are
+#: Qwen3 layers), GLM-5's vocabulary and the depth its taps need; GLM-5 itself (GlmMoeDsa) is not a Qwen3 model
+GLM5_STANDIN = TargetPreset(
+    name="glm5_standin", description="Qwen3-shaped stand-in for GLM-5 (GlmMoeDsaForCausalLM is not exportable)",
+    hub_id="zai-org/GLM-5.2", vocab_size=154880, hidden_size=6144, intermediate_size=14336, num_hidden_layers=78,
+    num_attention_heads=64, num_key_value_heads=16, head_dim=64, rms_norm_eps=1e-5, rope_theta=1000000.0,
+    max_position_embeddings=202752, bos_token_id=None, eos_token_id=None, generation_eos_token_ids=(),
+    shard_size="5GB",
+)
+SPECULATORS_GLM5_BLOCK8 = DrafterPreset(
+    name="speculators_glm5_block8", hub_id="RedHatAI/GLM-5.2-speculator.dspark", format="speculators",
+    description="a speculators-format DSpark drafter for GLM-5 (RedHatAI's GLM-5.x speculators): 3 layers, block 8, "
+                "taps 2/20/39/58/75, V 154880, causal sliding window 2048",
+    target=GLM5_STANDIN, num_hidden_layers=3, markov_rank=256, block_size=8, target_layer_ids=(1, 19, 38, 57, 74),
+    mask_token_id=154879, layer_types=("sliding_attention",) * 3, sliding_window=2048,
+)
+#: DeepSeek-V4-Flash's built-in drafter: block 5 and target layers [40, 41, 42] are established, nothing else; the
+#: widths are Qwen3-8B's and the target depth the least that holds layer 42 with one layer to spare
+DEEPSEEK_V4_FLASH_STANDIN = dataclasses.replace(
+    QWEN3_8B, name="deepseek_v4_flash_standin", hub_id="deepseek-ai/DeepSeek-V4-Flash", num_hidden_layers=44,
+    description="Qwen3-8B-shaped stand-in for DeepSeek-V4-Flash at 44 layers (its own shapes are not established)")
+DSPARK_BLOCK5_TAPS40_42 = DrafterPreset(
+    name="dspark_block5_taps40_42", hub_id="deepseek-ai/DeepSeek-V4-Flash (built-in drafter)",
+    description="a block-5 drafter tapping target layers 40, 41, 42 (DeepSeek-V4-Flash's built-in drafter's block and "
+                "taps; Qwen3-8B widths stand in)",
+    target=DEEPSEEK_V4_FLASH_STANDIN, num_hidden_layers=5, markov_rank=256, block_size=5,
+    target_layer_ids=(40, 41, 42), mask_token_id=151669,
+)
+#: RadixArk's Qwen3.8-27B drafter (Qwen3DSparkModel, rank 256, block 7) ships no lm_head; its target (64 layers:
+#: 48 linear-attention, 16 full-attention) is not exportable, so Qwen3-14B widths at 64 layers stand in
+QWEN3_8_27B_STANDIN = dataclasses.replace(
+    QWEN3_14B, name="qwen3_8_27b_standin", hub_id="Qwen/Qwen3.8-27B", num_hidden_layers=64,
+    description="Qwen3-14B-shaped stand-in for Qwen3.8-27B at its 64 layers (its linear-attention layers are not exported)")
+DSPARK_QWEN3_8_27B_NO_LM_HEAD = DrafterPreset(
+    name="dspark_qwen3_8_27b_no_lm_head", hub_id="RadixArk/Qwen3.8-27B-DSpark", lm_head=False,
+    description="a DeepSeek-format drafter without lm_head.weight (RadixArk/Qwen3.8-27B-DSpark): the target's lm_head "
+                "is read; 5 layers, rank 256, block 7",
+    target=QWEN3_8_27B_STANDIN, num_hidden_layers=5, markov_rank=256, block_size=7,
+    target_layer_ids=(1, 16, 31, 46, 61), mask_token_id=151669,
+)
+
+from .gemma4_presets import (DSPARK_GEMMA4_12B_BLOCK7, GEMMA4_12B, GEMMA4_WIDTH_FIELDS,  # noqa: E402
+                             Gemma4DrafterPreset, Gemma4TargetPreset, gemma4_drafter_tensor_shapes,
+                             gemma4_target_tensor_shapes)
+
 PRESETS: dict[str, TargetPreset | DrafterPreset] = {
-    p.name: p for p in (DSPARK_QWEN3_8B_BLOCK7, DSPARK_QWEN3_8B_BLOCK7_GATED, DSPARK_QWEN3_8B_BLOCK7_RNN, QWEN3_8B)}
+    p.name: p for p in (DSPARK_QWEN3_4B_BLOCK7, DSPARK_QWEN3_8B_BLOCK7, DSPARK_QWEN3_8B_BLOCK7_GATED,
+                        DSPARK_QWEN3_8B_BLOCK7_RNN, DSPARK_QWEN3_14B_BLOCK7, MODELOPT_QWEN3_4B_BLOCK7,
+                        DSPARK_GEMMA4_12B_BLOCK7, SPECULATORS_GLM5_BLOCK8, DSPARK_BLOCK5_TAPS40_42,
+                        DSPARK_QWEN3_8_27B_NO_LM_HEAD, QWEN3_4B, QWEN3_8B, QWEN3_14B, GEMMA4_12B)}
 
 
 def get_preset(name: str) -> TargetPreset | DrafterPreset:
@@ -210,10 +300,12 @@ def scaled(preset: TargetPreset | DrafterPreset, *, layers: int | None = None, t
     for name, value in (("layers", layers), ("target_layers", target_layers), ("vocab", vocab)):
         if value is not None and int(value) < 1:
             raise DSparkTrtError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    unknown = sorted(set(shape) - set(WIDTH_FIELDS))
+    gemma = isinstance(preset, (Gemma4TargetPreset, Gemma4DrafterPreset))
+    fields = GEMMA4_WIDTH_FIELDS if gemma else WIDTH_FIELDS
+    unknown = sorted(set(shape) - set(fields))
     if unknown:
-        raise DSparkTrtError(f"unknown preset shape fields {unknown}: use {', '.join(WIDTH_FIELDS)}")
-    if isinstance(preset, TargetPreset):
+        raise DSparkTrtError(f"unknown preset shape fields {unknown}: use {', '.join(fields)}")
+    if isinstance(preset, (TargetPreset, Gemma4TargetPreset)):
         if target_layers is not None:
             raise DSparkTrtError(f"--target-layers applies to drafter presets; {preset.name} is a target: use --layers")
         changes = dict(shape)
@@ -226,19 +318,24 @@ def scaled(preset: TargetPreset | DrafterPreset, *, layers: int | None = None, t
     changes = {"target": target}
     if layers is not None:
         changes["num_hidden_layers"] = int(layers)
+        if preset.layer_types:  # one attention kind per release: the same kind on every layer
+            changes["layer_types"] = (preset.layer_types[0],) * int(layers)
     if target.num_hidden_layers != preset.target.num_hidden_layers:
         changes["target_layer_ids"] = spread_layer_ids(len(preset.target_layer_ids), target.num_hidden_layers)
     if preset.mask_token_id >= target.vocab_size:
         changes["mask_token_id"] = target.vocab_size - 1
     out = dataclasses.replace(preset, **changes)
     check_layer_ids(out.target_layer_ids, target.num_hidden_layers)
-    out.config()  # the DSparkConfig checks (heads, vocabulary, mask token)
+    if not gemma:
+        out.config()  # the DSparkConfig checks (heads, vocabulary, mask token)
     return out
 
 
 # -- tensors ------------------------------------------------------------------------------------------------
 def target_tensor_shapes(t: TargetPreset) -> dict[str, tuple[int, ...]]:
     """A Qwen3ForCausalLM state dict's names and shapes, in module order (as save_pretrained shards them)."""
+    if isinstance(t, Gemma4TargetPreset):
+        return gemma4_target_tensor_shapes(t)
     d, D = t.hidden_size, t.head_dim
     q_out, kv_out = t.num_attention_heads * D, t.num_key_value_heads * D
     per_layer = dict(zip(QWEN3_LAYER, [(d,), (q_out, d), (kv_out, d), (kv_out, d), (d, q_out), (D,), (D,), (d,),
@@ -247,13 +344,19 @@ def target_tensor_shapes(t: TargetPreset) -> dict[str, tuple[int, ...]]:
     for i in range(t.num_hidden_layers):
         shapes.update({f"model.layers.{i}.{name}": shape for name, shape in per_layer.items()})
     shapes["model.norm.weight"] = (d,)
-    shapes["lm_head.weight"] = (t.vocab_size, d)
+    if not t.tie_word_embeddings:
+        shapes["lm_head.weight"] = (t.vocab_size, d)
     return shapes
 
 
 def drafter_tensor_shapes(p: DrafterPreset, format: str) -> dict[str, tuple[int, ...]]:
     """The tensors a drafter checkpoint of ``format`` holds: DeepSeek's are self-contained (embed_tokens and
     lm_head included); speculators' leave embed_tokens and lm_head to the target (full vocabulary)."""
+    if isinstance(p, Gemma4DrafterPreset):
+        if format != "deepseek":
+            raise DSparkTrtError(f"{p.name} is a DeepSpec Gemma4DSparkModel: no speculators layout of a Gemma-4 drafter "
+                                 f"is established; use --format deepseek")
+        return gemma4_drafter_tensor_shapes(p)
     spec = expected_tensors(p.config())
     shared = {"embed_tokens.weight", "lm_head.weight"}
     out = {}
@@ -261,6 +364,8 @@ def drafter_tensor_shapes(p: DrafterPreset, format: str) -> dict[str, tuple[int,
         if name == "d2t":  # identity mapping (V_d = V): never written
             continue
         if format == "speculators" and name in shared:
+            continue
+        if name == "lm_head.weight" and not p.lm_head:  # read from the target (V_d = V)
             continue
         out[name] = ts.shape
     return out
@@ -275,7 +380,7 @@ def target_parameter_formula(t: TargetPreset) -> int:
     d, D, V = t.hidden_size, t.head_dim, t.vocab_size
     attn = 2 * d * t.num_attention_heads * D + 2 * d * t.num_key_value_heads * D + 2 * D
     layer = attn + 3 * d * t.intermediate_size + 2 * d
-    return 2 * V * d + d + t.num_hidden_layers * layer
+    return (1 if t.tie_word_embeddings else 2) * V * d + d + t.num_hidden_layers * layer
 
 
 def drafter_parameter_formula(p: DrafterPreset, format: str = "deepseek") -> int:
@@ -291,5 +396,5 @@ def drafter_parameter_formula(p: DrafterPreset, format: str = "deepseek") -> int
     if p.confidence_head:
         total += d + r + 1
     if format == "deepseek":
-        total += 2 * V * d
+        total += (2 if p.lm_head else 1) * V * d
     return total
