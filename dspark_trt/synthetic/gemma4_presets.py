@@ -15,6 +15,13 @@ from dataclasses import dataclass
 
 __all__ = ["Gemma4TargetPreset", "Gemma4DrafterPreset", "GEMMA4_12B", "DSPARK_GEMMA4_12B_BLOCK7", "GEMMA4_WIDTH_FIELDS"]
 
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _in_vocab(token: int | None, vocab: int) -> int | None:
+    return token if token is not None and token < vocab else None
+
+
 GEMMA4_WIDTH_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                        "global_head_dim", "sliding_window")
 
@@ -54,8 +61,6 @@ class Gemma4TargetPreset:
         return types
 
     def text_config(self) -> dict:
-        from .presets import _in_vocab
-
         return {
             "attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": False,
             "bos_token_id": _in_vocab(self.bos_token_id, self.vocab_size),
@@ -79,8 +84,6 @@ class Gemma4TargetPreset:
         }
 
     def config_json(self, dtype: str) -> dict:
-        from .presets import _TORCH_DTYPE
-
         return {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", **self.text_config(),
                 "dtype": _TORCH_DTYPE[dtype], "transformers_version": "5.25.0"}
 
@@ -167,7 +170,7 @@ class Gemma4DrafterPreset:
             mask_token_id=self.mask_token_id, target_layer_ids=list(self.target_layer_ids), num_anchors=512,
             enable_confidence_head=self.confidence_head, confidence_head_with_markov=self.confidence_head,
             markov_rank=self.markov_rank, markov_head_type=self.markov_head_type,
-            num_global_key_value_heads=None, dtype={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype],
+            num_global_key_value_heads=None, dtype=_TORCH_DTYPE[dtype],
         )
         return config
 
