@@ -1,0 +1,191 @@
+"""Gemma-4 target → ONNX (``gemma4_target_graph.Gemma4TargetGraph``), and its check against ``transformers``.
+
+    path = export_gemma4_target_onnx(model, layer_ids, "out/onnx/target.onnx")
+    report = validate_gemma4_target_onnx(path, model, layer_ids)        # prompt longer than the sliding window
+
+Dynamic dims: batch ``B``, new tokens ``Q``, logits rows ``K``, the global layers' capacity ``P`` (mask ``S`` = P + Q)
+and the sliding layers' ring capacity ``W``. The validation plays what a runtime does with a prompt of
+2·window + 5 tokens: a prefill in two chunks and a verify of 4 tokens; after each call the sliding layers keep only
+a ring of their last window − 1 + 3 tokens, stored rotated (slot order ≠ position order) so that the graph must
+read positions, not slot order. Logits (soft-capped), taps and the new slots' K/V are compared with transformers
+run once over the whole sequence (eager attention), fp32 both sides.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..errors import DSparkTrtError
+from .validate import Check, ValidationReport, _close
+
+__all__ = ["export_gemma4_target_onnx", "validate_gemma4_target_onnx", "RING_HEADROOM"]
+
+log = logging.getLogger("dspark.export")
+
+#: ring slots a sliding layer keeps past its window − 1: a round's rejected tokens roll back into the window
+RING_HEADROOM = 3
+
+
+def _example(graph, dtype: torch.dtype, B: int = 2, Q: int = 3, P: int = 4, W: int = 5, K: int = 2) -> tuple:
+    g = torch.Generator().manual_seed(0)
+    V = int(graph.cfg.vocab_size)
+    past = [torch.randn(B, *graph.kv_shape[i][:1], P if graph.layer_types[i] == "full_attention" else W,
+                        graph.kv_shape[i][1], generator=g).to(dtype) for i in graph.stored]
+    pastv = [t.clone() for t in past]
+    return (torch.randint(0, V, (B, Q), generator=g), (P + torch.arange(Q)).expand(B, Q).contiguous(),
+            torch.ones(B, P + Q, dtype=torch.int64), torch.arange(W).expand(B, W).contiguous(),
+            (torch.arange(K) % Q).expand(B, K).contiguous(), past, pastv)
+
+
+def export_gemma4_target_onnx(model, target_layer_ids: Sequence[int], out_path: str | Path) -> Path:
+    """Export a ``Gemma4ForCausalLM`` (its dtype is the graph's) tapping ``target_layer_ids``; write ``out_path``."""
+    import onnx_ir as ir
+    from torch.export import Dim
+
+    from ..artifact.external_data import EXTERNAL_DATA_BYTES
+    from ..torch_to_onnx import torch_onnx_export
+    from .gemma4_target_graph import OUTPUT_NAMES, Gemma4TargetGraph, gemma4_input_names
+
+    graph = Gemma4TargetGraph(model, target_layer_ids)
+    dtype = next(model.parameters()).dtype
+    args = _example(graph, dtype)
+    b, q, k = Dim("B", min=1, max=4096), Dim("Q", min=1, max=1 << 20), Dim("K", min=1, max=1 << 20)
+    p, s, w = Dim("P", min=1, max=1 << 20), Dim("S", min=2, max=1 << 21), Dim("W", min=1, max=1 << 20)
+    past = [{0: b, 2: p if graph.layer_types[i] == "full_attention" else w} for i in graph.stored]
+    dynamic = {"input_ids": {0: b, 1: q}, "position_ids": {0: b, 1: q}, "attention_mask": {0: b, 1: s},
+               "window_positions": {0: b, 1: w}, "logits_index": {0: b, 1: k}, "past_keys": past,
+               "past_values": past}
+    log.info("exporting the Gemma-4 target graph (%d layers, %d with a cache, taps %s)", graph.num_layers,
+             len(graph.stored), list(target_layer_ids))
+    program = torch_onnx_export(graph, args, input_names=gemma4_input_names(graph.stored), output_names=OUTPUT_NAMES,
+                                dynamic_shapes=dynamic)
+    model_ir = program.model
+    foreign = sorted({n.domain for n in model_ir.graph.all_nodes() if n.domain not in ("", "ai.onnx")})
+    if foreign:
+        raise DSparkTrtError(f"the Gemma-4 target graph uses non-standard ONNX domains {foreign} that TensorRT cannot "
+                             f"parse; report this target")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    size = sum(v.const_value.nbytes for v in model_ir.graph.initializers.values() if v.const_value is not None)
+    ir.save(model_ir, out_path, external_data=f"{out_path.name}.data" if size > EXTERNAL_DATA_BYTES else None)
+    return out_path
+
+
+class _Ring:
+    """One request's caches as a runtime would hold them: global layers all positions, sliding layers a rotated
+    ring of the last ``keep`` positions (``window_positions``)."""
+
+    def __init__(self, graph, keep: int):
+        self.graph, self.keep = graph, keep
+        self.glob = [i for i in graph.stored if graph.layer_types[i] == "full_attention"]
+        self.slid = [i for i in graph.stored if graph.layer_types[i] == "sliding_attention"]
+        self.k = {i: torch.zeros(1, graph.kv_shape[i][0], 0, graph.kv_shape[i][1]) for i in graph.stored}
+        self.v = {i: t.clone() for i, t in self.k.items()}
+        self.pos = torch.zeros(0, dtype=torch.int64)  # positions of the sliding ring's slots
+
+    def feeds(self) -> dict:
+        import numpy as np
+
+        out = {}
+        used = self.k[self.glob[0]].shape[2]
+        P = max(used, 1)
+        W = max(len(self.pos), 1)
+        for i in self.graph.stored:
+            full = i in self.glob
+            cap = P if full else W
+            for name, src in (("key", self.k), ("value", self.v)):
+                t = torch.zeros(1, src[i].shape[1], cap, src[i].shape[3])
+                t[:, :, :src[i].shape[2]] = src[i]
+                out[f"past_{name}_{i}"] = t.numpy()
+        wpos = torch.full((1, W), -1, dtype=torch.int64)
+        wpos[0, :len(self.pos)] = self.pos
+        out["window_positions"] = wpos.numpy()
+        out["_P"] = np.array(P)
+        out["_used"] = np.array(used)
+        return out
+
+    def append(self, start: int, new: dict) -> None:
+        Q = new[self.glob[0]][0].shape[2]
+        for i in self.graph.stored:
+            nk, nv = new[i]
+            self.k[i] = torch.cat([self.k[i], nk], 2)
+            self.v[i] = torch.cat([self.v[i], nv], 2)
+        pos = torch.cat([self.pos, torch.arange(start, start + Q)])
+        order = torch.argsort(pos)[-self.keep:]  # the last ``keep`` positions ...
+        order = torch.roll(order, shifts=len(order) // 3)  # ... stored rotated, as a ring holds them
+        for i in self.slid:
+            self.k[i], self.v[i] = self.k[i][:, :, order], self.v[i][:, :, order]
+        self.pos = pos[order]
+
+
+def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int], *, seed: int = 0,
+                                raise_on_failure: bool = True) -> ValidationReport:
+    """onnxruntime on ``onnx_path`` vs ``model`` (fp32 transformers) over a prompt of 2·window + 5 tokens: two
+    prefill chunks and a verify of 4 tokens, the sliding layers holding only their ring; logits, taps, new K/V."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from ..config import hf_hidden_state_indices
+    from .gemma4_target_graph import Gemma4TargetGraph
+    from .validate_target import TARGET_TOLERANCES
+
+    graph = Gemma4TargetGraph(model, layer_ids)
+    window = graph.window
+    T = 2 * window + 5
+    chunks = [(0, window + 2), (window + 2, T - 4), (T - 4, T)]  # prefill, prefill, verify
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, int(model.config.vocab_size), (1, T), generator=gen)
+    before = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            ref = model(ids, output_hidden_states=True, use_cache=True)
+    finally:
+        model.config._attn_implementation = before
+    cache = ref.past_key_values
+    idx = hf_hidden_state_indices(layer_ids)
+    tol = TARGET_TOLERANCES["fp32"]
+    report = ValidationReport("fp32", tol, title=f"Gemma-4 target validation: onnxruntime vs transformers, a prompt of "
+                                                 f"{T} tokens (sliding window {window}) in chunks {chunks}")
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    ring = _Ring(graph, window - 1 + RING_HEADROOM)
+    glob, slid = ring.glob, ring.slid
+    for n, (a, b) in enumerate(chunks):
+        feeds = ring.feeds()
+        P, used = int(feeds.pop("_P")), int(feeds.pop("_used"))
+        Q = b - a
+        mask = np.zeros((1, P + Q), dtype=np.int64)
+        mask[0, :used] = 1
+        mask[0, P:] = 1
+        feeds.update(input_ids=ids[:, a:b].numpy(), position_ids=np.arange(a, b, dtype=np.int64)[None],
+                     attention_mask=mask, logits_index=np.arange(Q, dtype=np.int64)[None])
+        logits, taps, kg, vg, ks, vs = (torch.from_numpy(x) for x in sess.run(None, feeds))
+        label = "verify" if n == len(chunks) - 1 else f"prefill chunk {n + 1}"
+        ref_taps = torch.cat([ref.hidden_states[k][:, a:b] for k in idx], -1)
+        report.checks += [_close(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref.logits[:, a:b].float(), tol),
+                          _close(f"{label} taps [Q={Q}, m·d]", taps, ref_taps, tol)]
+        new = {i: (kg[glob.index(i)], vg[glob.index(i)]) if i in glob else (ks[slid.index(i)], vs[slid.index(i)])
+               for i in graph.stored}
+        if n == len(chunks) - 1:  # the new slots' K/V: transformers' cache holds them (its sliding layers: the last)
+            worst = []
+            for i in graph.stored:
+                layer = cache.layers[i]
+                m = min(Q, layer.keys.shape[2])
+                worst.append(_close(f"new K/V of layer {i}", torch.cat([new[i][0][:, :, -m:], new[i][1][:, :, -m:]]),
+                                    torch.cat([layer.keys[:, :, -m:], layer.values[:, :, -m:]]), tol))
+            bad = [c for c in worst if not c.ok]
+            report.checks.append(bad[0] if bad else Check(f"verify new K/V of the {len(graph.stored)} storing layers "
+                                                          f"({len(glob)} global, {len(slid)} sliding)", True,
+                                                          worst[0].detail))
+        ring.append(a, new)
+    report.checks.append(Check("sliding layers held only their ring", len(ring.pos) == window - 1 + RING_HEADROOM < T,
+                               f"{len(ring.pos)} of {T} positions ({window} window − 1 + {RING_HEADROOM} headroom)"))
+    for line in report.lines():
+        log.info(line)
+    if raise_on_failure:
+        report.raise_on_failure()
+    return report
