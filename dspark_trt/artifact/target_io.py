@@ -12,11 +12,14 @@ from pathlib import Path
 
 from ..errors import DSparkTrtError
 
-__all__ = ["KV_INTERFACE", "OUTPUT_NAMES", "MAX_NEW_TOKENS", "past_names", "input_names", "check_kv_interface",
+__all__ = ["KV_INTERFACE", "GEMMA4_KV_INTERFACE", "KV_INTERFACES", "OUTPUT_NAMES", "MAX_NEW_TOKENS", "past_names", "input_names", "check_kv_interface",
            "target_section"]
 
 #: the target graph's K/V interface (recorded in the manifest's target section as ``kv_interface``)
 KV_INTERFACE = "per-layer-capacity-v1"  # also: logits_index
+#: Gemma-4 targets (export/gemma4_target_graph.py): per-type K/V, sliding layers by position; onnxruntime runs it
+GEMMA4_KV_INTERFACE = "gemma4-windowed-v1"
+KV_INTERFACES = (KV_INTERFACE, GEMMA4_KV_INTERFACE)
 OUTPUT_NAMES = ["logits", "taps", "new_key", "new_value"]
 #: the most new tokens one target graph call scores: prompts run in chunks of this many (the runtime's
 #: ``prefill_chunk``), so the engine's activation memory is sized for a chunk, not a whole context
@@ -37,7 +40,7 @@ def input_names(num_layers: int) -> list[str]:
 def check_kv_interface(section: dict, where: str = "the export") -> None:
     """One line refusing a target graph whose K/V interface this runtime does not speak."""
     found = section.get("kv_interface")
-    if found != KV_INTERFACE:
+    if found not in KV_INTERFACES:
         raise DSparkTrtError(f"the target graph of {where} has K/V interface {found or 'stacked past_key [L, B, H, P, D]'}, "
                              f"this dspark-trt runs {KV_INTERFACE}; re-export the target (dspark-export DRAFTER "
                              f"--target TARGET -o OUT --force)")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["SIZES", "release_depth", "run_release", "add_arguments", "run"]
+__all__ = ["SIZES", "release_depth", "run_release", "greedy_equal", "add_arguments", "run"]
 
 TINY = dict(hidden_size=64, intermediate_size=96, head_dim=16, num_attention_heads=4, num_key_value_heads=2)
 TINY_GEMMA4 = dict(TINY, global_head_dim=32, sliding_window=8)
@@ -51,6 +51,17 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+def greedy_equal(export_dir: str | Path) -> tuple[bool, float]:
+    """Greedy speculative decoding from an export (onnxruntime) == the target alone on ``PROMPTS``; accepted
+    drafts per round."""
+    from ..runtime import SpeculativeDecoder
+
+    dec = SpeculativeDecoder.from_export(export_dir)
+    spec = dec.generate(PROMPTS, 16, eos_token_id=[])
+    alone = dec.generate(PROMPTS, 16, eos_token_id=[], draft=False)
+    return spec.tokens == alone.tokens, round(spec.stats.accepted / max(1, spec.stats.rounds), 2)
+
+
 def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str = "auto") -> dict:
     """One release in this process: the row of the table (status, the step reached, seconds, the depth run)."""
     import torch
@@ -58,7 +69,6 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
     from ..errors import DSparkTrtError
     from ..export.pipeline import ExportOptions, export_model
     from ..loader import load_drafter
-    from ..runtime import SpeculativeDecoder
     from ..synthetic.preset_checkpoint import write_preset
     from ..synthetic.presets import get_preset
 
@@ -88,12 +98,9 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
             raise DSparkTrtError(f"validation failed: {bad[0].strip()}")
         row["steps"][step] = round(time.perf_counter() - t, 1)
         step, t = STEPS[3], time.perf_counter()
-        dec = SpeculativeDecoder.from_export(work / "export")
-        spec = dec.generate(PROMPTS, 16, eos_token_id=[])
-        alone = dec.generate(PROMPTS, 16, eos_token_id=[], draft=False)
-        if spec.tokens != alone.tokens:
+        same, row["accepted_per_round"] = greedy_equal(work / "export")
+        if not same:
             raise DSparkTrtError("greedy speculative decoding differs from the target alone")
-        row["accepted_per_round"] = round(spec.stats.accepted / max(1, spec.stats.rounds), 2)
         row["steps"][step] = round(time.perf_counter() - t, 1)
         if engine != "none":
             step, t = STEPS[4], time.perf_counter()

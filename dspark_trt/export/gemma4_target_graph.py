@@ -33,6 +33,7 @@ from typing import Sequence
 
 import torch
 
+from ..artifact.target_io import GEMMA4_KV_INTERFACE
 from ..errors import DSparkTrtError
 from ..taps import LayerTaps, decoder_layers
 from .capacity_attention import NAME as ATTENTION_NAME
@@ -40,7 +41,7 @@ from .capacity_attention import LayerKV, capacity_attention, slot_bias
 
 __all__ = ["KV_INTERFACE", "OUTPUT_NAMES", "Gemma4TargetGraph", "is_gemma4", "gemma4_input_names"]
 
-KV_INTERFACE = "gemma4-windowed-v1"
+KV_INTERFACE = GEMMA4_KV_INTERFACE
 OUTPUT_NAMES = ["logits", "taps", "new_key_global", "new_value_global", "new_key_sliding", "new_value_sliding"]
 
 

@@ -22,7 +22,7 @@ import torch
 from ..errors import DSparkTrtError
 from .validate import Check, ValidationReport, _close
 
-__all__ = ["export_gemma4_target_onnx", "validate_gemma4_target_onnx", "RING_HEADROOM"]
+__all__ = ["export_gemma4_target_onnx", "validate_gemma4_target_onnx", "gemma4_section", "RING_HEADROOM"]
 
 log = logging.getLogger("dspark.export")
 
@@ -73,6 +73,19 @@ def export_gemma4_target_onnx(model, target_layer_ids: Sequence[int], out_path: 
     size = sum(v.const_value.nbytes for v in model_ir.graph.initializers.values() if v.const_value is not None)
     ir.save(model_ir, out_path, external_data=f"{out_path.name}.data" if size > EXTERNAL_DATA_BYTES else None)
     return out_path
+
+
+def gemma4_section(model, layer_ids: Sequence[int]) -> dict:
+    """What the manifest's target section adds for a Gemma-4 graph: its K/V interface and per-type cache shapes."""
+    from .gemma4_target_graph import KV_INTERFACE, Gemma4TargetGraph
+
+    graph = Gemma4TargetGraph(model, layer_ids)
+    glob = [i for i in graph.stored if graph.layer_types[i] == "full_attention"]
+    slid = [i for i in graph.stored if graph.layer_types[i] == "sliding_attention"]
+    return {"kv_interface": KV_INTERFACE, "gemma4": {
+        "sliding_window": graph.window, "stored_layers": graph.stored, "global_layers": glob, "sliding_layers": slid,
+        "global_kv": list(graph.kv_shape[glob[0]]), "sliding_kv": list(graph.kv_shape[slid[0]]),
+        "final_logit_softcapping": graph.softcap}}
 
 
 class _Ring:

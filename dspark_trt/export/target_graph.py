@@ -39,7 +39,7 @@ from .capacity_attention import LayerKV, capacity_attention, slot_bias
 
 __all__ = ["TargetShape", "TargetGraph", "target_shape", "check_architecture"]
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma4ForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -114,14 +114,21 @@ def check_architecture(config) -> str:
     """The target's architecture (a transformers config or its config.json dict), refused when not supported."""
     raw = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
     arch = (raw or ["?"])[0]
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    if arch == "Gemma4ForCausalLM":  # its own graph: export/gemma4_target_graph.py
+        if get("enable_moe_block"):
+            raise DSparkTrtError("this Gemma-4 target has MoE blocks (enable_moe_block), which the target export does "
+                                 "not implement; pass --skip-target to export the drafter only")
+        if get("use_bidirectional_attention") == "all":
+            raise DSparkTrtError("this Gemma-4 target attends bidirectionally (use_bidirectional_attention 'all'); the "
+                                 "target export is causal: pass --skip-target")
+        return arch
     if arch.startswith("Gemma4"):
-        raise DSparkTrtError(f"target architecture {arch} (Gemma-4: sliding-window and global layers of different "
-                             f"head sizes, per-type RoPE, logit soft-capping) is not exported yet; pass --skip-target "
-                             f"to export the drafter only")
+        raise DSparkTrtError(f"target architecture {arch} (a multimodal Gemma-4) is not exported; export its text "
+                             f"model (Gemma4ForCausalLM), or pass --skip-target to export the drafter only")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise DSparkTrtError(f"target architecture {arch} is not supported by the target export (supported: "
                              f"{', '.join(SUPPORTED_ARCHITECTURES)}); pass --skip-target to export the drafter only")
-    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
     windowed = sorted({t for t in get("layer_types") or () if t != "full_attention"})
     if windowed or get("use_sliding_window"):
         raise DSparkTrtError(f"this {arch} has {', '.join(windowed) or 'sliding-window'} layers; the target export "

@@ -79,6 +79,10 @@ class OnnxRuntimeTarget(ExportedTarget):
                                  f"backend on GPUs")
         export = ExportDir(export_dir)
         t = export.target
+        if t.get("kv_interface") == "gemma4-windowed-v1":  # a Gemma-4 target graph: per-type caches
+            from .gemma4 import Gemma4OnnxRuntimeTarget
+
+            return Gemma4OnnxRuntimeTarget.from_section(export.root, t, **opts)
         return cls(export.root / t["onnx"], num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
                    head_dim=t["head_dim"], hidden_size=t["hidden_size"], vocab_size=t["vocab_size"],
                    layer_ids=t["layer_ids"], dtype=t["dtype"], eos_token_ids=t.get("eos_token_ids") or (),

@@ -98,6 +98,10 @@ class TensorRTTarget(ExportedTarget):
         export = ExportDir(export_dir)
         export_dir, manifest = export.root, export.manifest
         t = export.target  # refuses an older (stacked past_key) target in one line
+        if t.get("kv_interface") != "per-layer-capacity-v1":
+            raise DSparkTrtError(f"{export_dir}: the TensorRT target backend does not run a {t.get('architecture')} "
+                                 f"target graph (K/V interface {t.get('kv_interface')}: Gemma-4's per-type caches and "
+                                 f"sliding-window positions); use the onnxruntime backend")
         entry = engine_entry(manifest, "target")
         dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[t["dtype"]]
         self._init_exported(num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
