@@ -20,7 +20,7 @@ from ...errors import DSparkTrtError
 from .base import TargetOutput
 from .exported import PREFILL_CHUNK, ExportedTarget, capacity_mask
 
-__all__ = ["OnnxRuntimeTarget"]
+__all__ = ["OnnxRuntimeTarget", "Gemma4OnnxRuntimeTarget"]
 
 log = logging.getLogger("dspark.runtime")
 
@@ -80,8 +80,6 @@ class OnnxRuntimeTarget(ExportedTarget):
         export = ExportDir(export_dir)
         t = export.target
         if t.get("kv_interface") == "gemma4-windowed-v1":  # a Gemma-4 target graph: per-type caches
-            from .gemma4 import Gemma4OnnxRuntimeTarget
-
             return Gemma4OnnxRuntimeTarget.from_section(export.root, t, **opts)
         return cls(export.root / t["onnx"], num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
                    head_dim=t["head_dim"], hidden_size=t["hidden_size"], vocab_size=t["vocab_size"],
@@ -152,3 +150,88 @@ def _past_names(inputs, num_layers: int, where) -> tuple[list[str], list[str]]:
                              f"{num_layers - 1} (an older target graph?); re-export the target (dspark-export "
                              f"DRAFTER --target TARGET -o OUT --force)")
     return keys, values
+
+
+class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
+    """An exported Gemma-4 text target (``export/gemma4_target_graph.py``) as a DSpark ``Target`` (CPU tensors).
+
+    The graph takes the global and the sliding layers' caches (two shapes) and ``window_positions``, each sliding
+    slot's position; both cache families are ``KVCache`` buffers with the one slot layout of every exported target
+    (``targets/gemma4.py``: ``TypeCaches``), and ``window_positions`` are the slots' positions, so sliding layers
+    attend within their window by position. This runtime keeps the sliding layers' slots for the whole context:
+    the graph also takes a ring of the last window − 1 + headroom tokens (what its validation feeds), but the
+    runtime's ring is not written yet."""
+
+    def __init__(self, onnx_path: str | Path, *, gemma4: dict, hidden_size: int, vocab_size: int,
+                 layer_ids: Sequence[int], dtype: str = "fp32", eos_token_ids: Sequence[int] = (),
+                 providers: list[str] | None = None, threads: int | None = None, compact_ratio: float = 2.0,
+                 max_context: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK, low_memory: bool = False):
+        from ..ort_session import OrtGraph
+
+        self.onnx_path = Path(onnx_path)
+        if not self.onnx_path.is_file():
+            raise DSparkTrtError(f"{self.onnx_path} is missing; re-run dspark-export with --target DIR")
+        self.graph = OrtGraph(self.onnx_path, providers=providers, threads=threads, low_memory=low_memory)
+        self._glob, self._slid = list(gemma4["global_layers"]), list(gemma4["sliding_layers"])
+        names = [f"past_{kind}_{i}" for kind in ("key", "value") for i in self._glob + self._slid]
+        missing = sorted(set(names) - set(self.graph.inputs))
+        if missing or "window_positions" not in self.graph.inputs:
+            raise DSparkTrtError(f"{self.onnx_path} is not the Gemma-4 target graph its manifest describes (missing "
+                                 f"{(missing or ['window_positions'])[0]}); re-export the target")
+        gk, gd = gemma4["global_kv"]
+        self._init_exported(num_layers=len(gemma4["stored_layers"]), num_key_value_heads=gk, head_dim=gd,
+                            hidden_size=hidden_size, vocab_size=vocab_size, layer_ids=layer_ids,
+                            dtype=_TORCH_DTYPES[dtype], eos_token_ids=eos_token_ids, device=torch.device("cpu"),
+                            compact_ratio=compact_ratio, max_context=max_context, prefill_chunk=prefill_chunk,
+                            cache_dtype=self.graph.input_dtype(f"past_key_{self._glob[0]}"))
+        self._gemma4 = dict(gemma4)
+        self.cache = self._new_cache(self.cache.dtype)
+
+    def _new_cache(self, dtype: torch.dtype):
+        from .gemma4 import TypeCaches
+
+        g = self._gemma4
+        return TypeCaches(glob=(len(self._glob), *g["global_kv"]), slid=(len(self._slid), *g["sliding_kv"]),
+                          dtype=dtype, device=self.device)
+
+    @classmethod
+    def from_section(cls, export_root: Path, t: dict, **opts) -> "Gemma4OnnxRuntimeTarget":
+        return cls(export_root / t["onnx"], gemma4=t["gemma4"], hidden_size=t["hidden_size"],
+                   vocab_size=t["vocab_size"], layer_ids=t["layer_ids"], dtype=t["dtype"],
+                   eos_token_ids=t.get("eos_token_ids") or (), max_context=t.get("max_context"), **opts)
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
+             headroom: int = 0):
+        from .gemma4 import slot_positions
+
+        B, Q = ids.shape
+        S = mask.shape[1] - Q
+        if self.max_context is not None and S + Q > self.max_context:
+            raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
+                                 f"export again with a larger --max-context")
+        self.cache.reserve(B, max(S, 1), used=S)
+        gk, gv = self.cache.glob.layers()
+        sk, sv = self.cache.slid.layers()
+        if rows is None:
+            rows = torch.arange(Q, device=ids.device).expand(B, Q)
+        capacity = self.cache.capacity
+        feeds = {"input_ids": ids, "position_ids": positions, "logits_index": rows,
+                 "attention_mask": capacity_mask(mask, S, capacity),
+                 "window_positions": slot_positions(mask[:, :S], capacity)}
+        for layers, keys, values in ((self._glob, gk, gv), (self._slid, sk, sv)):
+            feeds.update({f"past_key_{i}": k for i, k in zip(layers, keys)})
+            feeds.update({f"past_value_{i}": v for i, v in zip(layers, values)})
+        out = self.graph.run(feeds)
+        self.cache.reserve(B, self._room(S + Q, headroom), used=S)
+        self.cache.glob.write(S, out["new_key_global"], out["new_value_global"])
+        self.cache.slid.write(S, out["new_key_sliding"], out["new_value_sliding"])
+        return out["logits"], out["taps"]
+
+    def fork(self) -> "Gemma4OnnxRuntimeTarget":
+        import copy
+
+        other = copy.copy(self)
+        other.cache = self._new_cache(self.cache.dtype)
+        other.valid = other._lengths = None
+        other._pending = 0
+        return other
