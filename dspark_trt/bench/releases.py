@@ -1,7 +1,8 @@
 """The release matrix, end to end: each drafter preset's pair written, loaded, exported, validated, decoded greedily
 (speculative == the target alone) and built into a TensorRT-RTX engine; pass/fail, peak memory and time per release.
 
-  dspark bench releases                        every drafter preset at the tiny size (the table of docs/checkpoints.md)
+  dspark bench releases                        every drafter preset, and the Gemma-4 target with a Qwen3-layer
+                                               drafter of its width, at the tiny size (docs/checkpoints.md's table)
   dspark bench releases --size reduced         full widths and vocabulary, one draft layer, the least target depth
   dspark bench releases --preset speculators_glm5_block8 --json
 
@@ -38,6 +39,11 @@ def release_depth(preset, size: str) -> dict:
     """``write_preset`` options of ``size``: the draft layers, target depth, vocabulary and widths."""
     if size == "full":
         return {}
+    if preset.kind == "target":  # the Gemma-4 target row: 6 layers (5 sliding, 1 global)
+        out = {"target_layers": 6}
+        if size == "tiny":
+            out.update(vocab=600, **TINY_GEMMA4)
+        return out
     taps = len(preset.target_layer_ids)
     out = {"layers": 1, "target_layers": taps + 1}
     if size == "tiny":
@@ -49,6 +55,31 @@ def release_depth(preset, size: str) -> dict:
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+#: the Gemma-4 target's row: its taps for a 1-layer stand-in drafter (DeepSpec's Gemma-4 drafter is refused)
+GEMMA4_TARGET_TAPS = 3
+
+
+def _target_with_standin_drafter(preset, out: Path, depth: dict):
+    """``preset`` (a Gemma-4 target) written at ``depth`` with a Qwen3-layer DeepSeek drafter of its width and
+    vocabulary tapping 3 of its layers: the target's export, validation and runtime run as with any drafter."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ..synthetic.preset_checkpoint import write_preset
+    from ..synthetic.presets import get_preset, scaled, spread_layer_ids
+
+    layers = depth.get("target_layers", preset.num_hidden_layers)
+    shape = {k: v for k, v in depth.items() if k not in ("layers", "target_layers")}
+    target = write_preset(preset, out / "target", layers=layers, dtype="fp32", force=True, **shape)
+    width = {k: shape.get(k, getattr(preset, k)) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                                            "num_key_value_heads", "head_dim")}
+    drafter = scaled(get_preset("dspark_qwen3_8b_block7"), layers=1, target_layers=layers,
+                     vocab=shape.get("vocab", preset.vocab_size), **width)
+    drafter = dataclasses.replace(drafter, target_layer_ids=spread_layer_ids(GEMMA4_TARGET_TAPS, layers))
+    written = write_preset(drafter, out / "drafter", dtype="fp32", force=True)
+    return SimpleNamespace(drafter=written.path, target=target.path)
 
 
 def greedy_equal(export_dir: str | Path) -> tuple[bool, float]:
@@ -81,14 +112,17 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
     step = STEPS[0]
     try:
         t = time.perf_counter()
-        out = write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16",
-                           force=True, **depth)
+        if preset.kind == "target":  # the Gemma-4 target, with a Qwen3-layer drafter of its width
+            out = _target_with_standin_drafter(preset, work / "ckpt", depth)
+        else:
+            out = write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16",
+                               force=True, **depth)
         row["steps"][step] = round(time.perf_counter() - t, 1)
         step, t = STEPS[1], time.perf_counter()
         load_drafter(out.drafter, target_dir=out.target, dtype="fp32")
         row["steps"][step] = round(time.perf_counter() - t, 1)
         step, t = STEPS[2], time.perf_counter()
-        dtype = "fp32" if size == "tiny" else "bf16"
+        dtype = "fp32" if size == "tiny" or preset.kind == "target" else "bf16"  # Gemma-4 targets: fp32
         result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
                                                                           max_context=256),
                               target_dir=out.target, force=True)
@@ -129,7 +163,7 @@ def _child(name: str, size: str, engine: str) -> dict:
 def drafter_presets() -> list[str]:
     from ..synthetic.presets import PRESETS
 
-    return [n for n, p in PRESETS.items() if p.kind == "drafter"]
+    return [n for n, p in PRESETS.items() if p.kind == "drafter"] + ["gemma4_12b"]
 
 
 def table(rows: list[dict]) -> str:
