@@ -141,9 +141,14 @@ def test_the_gemma4_drafter_is_deepspecs_and_refused_in_one_line(gemma_pair):
         drafter_tensor_shapes(p, "speculators")
 
 
-def test_the_gemma4_target_export_is_refused_in_one_line(gemma_pair):
+def test_the_gemma4_target_preset_passes_the_target_export_checks(gemma_pair):
+    """The written Gemma-4 target is one the target export takes (tests/export/test_gemma4_target.py exports it)."""
+    import json
+
     from dspark_trt.export.target_graph import check_architecture
 
+    config = json.loads((gemma_pair.target / "config.json").read_text())
+    assert check_architecture(config) == "Gemma4ForCausalLM"
     with pytest.raises(DSparkTrtError) as e:
-        check_architecture({"architectures": ["Gemma4ForCausalLM"]})
-    assert "Gemma-4" in str(e.value) and "sliding-window" in str(e.value) and "\n" not in str(e.value)
+        check_architecture({**config, "architectures": ["Gemma4ForConditionalGeneration"]})
+    assert "multimodal Gemma-4" in str(e.value) and "\n" not in str(e.value)
