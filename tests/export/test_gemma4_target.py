@@ -131,10 +131,13 @@ def test_greedy_speculative_equals_the_target_alone_and_transformers(gemma_expor
     dec = SpeculativeDecoder.from_export(work / "export")
     assert type(dec.target).__name__ == "Gemma4OnnxRuntimeTarget"
     gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 600, (n,), generator=gen).tolist() for n in (21, 5)]  # 21 > window 8; padded batch
+    # 150 tokens: longer than the window (8) and the sliding layers' ring (71); a padded batch of three
+    prompts = [torch.randint(0, 600, (n,), generator=gen).tolist() for n in (150, 21, 3)]
     spec = dec.generate(prompts, 10, eos_token_id=[])
     alone = dec.generate(prompts, 10, eos_token_id=[], draft=False)
-    assert spec.tokens == alone.tokens
+    assert spec.tokens == alone.tokens and spec.stats.rounds >= 5  # rounds that roll rejected tokens back
+    ring = dec.target.cache.slid
+    assert ring.k.shape[3] == ring.ring == 8 - 1 + 64 < 150  # the sliding layers hold their ring, not the context
     model = transformers.AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)
     for p, got in zip(prompts, alone.tokens):
         out = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -168,3 +171,19 @@ def test_half_precision_gemma4_targets_and_moe_are_refused_in_one_line(tmp_path)
         check_architecture({"architectures": ["Gemma4ForCausalLM"], "enable_moe_block": True})
     with pytest.raises(DSparkTrtError, match="multimodal Gemma-4"):
         check_architecture({"architectures": ["Gemma4ForConditionalGeneration"]})
+
+
+def test_the_ring_keeps_each_requests_last_tokens_past_its_padding():
+    """Right-padded rows: a row whose real tokens end early keeps them, though the batch writes more than a ring."""
+    from dspark_trt.runtime.targets.gemma4 import RingCache
+
+    ring = RingCache(num_layers=1, kv_heads=1, head_dim=1, ring=4, dtype=torch.float32, device=torch.device("cpu"))
+    ring.ensure(2)
+    positions = torch.arange(10).expand(2, 10)
+    valid = positions < torch.tensor([[10], [3]])  # row 1: 3 real tokens, then padding
+    values = positions.float().view(1, 2, 1, 10, 1)
+    ring.write(values, values, positions, valid)
+    assert sorted(ring.pos[0].tolist()) == [6, 7, 8, 9] and sorted(ring.pos[1].tolist()) == [-1, 0, 1, 2]
+    assert torch.equal(ring.k[0, :, 0, :, 0], ring.pos.clamp_min(0).float() * (ring.pos >= 0))
+    assert ring.positions(torch.tensor([8, 2]))[0].tolist().count(-1) == 2  # slots at/after the first new token
+

@@ -156,11 +156,9 @@ class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
     """An exported Gemma-4 text target (``export/gemma4_target_graph.py``) as a DSpark ``Target`` (CPU tensors).
 
     The graph takes the global and the sliding layers' caches (two shapes) and ``window_positions``, each sliding
-    slot's position; both cache families are ``KVCache`` buffers with the one slot layout of every exported target
-    (``targets/gemma4.py``: ``TypeCaches``), and ``window_positions`` are the slots' positions, so sliding layers
-    attend within their window by position. This runtime keeps the sliding layers' slots for the whole context:
-    the graph also takes a ring of the last window − 1 + headroom tokens (what its validation feeds), but the
-    runtime's ring is not written yet."""
+    slot's position. The global layers keep every slot (``KVCache``, the slot layout of every exported target);
+    the sliding layers keep a ring of their last window − 1 + ``RING_HEADROOM`` tokens per request
+    (``targets/gemma4.py``), so their memory does not grow with the context."""
 
     def __init__(self, onnx_path: str | Path, *, gemma4: dict, hidden_size: int, vocab_size: int,
                  layer_ids: Sequence[int], dtype: str = "fp32", eos_token_ids: Sequence[int] = (),
@@ -188,11 +186,26 @@ class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
         self.cache = self._new_cache(self.cache.dtype)
 
     def _new_cache(self, dtype: torch.dtype):
-        from .gemma4 import TypeCaches
+        from .gemma4 import RING_HEADROOM, TypeCaches
 
         g = self._gemma4
         return TypeCaches(glob=(len(self._glob), *g["global_kv"]), slid=(len(self._slid), *g["sliding_kv"]),
-                          dtype=dtype, device=self.device)
+                          ring=int(g["sliding_window"]) - 1 + RING_HEADROOM, dtype=dtype, device=self.device)
+
+    def _storage(self):
+        return self.cache.snapshot()
+
+    def _join_rows(self, old, old_slots: int, slots: int) -> None:
+        self.cache.join(old, old_slots, self.valid.shape[1])
+
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, *, with_taps: bool = True) -> TargetOutput:
+        from .gemma4 import RING_HEADROOM
+
+        if tokens.shape[1] > RING_HEADROOM:
+            raise DSparkTrtError(f"a Gemma-4 target verifies at most {RING_HEADROOM} tokens per round (its sliding "
+                                 f"layers' ring rolls back that many); got {tokens.shape[1]}")
+        return super().verify(tokens, with_taps=with_taps)
 
     @classmethod
     def from_section(cls, export_root: Path, t: dict, **opts) -> "Gemma4OnnxRuntimeTarget":
@@ -202,8 +215,6 @@ class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
              headroom: int = 0):
-        from .gemma4 import slot_positions
-
         B, Q = ids.shape
         S = mask.shape[1] - Q
         if self.max_context is not None and S + Q > self.max_context:
@@ -217,14 +228,14 @@ class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
         capacity = self.cache.capacity
         feeds = {"input_ids": ids, "position_ids": positions, "logits_index": rows,
                  "attention_mask": capacity_mask(mask, S, capacity),
-                 "window_positions": slot_positions(mask[:, :S], capacity)}
+                 "window_positions": self.cache.slid.positions(positions[:, 0])}
         for layers, keys, values in ((self._glob, gk, gv), (self._slid, sk, sv)):
             feeds.update({f"past_key_{i}": k for i, k in zip(layers, keys)})
             feeds.update({f"past_value_{i}": v for i, v in zip(layers, values)})
         out = self.graph.run(feeds)
         self.cache.reserve(B, self._room(S + Q, headroom), used=S)
         self.cache.glob.write(S, out["new_key_global"], out["new_value_global"])
-        self.cache.slid.write(S, out["new_key_sliding"], out["new_value_sliding"])
+        self.cache.slid.write(out["new_key_sliding"], out["new_value_sliding"], positions, mask[:, S:] != 0)
         return out["logits"], out["taps"]
 
     def fork(self) -> "Gemma4OnnxRuntimeTarget":
