@@ -7,10 +7,14 @@ become the answer (``stream: true``: server-sent events, one per decoding round,
 ``data: [DONE]``). The answer's text never includes the prompt (``echo: true`` on /v1/completions
 prepends it).
 
-    GET  /health                200 when the model is ready, else 503 (with the reason)
+    GET  /health                200 when the model is ready, else 503 (with the reason); no key needed
     GET  /v1/models             the served model while it is ready, else an empty list
     POST /v1/completions        one prompt (text or token ids)
     POST /v1/chat/completions   messages (text content)
+
+With API keys (``FrontendConfig.api_keys``), every other path needs ``Authorization: Bearer KEY``
+(``auth.BearerAuth``: a 401 in OpenAI's error shape otherwise). ``OpenAIFrontend`` serves HTTPS when given a
+key and certificate.
 
 A client that disconnects closes the request's gRPC stream, which cancels it in Triton. Readiness combines
 Triton's own model readiness (polled) with a ``Readiness`` object the supervisor of ``dspark serve`` marks
@@ -26,7 +30,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DSparkTrtError
@@ -57,6 +61,7 @@ class FrontendConfig:
             must be token ids and chat is refused.
         chat_template (*optional*): a Jinja chat template replacing the tokenizer's.
         max_context (*optional*): prompt + max_tokens limit (checked here before Triton is asked).
+        api_keys (*optional*): keys clients must send (``Authorization: Bearer KEY``); empty: none needed.
     """
 
     triton_grpc: str
@@ -67,6 +72,7 @@ class FrontendConfig:
     max_context: int | None = None
     max_prompt_bytes: int = MAX_PROMPT_BYTES
     ready_poll_seconds: float = 1.0
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def name(self) -> str:
@@ -439,7 +445,10 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route
+
+    from .auth import BearerAuth
 
     state = _App(config, readiness or Readiness())
 
@@ -455,7 +464,7 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
               Route("/v1/models", state.models, methods=["GET"]),
               Route("/v1/completions", state.completions, methods=["POST"]),
               Route("/v1/chat/completions", state.chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(BearerAuth, keys=config.api_keys)])
     app.state.dspark = state
     return app
 
@@ -467,14 +476,20 @@ class OpenAIFrontend:
         config: what to serve.
         host, port: where to listen (port 0: any free port; ``port`` holds the chosen one after ``start``).
         readiness (*optional*): shared with the supervisor of ``dspark serve``.
-        access_log (bool): uvicorn's per-request log lines.
+        access_log (bool): uvicorn's per-request log lines (the request line: never a header, so never a key).
+        ssl_keyfile, ssl_certfile (*optional*): serve HTTPS with this private key and certificate (PEM; both).
     """
 
     def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000,
-                 readiness: Readiness | None = None, access_log: bool = False):
+                 readiness: Readiness | None = None, access_log: bool = False, ssl_keyfile: str | None = None,
+                 ssl_certfile: str | None = None):
         self.config, self.host, self.port = config, host, port
         self.readiness = readiness or Readiness()
         self.access_log = access_log
+        if (ssl_keyfile is None) != (ssl_certfile is None):
+            raise DSparkTrtError("HTTPS needs both --ssl-keyfile and --ssl-certfile (the private key and its "
+                                 "certificate); pass both, or neither for plain HTTP")
+        self.ssl_keyfile, self.ssl_certfile = ssl_keyfile, ssl_certfile
         self._server = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -483,19 +498,38 @@ class OpenAIFrontend:
     @property
     def url(self) -> str:
         """The base URL a client uses (a wildcard bind's at loopback: ``serving/addresses.py``)."""
-        return f"http://{client_address(self.host, self.port)}/v1"
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{client_address(self.host, self.port)}/v1"
+
+    def _check_tls(self) -> None:
+        """The key and certificate load (what uvicorn does at its start, where a failure reads badly)."""
+        import ssl
+
+        try:
+            # a password callable: an encrypted key fails here instead of prompting on the terminal
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.ssl_certfile, self.ssl_keyfile,
+                                                                    password=lambda: b"")
+        except (OSError, ssl.SSLError) as e:
+            raise DSparkTrtError(f"cannot serve HTTPS with --ssl-certfile {self.ssl_certfile} and --ssl-keyfile "
+                                 f"{self.ssl_keyfile} ({getattr(e, 'strerror', None) or e}); pass a PEM "
+                                 f"certificate and its unencrypted private key") from None
 
     def bind(self) -> "OpenAIFrontend":
         """Take the port now (``start`` serves on it): a busy port fails before anything else starts."""
         if self._socket is not None:
             return self
+        if self.ssl_certfile:
+            self._check_tls()
         # proto IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets that say
         # they are TCP, and with it on, every response waits ~40 ms for the client's delayed ACK
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
-                             socket.IPPROTO_TCP)
+        host = self.host.strip("[]")
+        ipv6 = ":" in host
+        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if ipv6:  # the family asked for only: '::' is IPv6's every address, not IPv4's too
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
-            sock.bind((self.host, self.port))
+            sock.bind((host, self.port))
         except OSError as e:
             sock.close()
             raise DSparkTrtError(f"the OpenAI front end cannot listen on {self.host}:{self.port} ({e.strerror}); "
@@ -513,7 +547,10 @@ class OpenAIFrontend:
         state = app.state.dspark
         self.chat_available = state.tokenizer is not None and state.chat_template is not None
         config = uvicorn.Config(app, log_level="warning", access_log=self.access_log, lifespan="on",
-                                timeout_graceful_shutdown=3, timeout_keep_alive=30)
+                                timeout_graceful_shutdown=3, timeout_keep_alive=30, ssl_keyfile=self.ssl_keyfile,
+                                ssl_certfile=self.ssl_certfile)
+        if self.access_log:  # uvicorn set its access logger to log_level (warning), which drops every access line
+            logging.getLogger("uvicorn.access").setLevel(logging.INFO)
         self._server = server = uvicorn.Server(config)
         self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dspark-openai",
                                         daemon=True)
