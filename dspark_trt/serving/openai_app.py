@@ -11,6 +11,7 @@ prepends it).
     GET  /v1/models             the served model while it is ready, else an empty list
     POST /v1/completions        one prompt (text or token ids)
     POST /v1/chat/completions   messages (text content)
+    GET  /openapi.json          the API described (OpenAPI 3.1; schemas: ``openai_protocol``'s models); no key needed
 
 With API keys (``FrontendConfig.api_keys``), every other path needs ``Authorization: Bearer KEY``
 (``auth.BearerAuth``: a 401 in OpenAI's error shape otherwise). ``OpenAIFrontend`` serves HTTPS when given a
@@ -193,6 +194,7 @@ class _App:
         self.jobs: set[_Job] = set()
         self.created = int(time.time())
         self._poller: asyncio.Task | None = None
+        self._openapi: dict | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -243,6 +245,15 @@ class _App:
                          "owned_by": "dspark-trt", "max_model_len": self.config.max_context})
         return JSONResponse({"object": "list", "data": data})
 
+    async def openapi(self, request):
+        from starlette.responses import JSONResponse
+
+        if self._openapi is None:
+            from .. import __version__
+
+            self._openapi = oa.openapi_document(keys=bool(self.config.api_keys), version=__version__)
+        return JSONResponse(self._openapi)
+
     async def completions(self, request):
         return await self._handle(request, chat=False)
 
@@ -259,9 +270,15 @@ class _App:
                 raise oa.OpenAIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as e:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise oa.OpenAIError(f"the request body is not valid JSON: {e}") from None
+        try:  # JSON may spell lone UTF-16 surrogates (\\ud800), which no tokenizer or stop string can take
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise oa.OpenAIError("the request body holds a lone surrogate (an escape like \\ud800 without its "
+                                 "pair): send valid Unicode text") from None
+        return body
 
     async def _handle(self, request, *, chat: bool):
         try:
@@ -342,7 +359,13 @@ class _App:
             self._check_size(len(req.prompt.encode("utf-8")), "prompt")
             text = req.prompt
         else:  # token ids: the context limit bounds them
-            text = tok.decode(req.prompt, skip_special_tokens=False) if (tok is not None and req.echo) else None
+            text = None
+            if tok is not None and req.echo:
+                try:
+                    text = tok.decode(req.prompt, skip_special_tokens=False)
+                except Exception:  # an id beyond the vocabulary (the model would refuse it the same way)
+                    raise oa.OpenAIError("'prompt' holds a token id outside the model's vocabulary",
+                                         param="prompt") from None
             return list(req.prompt), text
         encode = lambda: tok.encode(text, add_special_tokens=False)  # noqa: E731  (as SpeculativeDecoder does)
         ids = encode() if len(text) <= SMALL_PROMPT_CHARS else await asyncio.to_thread(encode)
@@ -461,6 +484,7 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
             await state.shutdown()
 
     routes = [Route("/health", state.health, methods=["GET"]),
+              Route("/openapi.json", state.openapi, methods=["GET"]),
               Route("/v1/models", state.models, methods=["GET"]),
               Route("/v1/completions", state.completions, methods=["POST"]),
               Route("/v1/chat/completions", state.chat_completions, methods=["POST"])]
