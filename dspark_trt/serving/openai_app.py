@@ -251,7 +251,8 @@ class _App:
         if self._openapi is None:
             from .. import __version__
 
-            self._openapi = oa.openapi_document(keys=bool(self.config.api_keys), version=__version__)
+            self._openapi = oa.openapi_document(keys=bool(self.config.api_keys), model=self.config.name,
+                                                version=__version__)
         return JSONResponse(self._openapi)
 
     async def completions(self, request):

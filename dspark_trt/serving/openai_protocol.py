@@ -102,8 +102,26 @@ def _neutral(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
+#: what each neutral-only parameter accepts, as JSON Schema (the OpenAPI document says exactly what passes)
+_NEUTRAL_SCHEMA = {
+    "n": {"enum": [None, 1]}, "best_of": {"enum": [None, 1]}, "logprobs": {"enum": [None, False]},
+    "top_logprobs": {"enum": [None, 0]}, "presence_penalty": {"enum": [None, 0]},
+    "frequency_penalty": {"enum": [None, 0]}, "repetition_penalty": {"enum": [None, 1]},
+    "logit_bias": {"anyOf": [{"type": "null"}, {"type": "object", "maxProperties": 0}]},
+    "suffix": {"enum": [None, ""]}, "tools": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]},
+    "tool_choice": {"enum": [None, "none"]}, "parallel_tool_calls": {"type": "null"},
+    "functions": {"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]},
+    "function_call": {"enum": [None, "none"]},
+    "response_format": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}},
+                                                     "required": ["type"]}]},
+    "audio": {"type": "null"}, "modalities": {"anyOf": [{"type": "null"}, {"const": ["text"]}]},
+    "prediction": {"type": "null"}, "web_search_options": {"type": "null"}, "store": {"enum": [None, False]},
+}
+
+
 def _neutral_field(name: str) -> Any:
-    return Field(None, description=f"accepted only with its neutral value: {_NEUTRAL_ONLY[name][1]}")
+    return Field(None, description=f"accepted only with its neutral value: {_NEUTRAL_ONLY[name][1]}",
+                 json_schema_extra=_NEUTRAL_SCHEMA[name])
 
 
 class _Strict(BaseModel):
@@ -508,9 +526,9 @@ class Health(_Out):
 
 
 # -- the OpenAPI document -------------------------------------------------------------------------------------
-def openapi_document(*, keys: bool = False, version: str = "0") -> dict:
+def openapi_document(*, keys: bool = False, model: str | None = None, version: str = "0") -> dict:
     """The API this front end serves (OpenAPI 3.1), its schemas the models above; ``keys``: /v1/* need a
-    bearer key."""
+    bearer key; ``model``: the one model name the requests may name (any other is a 404)."""
     from pydantic.json_schema import models_json_schema
 
     requests = [CompletionRequestBody, ChatRequestBody]
@@ -544,6 +562,9 @@ def openapi_document(*, keys: bool = False, version: str = "0") -> dict:
         "/v1/completions": generate(CompletionRequestBody, CompletionResponse, CompletionResponse, "one prompt"),
         "/v1/chat/completions": generate(ChatRequestBody, ChatCompletionResponse, ChatCompletionChunk, "messages"),
     }
+    if model is not None:
+        for body in (CompletionRequestBody, ChatRequestBody):
+            top["$defs"][body.__name__]["properties"]["model"]["enum"] = [model]
     doc = {"openapi": "3.1.0", "info": {"title": "dspark-trt OpenAI-compatible API", "version": version},
            "paths": paths, "components": {"schemas": top.get("$defs", {})}}
     if keys:
