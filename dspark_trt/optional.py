@@ -37,6 +37,8 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "starlette": ("starlette", "serve"),
     "uvicorn": ("uvicorn", "serve"),
     "sse_starlette": ("sse-starlette", "serve"),
+    "pydantic": ("pydantic", "serve"),
+    "pydantic_core": ("pydantic", "serve"),
     "aiohttp": ("aiohttp", "serve"),
     "prometheus_client": ("prometheus-client", "serve"),
 }

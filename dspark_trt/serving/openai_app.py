@@ -7,10 +7,15 @@ become the answer (``stream: true``: server-sent events, one per decoding round,
 ``data: [DONE]``). The answer's text never includes the prompt (``echo: true`` on /v1/completions
 prepends it).
 
-    GET  /health                200 when the model is ready, else 503 (with the reason)
+    GET  /health                200 when the model is ready, else 503 (with the reason); no key needed
     GET  /v1/models             the served model while it is ready, else an empty list
     POST /v1/completions        one prompt (text or token ids)
     POST /v1/chat/completions   messages (text content)
+    GET  /openapi.json          the API described (OpenAPI 3.1; schemas: ``openai_protocol``'s models); no key needed
+
+With API keys (``FrontendConfig.api_keys``), every other path needs ``Authorization: Bearer KEY``
+(``auth.BearerAuth``: a 401 in OpenAI's error shape otherwise). ``OpenAIFrontend`` serves HTTPS when given a
+key and certificate.
 
 A client that disconnects closes the request's gRPC stream, which cancels it in Triton. Readiness combines
 Triton's own model readiness (polled) with a ``Readiness`` object the supervisor of ``dspark serve`` marks
@@ -26,7 +31,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DSparkTrtError
@@ -58,6 +63,7 @@ class FrontendConfig:
             must be token ids and chat is refused.
         chat_template (*optional*): a Jinja chat template replacing the tokenizer's.
         max_context (*optional*): prompt + max_tokens limit (checked here before Triton is asked).
+        api_keys (*optional*): keys clients must send (``Authorization: Bearer KEY``); empty: none needed.
     """
 
     triton_grpc: str
@@ -68,6 +74,7 @@ class FrontendConfig:
     max_context: int | None = None
     max_prompt_bytes: int = MAX_PROMPT_BYTES
     ready_poll_seconds: float = 1.0
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def name(self) -> str:
@@ -188,6 +195,7 @@ class _App:
         self.jobs: set[_Job] = set()
         self.created = int(time.time())
         self._poller: asyncio.Task | None = None
+        self._openapi: dict | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -238,6 +246,16 @@ class _App:
                          "owned_by": "dspark-trt", "max_model_len": self.config.max_context})
         return JSONResponse({"object": "list", "data": data})
 
+    async def openapi(self, request):
+        from starlette.responses import JSONResponse
+
+        if self._openapi is None:
+            from .. import __version__
+
+            self._openapi = oa.openapi_document(keys=bool(self.config.api_keys), model=self.config.name,
+                                                version=__version__)
+        return JSONResponse(self._openapi)
+
     async def completions(self, request):
         return await self._handle(request, chat=False)
 
@@ -254,9 +272,15 @@ class _App:
                 raise oa.OpenAIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as e:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise oa.OpenAIError(f"the request body is not valid JSON: {e}") from None
+        try:  # JSON may spell lone UTF-16 surrogates (\\ud800), which no tokenizer or stop string can take
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise oa.OpenAIError("the request body holds a lone surrogate (an escape like \\ud800 without its "
+                                 "pair): send valid Unicode text") from None
+        return body
 
     async def _handle(self, request, *, chat: bool):
         try:
@@ -336,7 +360,13 @@ class _App:
             self._check_size(len(req.prompt.encode("utf-8")), "prompt")
             text = req.prompt
         else:  # token ids: the context limit bounds them
-            text = tok.decode(req.prompt, skip_special_tokens=False) if (tok is not None and req.echo) else None
+            text = None
+            if tok is not None and req.echo:
+                try:
+                    text = tok.decode(req.prompt, skip_special_tokens=False)
+                except Exception:  # an id beyond the vocabulary (the model would refuse it the same way)
+                    raise oa.OpenAIError("'prompt' holds a token id outside the model's vocabulary",
+                                         param="prompt") from None
             return list(req.prompt), text
         encode = lambda: tok.encode(text, add_special_tokens=False)  # noqa: E731  (as SpeculativeDecoder does)
         ids = encode() if len(text) <= SMALL_PROMPT_CHARS else await asyncio.to_thread(encode)
@@ -439,7 +469,10 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route
+
+    from .auth import BearerAuth
 
     state = _App(config, readiness or Readiness())
 
@@ -452,10 +485,11 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
             await state.shutdown()
 
     routes = [Route("/health", state.health, methods=["GET"]),
+              Route("/openapi.json", state.openapi, methods=["GET"]),
               Route("/v1/models", state.models, methods=["GET"]),
               Route("/v1/completions", state.completions, methods=["POST"]),
               Route("/v1/chat/completions", state.chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(BearerAuth, keys=config.api_keys)])
     app.state.dspark = state
     return app
 
@@ -467,14 +501,20 @@ class OpenAIFrontend:
         config: what to serve.
         host, port: where to listen (port 0: any free port; ``port`` holds the chosen one after ``start``).
         readiness (*optional*): shared with the supervisor of ``dspark serve``.
-        access_log (bool): uvicorn's per-request log lines.
+        access_log (bool): uvicorn's per-request log lines (the request line: never a header, so never a key).
+        ssl_keyfile, ssl_certfile (*optional*): serve HTTPS with this private key and certificate (PEM; both).
     """
 
     def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000,
-                 readiness: Readiness | None = None, access_log: bool = False):
+                 readiness: Readiness | None = None, access_log: bool = False, ssl_keyfile: str | None = None,
+                 ssl_certfile: str | None = None):
         self.config, self.host, self.port = config, host, port
         self.readiness = readiness or Readiness()
         self.access_log = access_log
+        if (ssl_keyfile is None) != (ssl_certfile is None):
+            raise DSparkTrtError("HTTPS needs both --ssl-keyfile and --ssl-certfile (the private key and its "
+                                 "certificate); pass both, or neither for plain HTTP")
+        self.ssl_keyfile, self.ssl_certfile = ssl_keyfile, ssl_certfile
         self._server = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -483,19 +523,38 @@ class OpenAIFrontend:
     @property
     def url(self) -> str:
         """The base URL a client uses (a wildcard bind's at loopback: ``serving/addresses.py``)."""
-        return f"http://{client_address(self.host, self.port)}/v1"
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{client_address(self.host, self.port)}/v1"
+
+    def _check_tls(self) -> None:
+        """The key and certificate load (what uvicorn does at its start, where a failure reads badly)."""
+        import ssl
+
+        try:
+            # a password callable: an encrypted key fails here instead of prompting on the terminal
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.ssl_certfile, self.ssl_keyfile,
+                                                                    password=lambda: b"")
+        except (OSError, ssl.SSLError) as e:
+            raise DSparkTrtError(f"cannot serve HTTPS with --ssl-certfile {self.ssl_certfile} and --ssl-keyfile "
+                                 f"{self.ssl_keyfile} ({getattr(e, 'strerror', None) or e}); pass a PEM "
+                                 f"certificate and its unencrypted private key") from None
 
     def bind(self) -> "OpenAIFrontend":
         """Take the port now (``start`` serves on it): a busy port fails before anything else starts."""
         if self._socket is not None:
             return self
+        if self.ssl_certfile:
+            self._check_tls()
         # proto IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets that say
         # they are TCP, and with it on, every response waits ~40 ms for the client's delayed ACK
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
-                             socket.IPPROTO_TCP)
+        host = self.host.strip("[]")
+        ipv6 = ":" in host
+        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if ipv6:  # the family asked for only: '::' is IPv6's every address, not IPv4's too
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
-            sock.bind((self.host, self.port))
+            sock.bind((host, self.port))
         except OSError as e:
             sock.close()
             raise DSparkTrtError(f"the OpenAI front end cannot listen on {self.host}:{self.port} ({e.strerror}); "
@@ -513,7 +572,10 @@ class OpenAIFrontend:
         state = app.state.dspark
         self.chat_available = state.tokenizer is not None and state.chat_template is not None
         config = uvicorn.Config(app, log_level="warning", access_log=self.access_log, lifespan="on",
-                                timeout_graceful_shutdown=3, timeout_keep_alive=30)
+                                timeout_graceful_shutdown=3, timeout_keep_alive=30, ssl_keyfile=self.ssl_keyfile,
+                                ssl_certfile=self.ssl_certfile)
+        if self.access_log:  # uvicorn set its access logger to log_level (warning), which drops every access line
+            logging.getLogger("uvicorn.access").setLevel(logging.INFO)
         self._server = server = uvicorn.Server(config)
         self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dspark-openai",
                                         daemon=True)

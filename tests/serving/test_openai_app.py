@@ -101,3 +101,12 @@ def test_checks_after_readiness_and_an_unreachable_triton(frontend):
         assert status == 503 and "unreachable" in body["error"]["message"]
     finally:
         frontend.readiness.set_triton_ready(False)
+
+
+def test_the_api_description_and_odd_bodies(frontend):
+    status, doc, _ = call(frontend, "/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
+    status, body, _ = call(frontend, "/v1/completions", raw=b'{"model": "dspark", "prompt": "\\ud800"}')
+    assert status == 400 and "surrogate" in body["error"]["message"]
+    status, body, _ = call(frontend, "/v1/completions", raw=b"[" * 100_000)
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
