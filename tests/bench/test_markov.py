@@ -168,3 +168,20 @@ def test_a_union_with_a_gated_or_rnn_head_is_a_one_line_error(capsys):
     err = capsys.readouterr().err
     assert "--markov-topm 8 with --head rnn: the candidate union is defined for the vanilla Markov head only" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_cuda_rows_never_time_the_vanilla_kernel_for_a_head(monkeypatch, caplog):
+    """Whatever the CUDA side's fallback says, the CUDA rows' timer walks the vanilla kernel: a head is not timed
+    there rather than mislabelled."""
+    import logging
+
+    import torch
+
+    from dspark_trt.bench import markov
+    from dspark_trt.plugins import dispatch
+
+    monkeypatch.setattr(dispatch, "fallback_reason", lambda *a, **k: None)
+    cfg = markov.MarkovBenchConfig(device="cuda", batches=(1,), topks=(16,), vocab=257, rank=8, steps=3, head="rnn")
+    with caplog.at_level(logging.WARNING, logger="dspark.bench"):
+        assert markov._native_round(torch.device("cuda"), cfg, torch.float32, None, None, None, 1.0) is None
+    assert "--head rnn is timed on the CPU" in caplog.text
