@@ -1,0 +1,159 @@
+"""The gated and RNN Markov heads in the export (issue 42): a top-k draft graph computes the head's hidden part for
+every slot before one DSparkTopKMarkovGated / DSparkTopKMarkovRNN node (``dspark`` domain version 3, its local
+function attached); a dense one inlines the reference walk. Both validate against the reference at k ∈ {16, V_d}
+and dense (and a poisoned head fails validation); the manifest says op contract 3, which an older reader refuses in
+one line, as this one refuses 4; a vanilla export is the graph it always was."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from dspark_trt.errors import DSparkTrtError
+
+pytestmark = pytest.mark.onnx
+
+#: (pair fixture, head op, inputs of its node, V_d)
+HEADS = {"gated": ("gated_pair", "DSparkTopKMarkovGated", 13, 257),
+         "rnn": ("rnn_pair", "DSparkTopKMarkovRNN", 14, 199)}
+
+
+@functools.cache
+def reference(pair):
+    from dspark_trt import load_drafter
+
+    return load_drafter(pair.drafter, dtype="fp32", target_dir=pair.target)
+
+
+def head_export(request, onnx_export, head, topk, dtype="fp32"):
+    pair = request.getfixturevalue(HEADS[head][0])
+    topk = HEADS[head][3] if topk == "V" else topk
+    return pair, onnx_export(pair, dtype, topk)  # exported and validated against the reference (raises otherwise)
+
+
+def _load(out):
+    import onnx
+
+    return onnx.load(str(out / "onnx" / "draft.onnx"))
+
+
+@pytest.mark.parametrize("topk", [16, "V", "off"])
+@pytest.mark.parametrize("head", list(HEADS))
+def test_head_export_validates_and_records_contract_3(request, onnx_export, head, topk):
+    import onnx
+
+    from dspark_trt.plugins.onnx_op import register_schema
+
+    pair, out = head_export(request, onnx_export, head, topk)
+    record = json.loads((out / "manifest.json").read_text())
+    assert record["op_contract_version"] == 3
+    assert record["checkpoint"]["config"]["markov_head_type"] == head
+    lines = record["validation"]
+    assert lines and all(line.strip().startswith(("validation", "ok")) for line in lines), lines
+    assert any("sampled draft tokens" in line for line in lines) and any("greedy draft tokens" in line for line in lines)
+    register_schema()
+    onnx.checker.check_model(str(out / "onnx" / "draft.onnx"), full_check=True)
+    model = _load(out)
+    _, op, n_inputs, vd = HEADS[head]
+    nodes = [n for n in model.graph.node if n.domain == "dspark"]
+    if topk == "off":  # dense: the reference walk inlined, no custom node, no dspark domain
+        assert nodes == [] and "dspark" not in {o.domain for o in model.opset_import}
+        assert not model.functions
+        return
+    assert {o.domain: o.version for o in model.opset_import}["dspark"] == 3
+    assert [n.op_type for n in nodes] == [op] and len(nodes[0].input) == n_inputs
+    assert [(f.domain, f.name) for f in model.functions] == [("dspark", op)]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[0].attribute}
+    assert attrs["k"] == (vd if topk == "V" else topk)
+
+
+@pytest.mark.parametrize("head", list(HEADS))
+def test_a_poisoned_head_fails_validation(request, onnx_export, head):
+    """The head's projection bias negated in the draft graph (its weight is folded into the hidden part's and the walk's
+    constants): onnxruntime drafts other logits than the reference, and validation fails in the draft checks only."""
+    import numpy
+    from onnx import numpy_helper
+
+    from dspark_trt.errors import ValidationMismatch
+    from dspark_trt.export.validate import validate_onnx
+    from dspark_trt.runtime.ort_session import OrtGraph
+
+    pair, out = head_export(request, onnx_export, head, 16)
+    drafter = reference(pair)
+    model = _load(out)
+    proj = "gate_proj.bias" if head == "gated" else "joint_proj.bias"
+    init = next(i for i in model.graph.initializer if i.name.endswith(proj))
+    init.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(init).astype(numpy.float32), init.name))
+    context = OrtGraph(out / "onnx" / "context.onnx")
+    report = validate_onnx(context, OrtGraph(model), drafter, topk=16, dtype="fp32", raise_on_failure=False)
+    failed = [c.name for c in report.checks if not c.ok]
+    assert failed and all("draft" in name for name in failed)
+    assert any(name.endswith("cand_logits") for name in failed)
+    with pytest.raises(ValidationMismatch):
+        report.raise_on_failure()
+
+
+def test_bf16_gated_export_validates(request, onnx_export):
+    """bf16: the node's weights (W1, W2 and the gate's walk weight) share the op's one W type."""
+    import onnx
+
+    _, out = head_export(request, onnx_export, "gated", 16, dtype="bf16")
+    record = json.loads((out / "manifest.json").read_text())
+    assert all(line.strip().startswith(("validation", "ok")) for line in record["validation"])
+    model = _load(out)
+    node = next(n for n in model.graph.node if n.domain == "dspark")
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    types.update({i.name: i.data_type for i in model.graph.initializer})
+    assert types.get(node.input[12], onnx.TensorProto.BFLOAT16) == onnx.TensorProto.BFLOAT16  # gate_w is W
+
+
+def test_vanilla_draft_graph_is_unchanged(tiny_pair, onnx_export):
+    """A vanilla export still emits the contract-1 graph: one DSparkTopKMarkov node with the 11 inputs, dspark domain
+    version 1, its local function (the same chain of the exported step), and none of the newer ops; its manifest
+    says contract 1."""
+    from collections import Counter
+
+    from dspark_trt.plugins.contract import INPUTS
+    from dspark_trt.plugins.onnx_op import local_function
+
+    out = onnx_export(tiny_pair, "fp32", 16)
+    assert json.loads((out / "manifest.json").read_text())["op_contract_version"] == 1
+    model = _load(out)
+    assert {o.domain: o.version for o in model.opset_import} == {"": 21, "dspark": 1}
+    nodes = [n for n in model.graph.node if n.domain == "dspark"]
+    assert [n.op_type for n in nodes] == ["DSparkTopKMarkov"] and len(nodes[0].input) == len(INPUTS) == 11
+    assert [(f.domain, f.name) for f in model.functions] == [("dspark", "DSparkTopKMarkov")]
+    fn = model.functions[0]
+    want = local_function(reference(tiny_pair).config.num_draft_tokens, opset=21)
+    assert list(fn.input) == list(want.input) and list(fn.output) == list(want.output)
+    assert Counter(n.op_type for n in fn.node) == Counter(n.op_type for n in want.node)
+    assert not any(n.op_type.startswith("DSparkTopKMarkov") and n.op_type != "DSparkTopKMarkov" for n in model.graph.node)
+
+
+def test_newer_op_contract_is_refused_in_one_line(tmp_path):
+    from dspark_trt.artifact.export_dir import read_manifest
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 4}))
+    with pytest.raises(DSparkTrtError) as err:
+        read_manifest(tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg and "op contract version 4" in msg and "reads versions <= 3; upgrade dspark-trt" in msg
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 3}))
+    assert read_manifest(tmp_path)["op_contract_version"] == 3
+
+
+def test_plugin_graph_of_a_head_export(request, onnx_export, tmp_path):
+    """The plugin-graph edit finds the head's node (aot=1, its local function dropped), for full TensorRT once a
+    plugin exists for it."""
+    import onnx
+
+    from dspark_trt.export.plugin_graph import plugin_graph
+
+    _, out = head_export(request, onnx_export, "rnn", 16)
+    model = onnx.load(str(plugin_graph(out / "onnx" / "draft.onnx", tmp_path / "plugin.onnx", copy_weights=True)))
+    node = next(n for n in model.graph.node if n.domain == "dspark")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert node.op_type == "DSparkTopKMarkovRNN" and attrs["aot"] == 1 and not model.functions
