@@ -273,6 +273,18 @@ def qwen3_topk_export(tmp_path_factory, random_pair):
 
 
 @pytest.fixture(scope="session")
+def gated_topk_export(tmp_path_factory, gated_pair):
+    """The gated-head pair, top-k 16, fp32, target exported (DSparkTopKMarkovGated through its local function)."""
+    return export_once(tmp_path_factory, "export-gated-topk16-fp32", gated_pair, topk=16, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def rnn_topk_export(tmp_path_factory, rnn_pair):
+    """The RNN-head pair (bonus-anchor, reduced vocabulary), top-k 16, fp32, target exported."""
+    return export_once(tmp_path_factory, "export-rnn-topk16-fp32", rnn_pair, topk=16, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
 def speculators_llama_pair(tmp_path_factory):
     """A speculators-format drafter with a Llama target that taps its last layer (id 5 of 6: pre-norm)."""
     from dspark_trt.synthetic import write_tiny_checkpoint

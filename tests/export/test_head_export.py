@@ -157,3 +157,27 @@ def test_plugin_graph_of_a_head_export(request, onnx_export, tmp_path):
     node = next(n for n in model.graph.node if n.domain == "dspark")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert node.op_type == "DSparkTopKMarkovRNN" and attrs["aot"] == 1 and not model.functions
+
+
+@pytest.mark.rtx
+@pytest.mark.slow  # one drafter-only export of the gated pair + two TensorRT-RTX engines (~60 s)
+def test_export_model_of_a_gated_head_builds_rtx_engines_without_a_plugin(gated_pair, tmp_path):
+    """``dspark-export --topk 16 --engine tensorrt-rtx`` of a gated drafter: no plugin graph or PTX (no fused kernel for
+    the head yet: a note says so, and Triton is not needed), contract 3, and TensorRT-RTX engines built from the
+    draft graph's local function."""
+    from dspark_trt.artifact.export_dir import check_manifest, read_manifest
+    from dspark_trt.export.pipeline import ExportOptions, export_model
+
+    result = export_model(gated_pair.drafter, tmp_path / "out", ExportOptions(topk=16, dtype="fp32",
+                                                                               engine="tensorrt-rtx",
+                                                                               export_target=False, max_batch_size=2),
+                          target_dir=gated_pair.target)
+    m = read_manifest(result.out_dir)
+    assert check_manifest(result.out_dir, m) == []
+    assert (m["topk"], m["op_contract_version"], m["plugin"], m.get("kernel"), m.get("plugin_graph")) == \
+        (16, 3, None, None, None)
+    assert not (result.out_dir / "plugin").exists()
+    assert any("gated Markov head: no fused plugin kernel" in n and "DSparkTopKMarkovGated" in n for n in result.notes)
+    assert {name.split(".")[0] for name in m["engines"]} == {"context", "draft"}
+    assert all(name.endswith("tensorrt-rtx") for name in m["engines"])
+    assert [p.stat().st_size > 0 for p in sorted((result.out_dir / "engines").iterdir())] == [True, True]
