@@ -12,7 +12,8 @@ onnxruntime on random inputs against the reference drafter (``export/validate.py
 The directory written is a drafter-only export directory (``artifact/layout.py``, read by ``ExportDir``)::
 
     manifest.json                       config, I/O, validation summary, op_contract_version (2 with the
-                                        candidate union, 1 without; absent = 1), and the ``drafter`` section:
+                                        candidate union, 3 with a gated / RNN head, else 1; absent = 1), and the
+                                        ``drafter`` section:
                                         ExportSpec, versions, d2t
     onnx/context.onnx, onnx/draft.onnx  the graphs (``*.onnx.data`` beside them when weights exceed 1.5 GiB)
 """

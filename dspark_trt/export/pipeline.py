@@ -14,7 +14,9 @@ Export directory::
                                    layout: artifact/layout.py; read and written through artifact.ExportDir)
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
-                                   (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
+                                   (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table;
+                                   a gated / RNN head: dspark::DSparkTopKMarkovGated / RNN + its local function, and
+                                   no plugin graph or PTX until a fused kernel exists: PLUGIN_HEADS)
     onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1; it
                                    shares draft.onnx.data when the weights are external: no second copy)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
