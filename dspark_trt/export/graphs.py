@@ -215,7 +215,8 @@ def _attach_local_function(model, info: GraphInfo, weights_dtype: torch.dtype, h
     if info.markov_topm:
         build, version, name = union_local_function, UNION_OPSET_VERSION, UNION_OP_NAME
     else:  # vanilla: local_function, domain version 1, exactly as before the other heads
-        build, version, name = functools.partial(head_local_function, head), HEAD_OPSET_VERSIONS[head], HEAD_OPS[head][0]
+        build = functools.partial(head_local_function, head)
+        version, name = HEAD_OPSET_VERSIONS[head], HEAD_OPS[head][0]
     fn = ir.serde.deserialize_function(build(info.num_draft_tokens, torch.float32, weights_dtype, opset=opset))
     model.functions[fn.identifier()] = fn
     model.opset_imports[OP_DOMAIN] = version

@@ -68,7 +68,9 @@ class ExportSpec:
 
     @property
     def op_contract_version(self) -> int:
-        """1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the export uses ``DSparkTopKMarkovUnion``."""
+        """The candidate union's share of the contract version: 1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the
+        export uses ``DSparkTopKMarkovUnion``. The spec does not know the Markov head: the manifest's
+        ``op_contract_version`` is ``contract.op_contract_version_for(head, M)`` (3 for a gated or RNN head)."""
         return OP_VERSIONS[UNION_OP_NAME] if self.markov_topm else 1
 
     @classmethod

@@ -32,7 +32,7 @@ __all__ = ["plugin_graph", "custom_nodes"]
 
 
 def custom_nodes(model) -> list:
-    """The walk nodes (``DSparkTopKMarkov`` / ``…Union`` / ``…Gated`` / ``…RNN``) of an ``onnx.ModelProto`` graph."""
+    """The walk nodes (``DSparkTopKMarkov`` / ``…Union`` / ``…Gated`` / ``…RNN``) of an ``onnx.ModelProto``."""
     return [n for n in model.graph.node if n.op_type in _OPS and n.domain == OP_DOMAIN]
 
 

@@ -115,8 +115,9 @@ _HEAD_DOCS = {
               "W2 · (g_j ⊙ e_j), g_j = σ(gate_hidden[:, j] + gate_w · e_j), e_j = W1[d_j]; the confidence still "
               "reads e_j."),
     "rnn": ("DSparkTopKMarkovRNN: DSparkTopKMarkov with the RNN Markov head: from s_0 = rnn_state0, "
-            "(γ, c, o) = split₃(joint_hidden[:, j] + joint_w · [s_j ; e_j]), the bias of slot j is W2 · tanh(o) and "
-            "s_{j+1} = σ(γ) ⊙ s_j + (1 − σ(γ)) ⊙ tanh(c), e_j = W1[d_j]; the confidence still reads e_j."),
+            "(γ, c, o) = split₃(joint_hidden[:, j] + joint_w · [s_j ; e_j]), the bias of slot j is W2 · tanh(o) "
+            "and s_{j+1} = σ(γ) ⊙ s_j + (1 − σ(γ)) ⊙ tanh(c), e_j = W1[d_j]; the confidence still reads "
+            "e_j."),
 }
 
 

@@ -57,8 +57,8 @@ def test_rtx_parses_and_builds_the_causal_windowed_draft_graph(tiny_causal_pair,
 
 
 @pytest.mark.parametrize("topk", [16, "off"], ids=["topk16", "dense"])
-@pytest.mark.parametrize("pair_name, op", [("gated_pair", "DSparkTopKMarkovGated"), ("rnn_pair", "DSparkTopKMarkovRNN")],
-                         ids=["gated", "rnn"])
+@pytest.mark.parametrize("pair_name, op", [("gated_pair", "DSparkTopKMarkovGated"),
+                                           ("rnn_pair", "DSparkTopKMarkovRNN")], ids=["gated", "rnn"])
 def test_rtx_parses_and_builds_the_gated_and_rnn_draft_graphs(pair_name, op, topk, onnx_export, request):
     """issue 42: TensorRT-RTX (no plugins) builds a gated / RNN head's draft graph, its walk node from the local
     function (N chained steps, the rnn state threaded between them; ~6 s each here), and the dense graphs."""
