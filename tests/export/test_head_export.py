@@ -97,18 +97,26 @@ def test_a_poisoned_head_fails_validation(request, onnx_export, head):
         report.raise_on_failure()
 
 
-def test_bf16_gated_export_validates(request, onnx_export):
-    """bf16: the node's weights (W1, W2 and the gate's walk weight) share the op's one W type."""
+@pytest.mark.parametrize("head, dtype", [("gated", "bf16"), ("rnn", "fp16")])
+def test_low_precision_head_export_validates(request, onnx_export, head, dtype):
+    """bf16 / fp16: the node's weights (W1, W2 and the head's walk weight) share the op's one W type, the hidden
+    part and the rnn state stay fp32; validated within the dtype's tolerance."""
     import onnx
 
-    _, out = head_export(request, onnx_export, "gated", 16, dtype="bf16")
+    from dspark_trt.plugins.onnx_op import register_schema
+
+    _, out = head_export(request, onnx_export, head, 16, dtype=dtype)
     record = json.loads((out / "manifest.json").read_text())
     assert all(line.strip().startswith(("validation", "ok")) for line in record["validation"])
-    model = _load(out)
+    register_schema()
+    model = onnx.shape_inference.infer_shapes(_load(out))
     node = next(n for n in model.graph.node if n.domain == "dspark")
-    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
     types.update({i.name: i.data_type for i in model.graph.initializer})
-    assert types.get(node.input[12], onnx.TensorProto.BFLOAT16) == onnx.TensorProto.BFLOAT16  # gate_w is W
+    w = {"bf16": onnx.TensorProto.BFLOAT16, "fp16": onnx.TensorProto.FLOAT16}[dtype]
+    assert [types[name] for name in node.input[3:5]] == [w, w]  # markov_w1, markov_w2
+    assert types[node.input[12]] == w  # gate_w / joint_w
+    assert types[node.input[11]] == onnx.TensorProto.FLOAT  # the hidden part
 
 
 def test_vanilla_draft_graph_is_unchanged(tiny_pair, onnx_export):
