@@ -15,8 +15,7 @@ Export directory::
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
                                    (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table;
-                                   a gated / RNN head: dspark::DSparkTopKMarkovGated / RNN + its local function, and
-                                   no plugin graph or PTX until a fused kernel exists: PLUGIN_HEADS)
+                                   a gated / RNN head: dspark::DSparkTopKMarkovGated / RNN + its local function)
     onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1; it
                                    shares draft.onnx.data when the weights are external: no second copy)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
@@ -59,7 +58,6 @@ TRACE_PHASE = "trace ONNX graphs"
 #: the Markov heads whose top-k walk has an AOT-compiled plugin kernel (plugins/aot.py) for full TensorRT; a top-k
 #: export of another head writes no plugin graph and no PTX: its walk node runs through its standard-op local
 #: function (onnxruntime, TensorRT-RTX, and full TensorRT, which parses local functions too)
-PLUGIN_HEADS = ("vanilla",)
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
 
@@ -141,6 +139,7 @@ class PtxForExport:
                  markov_topm: int = 0):
         self.out_dir, self.config, self.topk, self.dtype, self.archs = out_dir, config, topk, dtype, archs
         self.markov_topm = int(markov_topm)  # > 0: the DSparkTopKMarkovUnion kernel
+        self.markov_head_type = config.markov_head_type  # gated | rnn: the DSparkTopKMarkovGated / RNN kernel
 
     def __call__(self) -> dict:
         """Compiled in a child process: Triton's AOT path cannot run where its interpreter is on
@@ -158,13 +157,14 @@ class PtxForExport:
                "--logit-scale", repr(float(c.logit_scale)),
                "--dtypes", f"fp32-{weights}",  # the graph's TopK runs on fp32 base logits
                "--archs", ",".join(str(a) for a in self.archs)] + (["--validate"] if find_ptxas() else []) + \
-              (["--markov-topm", str(self.markov_topm)] if self.markov_topm else [])
+              (["--markov-topm", str(self.markov_topm)] if self.markov_topm else []) + \
+              (["--markov-head-type", self.markov_head_type] if self.markov_head_type != "vanilla" else [])
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise DSparkTrtError(f"compiling the DSparkTopKMarkov kernel to PTX failed: {last}")
-        return json.loads((self.out_dir / description_file(self.markov_topm)).read_text())
+        return json.loads((self.out_dir / description_file(self.markov_topm, self.markov_head_type)).read_text())
 
 
 class EnginesForExport:
@@ -381,9 +381,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     if flavor is not None:
         engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
     notes: list[str] = []
-    plugin = bool(spec.topk) and config.markov_head_type in PLUGIN_HEADS
-    if spec.topk and not plugin:
-        notes.append(_no_plugin_note(config.markov_head_type))
+    plugin = bool(spec.topk)  # every head has its fused kernel (plugins/kernel.py, plugins/head_kernels.py)
     if plugin:
         from ..optional import require
 
@@ -437,7 +435,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
         target_record = phases.run("target ONNX + validation", lambda: target(tmp)) if target else None
         kernel = plugin = None
         extra: dict = {"max_context": spec.max_context}
-        if spec.topk and config.markov_head_type in PLUGIN_HEADS:
+        if spec.topk:
             def plugin_step():
                 plugin_graph(tmp / GRAPH_FILES["draft"], tmp / PLUGIN_GRAPH)
                 return PtxForExport(tmp / "plugin", config, topk=spec.topk, dtype=spec.dtype,
@@ -445,7 +443,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
 
             kernel = phases.run("plugin graph + PTX", plugin_step)
             kernel = {**kernel, "dir": "plugin"}
-            plugin = _plugin_record(spec.topk, config.logit_scale, spec.markov_topm)
+            plugin = _plugin_record(spec.topk, config.logit_scale, spec.markov_topm, config.markov_head_type)
             extra["plugin_graph"] = PLUGIN_GRAPH
         manifest = new_manifest(config, model_dir=model_dir, topk=spec.topk, dtype=spec.dtype,
                                 graphs={g: tmp / GRAPH_FILES[g] for g in GRAPHS}, export_dir=tmp,
@@ -513,51 +511,37 @@ def _markov_head_type(manifest: dict) -> str:
     return ((manifest.get("checkpoint") or {}).get("config") or {}).get("markov_head_type") or "vanilla"
 
 
-def _no_plugin_note(head: str) -> str:
-    from ..plugins.contract import HEAD_OPS
-
-    return (f"{head} Markov head: no fused plugin kernel yet, so no plugin graph or PTX; the draft graph's "
-            f"{HEAD_OPS[head][0]} node runs through its standard-op local function (onnxruntime, TensorRT-RTX and "
-            f"TensorRT engines alike)")
-
-
 def _plugin_op(topk: int | None, markov_topm: int = 0, markov_head_type: str = "vanilla") -> str | None:
-    """The draft graph's plugin op: the union's with M > 0, the plain one with a top-k, none for a dense graph or a
-    head without a plugin kernel (``PLUGIN_HEADS``)."""
-    from ..plugins.contract import OP_NAME, UNION_OP_NAME
+    """The draft graph's plugin op: the union's with M > 0, the head's (plain, gated, RNN) with a top-k, none for a
+    dense graph."""
+    from ..plugins.contract import HEAD_OPS, UNION_OP_NAME
 
-    if not topk or markov_head_type not in PLUGIN_HEADS:
+    if not topk:
         return None
-    return UNION_OP_NAME if markov_topm else OP_NAME
+    return UNION_OP_NAME if markov_topm else HEAD_OPS[markov_head_type][0]
 
 
-def _plugin_record(topk: int, logit_scale: float, markov_topm: int = 0) -> dict:
-    from ..plugins.contract import (ATTRIBUTES, INPUTS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION,
+def _plugin_record(topk: int, logit_scale: float, markov_topm: int = 0, markov_head_type: str = "vanilla") -> dict:
+    """The manifest's ``plugin`` entry: the walk op the engine embeds (plain, union, gated or RNN), its contract."""
+    from ..plugins.contract import (ATTRIBUTES, HEAD_OPS, OP_DOMAIN, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION,
                                     UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS)
 
     if markov_topm:
-        return {
-            "op": UNION_OP_NAME,
-            "domain": OP_DOMAIN,
-            "name": UNION_OP_NAME,
-            "namespace": PLUGIN_NAMESPACE,
-            "version": PLUGIN_VERSION,
-            "attributes": {"k": topk, "logit_scale": logit_scale, "markov_topm": int(markov_topm), "aot": 1},
-            "attribute_docs": UNION_ATTRIBUTES,
-            "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in UNION_INPUTS],
-            "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in UNION_OUTPUTS],
-        }
-
+        op, inputs, outputs, docs = UNION_OP_NAME, UNION_INPUTS, UNION_OUTPUTS, UNION_ATTRIBUTES
+        attributes = {"k": topk, "logit_scale": logit_scale, "markov_topm": int(markov_topm), "aot": 1}
+    else:
+        (op, inputs), outputs, docs = HEAD_OPS[markov_head_type], OUTPUTS, ATTRIBUTES
+        attributes = {"k": topk, "logit_scale": logit_scale, "aot": 1}
     return {
-        "op": OP_NAME,
+        "op": op,
         "domain": OP_DOMAIN,
-        "name": OP_NAME,
+        "name": op,
         "namespace": PLUGIN_NAMESPACE,
         "version": PLUGIN_VERSION,
-        "attributes": {"k": topk, "logit_scale": logit_scale, "aot": 1},
-        "attribute_docs": ATTRIBUTES,
-        "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in INPUTS],
-        "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in OUTPUTS],
+        "attributes": attributes,
+        "attribute_docs": docs,
+        "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in inputs],
+        "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in outputs],
     }
 
 

@@ -171,12 +171,16 @@ def test_plugin_graph_of_a_head_export(request, onnx_export, tmp_path):
 
 @pytest.mark.rtx
 @pytest.mark.slow  # one drafter-only export of the gated pair + two TensorRT-RTX engines (~60 s)
-def test_export_model_of_a_gated_head_builds_rtx_engines_without_a_plugin(gated_pair, tmp_path):
-    """``dspark-export --topk 16 --engine tensorrt-rtx`` of a gated drafter: no plugin graph or PTX (no fused kernel for
-    the head yet: a note says so, and Triton is not needed), contract 3, and TensorRT-RTX engines built from the
-    draft graph's local function."""
+def test_export_model_of_a_gated_head_writes_its_plugin_and_builds_rtx_engines(gated_pair, tmp_path):
+    """``dspark-export --topk 16 --engine tensorrt-rtx`` of a gated drafter: the plugin graph with one
+    DSparkTopKMarkovGated node (aot, no local function) and the head kernel's PTX for full TensorRT, the manifest's
+    plugin entry naming that op and its 13 inputs, contract 3, and TensorRT-RTX engines built from the draft graph's
+    local function (TensorRT-RTX takes no plugin)."""
+    import onnx
+
     from dspark_trt.artifact.export_dir import check_manifest, read_manifest
     from dspark_trt.export.pipeline import ExportOptions, export_model
+    from dspark_trt.plugins.contract import GATED_INPUTS, GATED_OP_NAME
 
     result = export_model(gated_pair.drafter, tmp_path / "out", ExportOptions(topk=16, dtype="fp32",
                                                                                engine="tensorrt-rtx",
@@ -184,10 +188,14 @@ def test_export_model_of_a_gated_head_builds_rtx_engines_without_a_plugin(gated_
                           target_dir=gated_pair.target)
     m = read_manifest(result.out_dir)
     assert check_manifest(result.out_dir, m) == []
-    assert (m["topk"], m["op_contract_version"], m["plugin"], m.get("kernel"), m.get("plugin_graph")) == \
-        (16, 3, None, None, None)
-    assert not (result.out_dir / "plugin").exists()
-    assert any("gated Markov head: no fused plugin kernel" in n and "DSparkTopKMarkovGated" in n for n in result.notes)
+    assert (m["topk"], m["op_contract_version"], m["plugin"]["op"]) == (16, 3, GATED_OP_NAME)
+    assert [i["name"] for i in m["plugin"]["inputs"]] == [t.name for t in GATED_INPUTS]
+    assert m["kernel"]["markov_head_type"] == "gated" and m["kernel"]["dir"] == "plugin"
+    graph = onnx.load(result.out_dir / m["plugin_graph"], load_external_data=False)
+    nodes = [n for n in graph.graph.node if n.domain == "dspark"]
+    assert [n.op_type for n in nodes] == [GATED_OP_NAME] and not graph.functions
+    assert {a.name: a.i for a in nodes[0].attribute if a.name == "aot"} == {"aot": 1}
+    assert any(p.suffix == ".ptx" for p in (result.out_dir / "plugin").iterdir())
     assert {name.split(".")[0] for name in m["engines"]} == {"context", "draft"}
     assert all(name.endswith("tensorrt-rtx") for name in m["engines"])
     assert [p.stat().st_size > 0 for p in sorted((result.out_dir / "engines").iterdir())] == [True, True]
