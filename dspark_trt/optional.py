@@ -32,6 +32,7 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "llvmlite": ("numba", "cpu"),
     "tensorrt_rtx": ("tensorrt-rtx", "rtx"),
     "matplotlib": ("matplotlib", "bench"),
+    "cryptography": ("cryptography", "bench"),
     "tritonclient": ("tritonclient", "serve"),
     "grpc": ("grpcio", "serve"),
     "starlette": ("starlette", "serve"),
