@@ -7,6 +7,8 @@ concurrent streams through the balancer, through three events:
             and every request sent after it rejoined must succeed
   drain     SIGTERM one replica while 16 streams run: every stream completes; a new request sent to the draining
             replica itself is refused with 503 and Retry-After; the replica exits 0
+  throughput  tokens/s of each replica alone (16/3 streams straight to it), then of the three behind the
+            balancer (16 streams): the goal is >= 0.9x the sum (on one host the replicas share its cores)
 
 For each event it prints requests sent, completed and failed (with each failure's reason), and a line that
 states the goal and whether it was met (exit 1 when one was not). Nothing is mocked: real servers, a real
@@ -142,9 +144,13 @@ def haproxy_config(port: int, replicas: list[Replica], *, stats_socket: Path) ->
     return f"""global
     maxconn 256
     stats socket {stats_socket} level admin
+    log stderr format raw local0 info
 
 defaults
     mode http
+    log global
+    # one line per request: the replica that answered, the status, the termination state, the retries
+    log-format "%b/%s %ST %ts %rc"
     timeout connect 2s
     timeout client 300s
     timeout server 300s
@@ -208,6 +214,14 @@ class Balancer:
         rows = [line.split(",") for line in data.decode().splitlines() if line and not line.startswith("#")]
         return {r[1] for r in rows if r[0] == "dspark" and r[1] not in ("BACKEND", "FRONTEND") and r[17] == "UP"}
 
+    def retried(self) -> int:
+        """Requests the balancer sent again to another replica so far (its log's retry counts)."""
+        try:
+            lines = (self.workdir / "haproxy.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return 0
+        return sum(1 for line in lines if re.search(r" \+?([1-9]\d*)$", line))
+
     def wait_up(self, names: set[str], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -253,10 +267,11 @@ class Load:
         tokens, finished = 0, False
         try:
             stream = client.completions.create(model="dspark", prompt=PROMPTS[i % len(PROMPTS)], stream=True,
-                                               max_tokens=max_tokens or self.max_tokens, temperature=0)
+                                               max_tokens=max_tokens or self.max_tokens, temperature=0,
+                                               stream_options={"include_usage": True})
             for chunk in stream:
-                if chunk.choices and chunk.choices[0].text:
-                    tokens += 1
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finished = True
             out = Outcome(finished, begin, time.monotonic(), tokens,
@@ -293,8 +308,10 @@ def summary(label: str, outcomes: list[Outcome]) -> dict:
 
 def _print(row: dict, goal: str, met: bool) -> None:
     why = "; ".join(f"{n}× {w}" for w, n in row["why"].items()) or "-"
+    retried = f"; the balancer retried {row['retried_by_balancer']} on another replica" \
+        if "retried_by_balancer" in row else ""
     print(f"{row['event']:<8} sent {row['sent']:>4}  completed {row['completed']:>4}  failed {row['failed']:>3}  "
-          f"({why})", flush=True)
+          f"({why}{retried})", flush=True)
     print(f"{'':<8} goal: {goal}: {'met' if met else 'NOT MET'}", flush=True)
 
 
@@ -337,6 +354,7 @@ class Cluster:
 
 def rolling(cluster: Cluster, load: Load, requests: int, drain_timeout: float) -> tuple[dict, bool]:
     codes = []
+    retried = cluster.balancer.retried()
 
     def restart_each():
         time.sleep(1.0)
@@ -347,6 +365,7 @@ def rolling(cluster: Cluster, load: Load, requests: int, drain_timeout: float) -
 
     row = summary("rolling", load.run(requests, during=restart_each))
     row["exit_codes"] = codes
+    row["retried_by_balancer"] = cluster.balancer.retried() - retried
     met = row["failed"] == 0 and codes == [0] * len(cluster.replicas)
     _print(row, f"0 failed of {row['sent']}, each replica drained and exited 0 (exit codes {codes})", met)
     return row, met
@@ -366,8 +385,10 @@ def kill(cluster: Cluster, load: Load, requests: int) -> tuple[list[dict], bool]
         cluster.restart(victim)
         seen["rejoined"] = time.monotonic()
 
+    retried = cluster.balancer.retried()
     outcomes = load.run(requests, during=kill_one, max_tokens=2 * load.max_tokens)
     during = summary("kill", outcomes)
+    during["retried_by_balancer"] = cluster.balancer.retried() - retried
     # the requests sent after the killed replica rejoined the balancer
     after = load.run(max(requests // 4, 2 * load.clients))
     row_after = summary("after", after)
@@ -397,7 +418,9 @@ def drain(cluster: Cluster, load: Load, drain_timeout: float) -> tuple[dict, boo
         refused.update(status=status, retry_after=retry_after, ready=ready)
         refused["exit"] = victim.wait_exit(drain_timeout + 30)
 
+    retried = cluster.balancer.retried()
     row = summary("drain", load.run(load.clients, during=sigterm_mid_streams, max_tokens=4 * load.max_tokens))
+    row["retried_by_balancer"] = cluster.balancer.retried() - retried
     said = [line for line in victim.lines if "drain" in line]
     cluster.restart(victim)
     row.update(refused, replica_said=said)
@@ -408,6 +431,35 @@ def drain(cluster: Cluster, load: Load, drain_timeout: float) -> tuple[dict, boo
                 f"{refused.get('ready')}; exit {refused.get('exit')}", met)
     for line in said:
         print(f"{'':<8} {victim.name}: {line}", flush=True)
+    return row, met
+
+
+def throughput(cluster: Cluster, clients: int, requests_per_replica: int, max_tokens: int) -> tuple[dict, bool]:
+    """Tokens/s of each replica alone (straight to it, ``clients`` / replicas streams), then of all of them behind
+    the balancer at ``clients`` streams: the goal is >= 0.9x the sum of the alone figures."""
+    per = max(1, round(clients / len(cluster.replicas)))
+
+    def rate(base_url: str, count: int, streams: int) -> tuple[float, int]:
+        load = Load(base_url, clients=streams, max_tokens=max_tokens)
+        t0 = time.monotonic()
+        out = load.run(count)
+        wall = time.monotonic() - t0
+        return sum(o.tokens for o in out if o.ok) / wall, sum(not o.ok for o in out)
+
+    alone = [rate(r.url, requests_per_replica, per) for r in cluster.replicas]
+    together, failed = rate(cluster.balancer.url, requests_per_replica * len(cluster.replicas),
+                            per * len(cluster.replicas))
+    total = sum(a for a, _ in alone)
+    ratio = together / total if total else 0.0
+    row = {"event": "throughput", "alone_tokens_per_s": [round(a, 1) for a, _ in alone],
+           "together_tokens_per_s": round(together, 1), "ratio": round(ratio, 2),
+           "failed": failed + sum(f for _, f in alone), "cores": os.cpu_count()}
+    print(f"throughput alone ({per} streams each): {', '.join(f'{a:.1f}' for a, _ in alone)} tokens/s (sum "
+          f"{total:.1f}); together behind haproxy ({per * len(cluster.replicas)} streams): {together:.1f} tokens/s",
+          flush=True)
+    met = ratio >= 0.9 and row["failed"] == 0
+    print(f"{'':<8} goal: together >= 0.9x the sum alone: {ratio:.2f}x on {os.cpu_count()} cores for "
+          f"{len(cluster.replicas)} replicas: {'met' if met else 'NOT MET'}", flush=True)
     return row, met
 
 
@@ -431,7 +483,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--threads", type=int, default=1, help="--threads of each replica (default 1)")
     p.add_argument("--drain-timeout", type=float, default=30.0)
-    p.add_argument("--events", default="rolling,kill,drain", help="which events, in order (default all three)")
+    p.add_argument("--events", default="rolling,kill,drain,throughput",
+                   help="which events, in order (default: rolling,kill,drain,throughput)")
     p.add_argument("--workdir", type=Path, help="keep the replicas' and the balancer's logs here")
 
 
@@ -441,12 +494,13 @@ def run(args: argparse.Namespace) -> int:
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
     events = [e.strip() for e in args.events.split(",") if e.strip()]
-    unknown = set(events) - {"rolling", "kill", "drain"}
+    unknown = set(events) - {"rolling", "kill", "drain", "throughput"}
     if unknown:
-        raise DSparkTrtError(f"--events takes rolling, kill and drain, got {sorted(unknown)}")
+        raise DSparkTrtError(f"--events takes rolling, kill, drain and throughput, got {sorted(unknown)}")
     import logging
 
-    logging.getLogger("httpx").disabled = True  # the openai client's per-request lines
+    for handler in logging.getLogger().handlers:  # not the openai client's (httpx's) line per request
+        handler.addFilter(lambda record: not record.name.startswith("httpx"))
     begin = time.monotonic()
     results, ok = [], True
     with Cluster(serve_args, args.replicas, args.workdir) as cluster:
@@ -460,6 +514,8 @@ def run(args: argparse.Namespace) -> int:
                 row, met = rolling(cluster, load, args.requests, args.drain_timeout)
             elif event == "kill":
                 row, met = kill(cluster, load, args.requests)
+            elif event == "throughput":
+                row, met = throughput(cluster, args.clients, max(args.requests // 10, 8), args.max_tokens)
             else:
                 row, met = drain(cluster, load, args.drain_timeout)
             ok &= met
