@@ -447,15 +447,24 @@ def throughput(cluster: Cluster, clients: int, requests_per_replica: int, max_to
         return sum(o.tokens for o in out if o.ok) / wall, sum(not o.ok for o in out)
 
     alone = [rate(r.url, requests_per_replica, per) for r in cluster.replicas]
+    # all of them at once, each straight to its replica (no balancer): what the host allows three replicas
+    with ThreadPoolExecutor(len(cluster.replicas)) as pool:
+        t0 = time.monotonic()
+        straight = list(pool.map(lambda r: Load(r.url, clients=per, max_tokens=max_tokens).run(requests_per_replica),
+                                 cluster.replicas))
+        direct = sum(o.tokens for out in straight for o in out if o.ok) / (time.monotonic() - t0)
     together, failed = rate(cluster.balancer.url, requests_per_replica * len(cluster.replicas),
                             per * len(cluster.replicas))
     total = sum(a for a, _ in alone)
     ratio = together / total if total else 0.0
     row = {"event": "throughput", "alone_tokens_per_s": [round(a, 1) for a, _ in alone],
-           "together_tokens_per_s": round(together, 1), "ratio": round(ratio, 2),
-           "failed": failed + sum(f for _, f in alone), "cores": os.cpu_count()}
+           "straight_tokens_per_s": round(direct, 1), "together_tokens_per_s": round(together, 1),
+           "ratio": round(ratio, 2), "balancer_ratio": round(together / direct, 2) if direct else 0.0,
+           "failed": failed + sum(f for _, f in alone) + sum(not o.ok for out in straight for o in out),
+           "cores": os.cpu_count()}
     print(f"throughput alone ({per} streams each): {', '.join(f'{a:.1f}' for a, _ in alone)} tokens/s (sum "
-          f"{total:.1f}); together behind haproxy ({per * len(cluster.replicas)} streams): {together:.1f} tokens/s",
+          f"{total:.1f}); all at once, straight to each: {direct:.1f}; all at once behind haproxy "
+          f"({per * len(cluster.replicas)} streams): {together:.1f} tokens/s ({row['balancer_ratio']:.2f}x straight)",
           flush=True)
     met = ratio >= 0.9 and row["failed"] == 0
     print(f"{'':<8} goal: together >= 0.9x the sum alone: {ratio:.2f}x on {os.cpu_count()} cores for "
