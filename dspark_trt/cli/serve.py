@@ -7,7 +7,8 @@
   dspark serve REPO                             a model repository (dspark triton-repo)
 
 Prints the endpoints (OpenAI API on --openai-port, default 9000; Triton's HTTP/gRPC/metrics on 8000/8001/8002)
-and serves until Ctrl-C (exit 130) or SIGTERM (exit 0); everything it started stops with it. When the model's
+and serves until Ctrl-C (exit 130) or SIGTERM (exit 0: a graceful drain first, readiness false and new requests
+refused with 503 while those in flight finish, up to --drain-timeout); everything it started stops with it. When the model's
 process (or tritonserver itself) dies, it says so and restarts it (--no-restart: exits 1). Uses a `tritonserver`
 on PATH, else the one bundled with PyTriton, run from a managed Python environment built on first use (see
 docs/serving.md).
@@ -147,11 +148,14 @@ def run(args: argparse.Namespace) -> int:
                              f"{source.kind} directory")
 
     deployment = Deployment(source, options)
-    stop = threading.Event()
-    state = {"serving": False, "code": 0, "stopping": False}
+    stop, cut = threading.Event(), threading.Event()
+    state = {"serving": False, "code": 0, "stopping": False, "drain": False}
 
     def on_signal(signum, frame):
         code = 130 if signum == signal.SIGINT else 0
+        if state["drain"] and not cut.is_set():  # a second signal while draining: end the drain now
+            cut.set()
+            return
         if state["stopping"]:  # a second signal while stopping: do not wait for the drain
             server = deployment.server
             if server is not None and server.process is not None and server.process.poll() is None:
@@ -159,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
             return
         state["code"] = code
         if state["serving"]:
+            state["drain"] = signum == signal.SIGTERM  # SIGTERM drains; Ctrl-C stops at once, as always
             stop.set()
         else:
             raise _Stopped(code)
@@ -172,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
             _announce(deployment)
             state["serving"] = True
             status = deployment.watch(stop, restart=options.restart)
+            if status is None and state["drain"]:
+                deployment.drain(options.drain_timeout, cut)
         except _Stopped as e:
             state["code"] = e.code
         finally:

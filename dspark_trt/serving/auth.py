@@ -25,7 +25,7 @@ __all__ = ["API_KEY_ENV", "OPEN_PATHS", "api_keys", "check_key", "BearerAuth"]
 
 API_KEY_ENV = "DSPARK_API_KEY"
 #: paths answered without a key: load balancers' and orchestrators' probes, and the API's description
-OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+OPEN_PATHS = frozenset({"/health", "/health/live", "/health/ready", "/openapi.json"})
 
 
 def check_key(key: str, source: str) -> str:

@@ -319,6 +319,28 @@ class Deployment:
             self.say(f"the model {self.model!r} is serving again (restarted in {seconds:.1f} s)")
         return None
 
+    # -- drain ---------------------------------------------------------------------------------------------
+    def drain(self, timeout: float, cut: threading.Event | None = None, *, interval: float = 0.05) -> int:
+        """The graceful part of a stop: readiness false at once (load balancers and Kubernetes stop routing here),
+        new requests refused with 503 and Retry-After, and up to ``timeout`` seconds for the requests in flight
+        (streams included) to end, or until ``cut`` is set. Returns how many were still in flight (0: drained).
+        Without a front end there is nothing to wait for here: tritonserver's own exit drains (--exit-timeout)."""
+        self.readiness.start_drain()
+        if self.frontend is None:
+            return 0
+        begin = time.monotonic()
+        left = self.frontend.in_flight()
+        self.say(f"draining: {left} request(s) in flight get up to {timeout:g} s; new requests are refused (503)")
+        while left and time.monotonic() - begin < timeout and not (cut is not None and cut.is_set()):
+            time.sleep(interval)
+            left = self.frontend.in_flight()
+        if left:
+            self.say(f"drain ended after {time.monotonic() - begin:.1f} s with {left} request(s) still in flight: "
+                     f"they are cut")
+        else:
+            self.say(f"drained in {time.monotonic() - begin:.1f} s")
+        return left
+
     # -- stop ----------------------------------------------------------------------------------------------
     def stop(self) -> int | None:
         """Stop the front end and the server, remove the scratch repository; returns the server's exit code."""

@@ -7,7 +7,9 @@ become the answer (``stream: true``: server-sent events, one per decoding round,
 ``data: [DONE]``). The answer's text never includes the prompt (``echo: true`` on /v1/completions
 prepends it).
 
-    GET  /health                200 when the model is ready, else 503 (with the reason); no key needed
+    GET  /health/live           200 while the process and its front end run (a restarting model included)
+    GET  /health/ready          200 when the model is ready and the server is not draining, else 503 (the reason)
+    GET  /health                the same as /health/ready (no key needed on any of the three)
     GET  /v1/models             the served model while it is ready, else an empty list
     POST /v1/completions        one prompt (text or token ids)
     POST /v1/chat/completions   messages (text content)
@@ -16,6 +18,10 @@ prepends it).
 With API keys (``FrontendConfig.api_keys``), every other path needs ``Authorization: Bearer KEY``
 (``auth.BearerAuth``: a 401 in OpenAI's error shape otherwise). ``OpenAIFrontend`` serves HTTPS when given a
 key and certificate.
+
+The drain (``dspark serve`` on SIGTERM, ``Readiness.start_drain``): readiness turns false at once, every new
+request is refused with 503 and ``Retry-After``, and requests in flight, streams included, go on to their end;
+``OpenAIFrontend.in_flight`` tells the supervisor when none is left.
 
 A client that disconnects closes the request's gRPC stream, which cancels it in Triton. Readiness combines
 Triton's own model readiness (polled) with a ``Readiness`` object the supervisor of ``dspark serve`` marks
@@ -40,9 +46,12 @@ from .chat_template import no_template_message
 from . import openai_protocol as oa
 from .triton_stream import Final, Piece, TritonRequestError, TritonStreamClient, generate_inputs
 
-__all__ = ["FrontendConfig", "Readiness", "create_app", "OpenAIFrontend", "MAX_PROMPT_BYTES"]
+__all__ = ["FrontendConfig", "Readiness", "create_app", "OpenAIFrontend", "MAX_PROMPT_BYTES", "DRAINING"]
 
 log = logging.getLogger("dspark")
+
+#: readiness's reason while draining, and the refusal's message
+DRAINING = "the server is draining (shutting down): retry on another replica"
 
 MAX_PROMPT_BYTES = 256 * 1024  # prompt text per request (the model's own limit on text_input)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # request body
@@ -88,19 +97,32 @@ class Readiness:
         self._lock = threading.Lock()
         self._triton_ready = False
         self._down: str | None = None
+        self._draining = False
         self._listeners = []
 
     @property
     def ready(self) -> bool:
         with self._lock:
-            return self._triton_ready and self._down is None
+            return self._triton_ready and self._down is None and not self._draining
 
     @property
     def reason(self) -> str:
         with self._lock:
+            if self._draining:
+                return DRAINING
             if self._down is not None:
                 return self._down
             return "" if self._triton_ready else "the Triton model is not ready"
+
+    @property
+    def draining(self) -> bool:
+        with self._lock:
+            return self._draining
+
+    def start_drain(self) -> None:
+        """Not ready from now on, for good: new requests are refused (503), those in flight go on."""
+        with self._lock:
+            self._draining = True
 
     @property
     def marked_down(self) -> bool:
@@ -146,6 +168,7 @@ class _Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.app = app
         self.finished = False  # the final response (or an error) arrived: Triton is done with the request
+        self.streaming = False  # handed to a server-sent-events response: counted in ``app.streams``
         self.task = asyncio.create_task(self._produce(tensors, request_id))
         app.jobs.add(self)
 
@@ -177,7 +200,10 @@ class _Job:
     def close(self) -> None:
         if not self.finished:
             self.task.cancel()  # closes the gRPC stream: Triton cancels the request
-        self.app.jobs.discard(self)  # a finished one closes its stream cleanly by itself (triton_stream._drain)
+        if self in self.app.jobs:  # a finished one closes its stream cleanly by itself (triton_stream._drain)
+            self.app.jobs.discard(self)
+            if self.streaming:
+                self.app.streams -= 1
 
 
 class _App:
@@ -193,6 +219,8 @@ class _App:
         self.chat_template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
         self.triton: TritonStreamClient | None = None
         self.jobs: set[_Job] = set()
+        self.entering = 0  # requests inside their handler (a non-streamed one until its answer)
+        self.streams = 0  # streamed answers after their handler returned, until their end
         self.created = int(time.time())
         self._poller: asyncio.Task | None = None
         self._openapi: dict | None = None
@@ -229,6 +257,17 @@ class _App:
             job.abort(reason)
 
     # -- routes ------------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """Requests between their acceptance and their answer's end (read from the supervisor's thread too)."""
+        return self.entering + self.streams
+
+    async def live(self, request):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "alive", "model": self.config.name, "draining": self.readiness.draining,
+                             "in_flight": self.in_flight})
+
     async def health(self, request):
         from starlette.responses import JSONResponse
 
@@ -283,6 +322,15 @@ class _App:
         return body
 
     async def _handle(self, request, *, chat: bool):
+        if self.readiness.draining:
+            return _error(oa.OpenAIError(DRAINING, status=503))
+        self.entering += 1
+        try:
+            return await self._accepted(request, chat=chat)
+        finally:
+            self.entering -= 1
+
+    async def _accepted(self, request, *, chat: bool):
         try:
             body = await self._body(request)
             req = oa.parse_chat(body) if chat else oa.parse_completion(body)
@@ -317,6 +365,8 @@ class _App:
         if req.stream:
             from sse_starlette.sse import EventSourceResponse
 
+            job.streaming = True
+            self.streams += 1
             return EventSourceResponse(self._events(job, first, req, rid, chat, len(prompt_ids), echo),
                                        ping=15, sep="\n")
         try:
@@ -485,6 +535,8 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
             await state.shutdown()
 
     routes = [Route("/health", state.health, methods=["GET"]),
+              Route("/health/ready", state.health, methods=["GET"]),
+              Route("/health/live", state.live, methods=["GET"]),
               Route("/openapi.json", state.openapi, methods=["GET"]),
               Route("/v1/models", state.models, methods=["GET"]),
               Route("/v1/completions", state.completions, methods=["POST"]),
@@ -516,9 +568,14 @@ class OpenAIFrontend:
                                  "certificate); pass both, or neither for plain HTTP")
         self.ssl_keyfile, self.ssl_certfile = ssl_keyfile, ssl_certfile
         self._server = None
+        self._state: _App | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
         self.chat_available = False
+
+    def in_flight(self) -> int:
+        """Requests in flight now (0 before the start): what a drain waits for."""
+        return self._state.in_flight if self._state is not None else 0
 
     @property
     def url(self) -> str:
@@ -569,7 +626,7 @@ class OpenAIFrontend:
 
         sock = self.bind()._socket
         app = create_app(self.config, self.readiness)
-        state = app.state.dspark
+        self._state = state = app.state.dspark
         self.chat_available = state.tokenizer is not None and state.chat_template is not None
         config = uvicorn.Config(app, log_level="warning", access_log=self.access_log, lifespan="on",
                                 timeout_graceful_shutdown=3, timeout_keep_alive=30, ssl_keyfile=self.ssl_keyfile,

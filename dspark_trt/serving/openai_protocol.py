@@ -525,6 +525,13 @@ class Health(_Out):
     reason: str | None = None
 
 
+class Liveness(_Out):
+    status: Literal["alive"]
+    model: str
+    draining: bool
+    in_flight: int
+
+
 # -- the OpenAPI document -------------------------------------------------------------------------------------
 def openapi_document(*, keys: bool = False, model: str | None = None, version: str = "0") -> dict:
     """The API this front end serves (OpenAPI 3.1), its schemas the models above; ``keys``: /v1/* need a
@@ -532,7 +539,8 @@ def openapi_document(*, keys: bool = False, model: str | None = None, version: s
     from pydantic.json_schema import models_json_schema
 
     requests = [CompletionRequestBody, ChatRequestBody]
-    answers = [ErrorResponse, CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ModelList, Health]
+    answers = [ErrorResponse, CompletionResponse, ChatCompletionResponse, ChatCompletionChunk, ModelList, Health,
+               Liveness]
     _, top = models_json_schema([(m, "validation") for m in requests] + [(m, "serialization") for m in answers],
                                 ref_template="#/components/schemas/{model}")
     ref = lambda m: {"$ref": f"#/components/schemas/{m.__name__}"}  # noqa: E731
@@ -556,6 +564,12 @@ def openapi_document(*, keys: bool = False, model: str | None = None, version: s
         "/health": {"get": {"summary": "readiness (no key needed)", "responses": {
             "200": {"description": "ready", "content": json_of(Health)},
             "503": {"description": "not ready, and why", "content": json_of(Health)}}}},
+        "/health/ready": {"get": {"summary": "readiness, as /health: not ready while draining (no key needed)",
+                                  "responses": {
+                                      "200": {"description": "ready", "content": json_of(Health)},
+                                      "503": {"description": "not ready, and why", "content": json_of(Health)}}}},
+        "/health/live": {"get": {"summary": "liveness: the process and its front end run (no key needed)",
+                                 "responses": {"200": {"description": "alive", "content": json_of(Liveness)}}}},
         "/v1/models": {"get": {"summary": "the served model while it is ready", **secured,
                                "responses": {"200": {"description": "the models", "content": json_of(ModelList)},
                                              **refusals}}},

@@ -253,6 +253,10 @@ class ServeOptions(RepositorySettings):
                                        group="server")
     log_file: str | Path | None = setting(None, "tritonserver's log (default: this terminal)", flag="--log-file",
                                           metavar="FILE", group="server")
+    drain_timeout: float = setting(
+        30.0, "SIGTERM: seconds in-flight requests and streams get to finish while new ones are refused (503, "
+        "Retry-After) and readiness is false; then everything stops, exit 0 (default 30)", flag="--drain-timeout",
+        parse=float, metavar="SECONDS", group="server")
     exit_timeout: int = setting(30, "seconds tritonserver drains requests when stopped (default 30)",
                                 flag="--exit-timeout", parse=int, group="server")
     startup_timeout: float = setting(900.0, "seconds to wait for readiness (default 900)", flag="--timeout",

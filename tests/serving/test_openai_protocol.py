@@ -223,12 +223,13 @@ def test_the_built_answers_are_the_typed_responses():
 
 def test_the_openapi_document_describes_every_route():
     doc = oa.openapi_document(keys=True)
-    assert set(doc["paths"]) == {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+    assert set(doc["paths"]) == {"/health", "/health/ready", "/health/live", "/v1/models", "/v1/completions",
+                                 "/v1/chat/completions"}
     schemas = doc["components"]["schemas"]
     body = schemas["CompletionRequestBody"]
     assert body["additionalProperties"] is False and set(body["required"]) == {"model", "prompt"}
     assert body["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 2**31 - 1
     assert "n" in body["properties"] and "messages" in schemas["ChatRequestBody"]["required"]
     assert doc["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
-    assert "security" not in doc["paths"]["/health"]["get"]
+    assert all("security" not in doc["paths"][p]["get"] for p in ("/health", "/health/ready", "/health/live"))
     assert "securitySchemes" not in oa.openapi_document(keys=False)["components"]
