@@ -216,6 +216,26 @@ def tiny_windowed_pair(tmp_path_factory):
         out, seed=6, layer_types=("sliding_attention",) * 2, sliding_window=4, sliding_window_non_causal=True))
 
 
+@pytest.fixture(scope="session")
+def gated_pair(tmp_path_factory):
+    """A gated-Markov-head pair (issue 42): vocabulary 257, rank 8, block 5, anchor-first (N = 5), DeepSeek format."""
+    from dspark_trt.synthetic import write_tiny_checkpoint
+
+    return build_once(tmp_path_factory, "tiny-gated", lambda out: write_tiny_checkpoint(
+        out, seed=11, markov_head_type="gated", vocab_size=257, markov_rank=8, block_size=5))
+
+
+@pytest.fixture(scope="session")
+def rnn_pair(tmp_path_factory):
+    """An RNN-Markov-head pair with the awkward options: bonus-anchor layout (N = 4, the state starts after the anchor
+    slot), reduced draft vocabulary 199 of 257 (d2t), logit_scale 0.5, rank 8, speculators format."""
+    from dspark_trt.synthetic import write_tiny_checkpoint
+
+    return build_once(tmp_path_factory, "tiny-rnn", lambda out: write_tiny_checkpoint(
+        out, seed=12, format="speculators", markov_head_type="rnn", vocab_size=257, draft_vocab_size=199,
+        markov_rank=8, block_size=5, sample_from_anchor=False, logit_scale=0.5))
+
+
 #: exports the ONNX tests use: (pair fixture, dtype, topk), split between xdist workers up front (below)
 STANDARD_ONNX_EXPORTS = [("tiny_pair", "fp32", 16), ("tiny_pair", "fp32", "off"), ("tiny_pair", "fp16", 16),
                          ("tiny_pair", "bf16", 16), ("tiny_pair", "fp32", 2500), ("tiny_odd_pair", "fp32", 1)]
@@ -269,6 +289,18 @@ def export_once(tmp_path_factory, name: str, pair, **options):
 def qwen3_topk_export(tmp_path_factory, random_pair):
     """DeepSeek-format drafter + Qwen3 target, top-k 16, fp32, target exported."""
     return export_once(tmp_path_factory, "export-qwen3-topk16-fp32", random_pair, topk=16, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def gated_topk_export(tmp_path_factory, gated_pair):
+    """The gated-head pair, top-k 16, fp32, target exported (DSparkTopKMarkovGated through its local function)."""
+    return export_once(tmp_path_factory, "export-gated-topk16-fp32", gated_pair, topk=16, dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def rnn_topk_export(tmp_path_factory, rnn_pair):
+    """The RNN-head pair (bonus-anchor, reduced vocabulary), top-k 16, fp32, target exported."""
+    return export_once(tmp_path_factory, "export-rnn-topk16-fp32", rnn_pair, topk=16, dtype="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,17 @@ the Numba selection + union walk; CUDA: torch.topk + the fused union kernel) and
 union_fused_ms / union_plain_ms, the union round's cost
 over the plain native round, both timed alternately (medians) so that the ratio survives a busy machine.
 
+With ``--head gated|rnn`` every round walks that Markov head (``reference/markov_heads.py``) over random head
+inputs (its per-slot hidden part [B, N, r | 3r], weight [r, r] | [3r, 2r], and for rnn a start state; computing the
+hidden part belongs to the backbone, not to the round): the dense and top-k reference rounds and, where the
+device's native kernels walk the head, its native round; ``head_vs_vanilla`` is the head's native top-k round
+over the vanilla one on the same logits and weights, the two timed alternately (medians; ``vanilla_fused_ms`` the
+vanilla one's). The candidate union is vanilla-only.
+
+Memory: ``peak_rss_mb`` is the process's peak resident set while the row was timed (reset per row where Linux
+allows it, ``/proc/self/clear_refs``; else the peak since the process started), ``peak_cuda_mb`` the peak CUDA
+allocation over the row: the weights, the batch's base logits and whatever the rounds allocate.
+
 Ratios are measured in one run; nothing here passes or fails.
 
 Columns: ``speedup`` = dense_ms / topk_ms (reference vs reference); ``pass_ms`` = one read pass over the
@@ -29,6 +40,7 @@ the dense round (N·V·r·|W| + B·N·V·|T|).
     dspark bench markov --device cpu --json rows.json --plot markov.png
     dspark bench markov --batch 1 --topk 16 --vocab 4099 --repeats 2     # a quick smoke run
     dspark bench markov --device cpu --batch 1,8 --topk 512 --markov-topm 32   # union cost at k = 512
+    dspark bench markov --device cpu --batch 1,64 --topk 512 --head rnn   # the RNN head vs dense and vs vanilla
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ log = logging.getLogger("dspark.bench")
 DEFAULT_BATCHES = (1, 8, 64)
 DEFAULT_TOPKS = (64, 128, 256, 512, 1024, 2048, 4096)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+HEADS = ("vanilla", "gated", "rnn")  # config.SUPPORTED_MARKOV_HEADS
 
 
 @dataclass
@@ -69,6 +82,7 @@ class MarkovBenchConfig:
     clock: str = "wall"  # CPU only: "cpu" = this process's CPU time (robust on a shared machine)
     seed: int = 0
     markov_topm: int = 0  # M > 0: also time the candidate union
+    head: str = "vanilla"  # the Markov head the rounds walk: vanilla | gated | rnn
     extra: dict = field(default_factory=dict)
 
     @property
@@ -112,12 +126,68 @@ def read_bandwidth_gbs(device: torch.device, timer, nbytes: int = 1 << 28) -> fl
     return nbytes / (ms * 1e-3) / 1e9
 
 
+def bench_head(kind: str, B: int, N: int, r: int, g: torch.Generator, device: torch.device):
+    """Random walk inputs of a gated / RNN head (``HeadFeatures``), or None for vanilla: pre-activations of unit
+    scale, so the gates are neither saturated nor constant."""
+    from ..reference.markov_heads import HeadFeatures
+
+    if kind == "vanilla":
+        return None
+    if kind == "gated":
+        return HeadFeatures("gated", torch.randn(B, N, r, generator=g).to(device),
+                            (torch.randn(r, r, generator=g) / r**0.5).to(device))
+    return HeadFeatures("rnn", torch.randn(B, N, 3 * r, generator=g).to(device),
+                        (torch.randn(3 * r, 2 * r, generator=g) / (2 * r) ** 0.5).to(device),
+                        torch.randn(B, r, generator=g).tanh().to(device))
+
+
+class _PeakMemory:
+    """The process's peak resident set (and peak CUDA allocation) over a span: ``reset()`` then ``read()``."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def reset(self) -> None:
+        try:  # Linux: "5" resets VmHWM to the current RSS
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass  # the peak since the process started
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> dict:
+        out = {"peak_rss_mb": round(_peak_rss_bytes() / 2**20, 1)}
+        if self.device.type == "cuda":
+            out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
+        return out
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
 def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
     """Time the rounds; one row per (batch, topk)."""
     from ..reference.markov import markov_walk
 
     from ..devices import resolve_device
 
+    if cfg.head not in HEADS:
+        raise DSparkTrtError(f"--head {cfg.head!r}: use one of {', '.join(HEADS)}")
+    if cfg.head != "vanilla" and cfg.markov_topm:
+        raise DSparkTrtError(f"--markov-topm {cfg.markov_topm} with --head {cfg.head}: the candidate union is defined "
+                             f"for the vanilla Markov head only (a {cfg.head} head's bias depends on the context); "
+                             f"use --markov-topm 0")
     device = resolve_device(cfg.device)
     bad = [k for k in cfg.topks if not 1 <= k <= cfg.vocab]
     if bad:
@@ -137,20 +207,27 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
         raise DSparkTrtError(f"--markov-topm {M} must be in [0, --vocab {V}]")
     table = torch.randint(0, V, (V, M), generator=g, dtype=torch.int32).to(device) if M else None  # [V, M]
     native = _native_round(device, cfg, dtype, w1, w2, timer, bw, table)
+    peak = _PeakMemory(device)
     rows = []
     for B in cfg.batches:
+        peak.reset()
         base = (torch.randn(B, N, V, generator=g) * 3).to(device=device, dtype=dtype)  # [B, N, V]
         anchor = torch.randint(0, V, (B,), generator=g).to(device)
+        head = bench_head(cfg.head, B, N, r, g, device)
+        opts = {} if head is None else {"head": head}
         pass_ms = timer(lambda: torch.amax(base, dim=-1), cfg.repeats, cfg.warmup)
-        dense_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=None), cfg.repeats, cfg.warmup)
+        dense_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=None, **opts), cfg.repeats, cfg.warmup)
         cublas_ms = None
         if device.type == "cuda":  # the dense round as a native-dtype cuBLAS loop (what the kernel must beat)
             cublas_ms = timer(lambda: _dense_round_native(base, anchor, w1, w2), cfg.repeats, cfg.warmup)
         log.info("B=%d: dense %.2f ms, one pass over the base logits %.3f ms", B, dense_ms, pass_ms)
         for k in cfg.topks:
-            topk_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=k), cfg.repeats, cfg.warmup)
+            if k != cfg.topks[0]:
+                peak.reset()  # the first row's peak includes drawing this batch's logits
+            topk_ms = timer(lambda: markov_walk(base, anchor, w1, w2, topk=k, **opts), cfg.repeats, cfg.warmup)
             row = {
                 "device": device.type,
+                "head": cfg.head,
                 "batch": B,
                 "topk": k,
                 "dense_ms": _ms(dense_ms),
@@ -168,33 +245,42 @@ def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:
             if cublas_ms is not None:
                 row["cublas_dense_ms"] = _ms(cublas_ms)
             if native is not None:
-                row.update(native(base, anchor, k, cublas_ms if cublas_ms is not None else dense_ms, pass_ms))
+                row.update(native(base, anchor, k, cublas_ms if cublas_ms is not None else dense_ms, pass_ms, head))
+            row.update(peak.read())
             rows.append(row)
             log.info("B=%d k=%d: top-k %.3f ms (%.1fx dense)", B, k, topk_ms, row["speedup"])
-        base = anchor = None  # free this batch's logits before the next batch's are drawn
+        base = anchor = head = opts = None  # free this batch's logits before the next batch's are drawn
     return rows
 
 
 def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dtype, w1: torch.Tensor,
                   w2: torch.Tensor, timer, bw: float, table: torch.Tensor | None = None):
-    """``time(base, anchor, k, dense_ms, pass_ms) -> dict`` of the device's native top-k round's columns for
-    one (B, k) row, or None (logged) when no native kernel runs this case."""
+    """``time(base, anchor, k, dense_ms, pass_ms, head) -> dict`` of the device's native top-k round's columns for
+    one (B, k) row (``head``: the round's ``HeadFeatures``, None for vanilla), or None (logged) when no native
+    kernel runs this case."""
     from ..plugins.dispatch import fallback_reason
 
     why = fallback_reason(device, topk=min(cfg.topks), rank=cfg.rank, num_draft_tokens=cfg.steps, logits_dtype=dtype,
-                          weights_dtype=dtype)
+                          weights_dtype=dtype, markov_head_type=cfg.head)
     if why is not None:
         log.warning("native kernel not timed: %s", why)
         return None
     if device.type == "cpu":
         from ..plugins.cpu_walk import cpu_markov_walk, cpu_select_candidates, cpu_walk_candidates
 
-        def time_cpu(base, anchor, k, dense_ms, pass_ms):
+        def time_cpu(base, anchor, k, dense_ms, pass_ms, head=None):
+            opts = {} if head is None else {"head": head}
             vals, ids = cpu_select_candidates(base, k)
-            kernel_ms = timer(lambda: cpu_walk_candidates(vals, ids, anchor, w1, w2), cfg.repeats, cfg.warmup)
-            fused_ms = timer(lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k), cfg.repeats, cfg.warmup)
+            kernel_ms = timer(lambda: cpu_walk_candidates(vals, ids, anchor, w1, w2, **opts), cfg.repeats,
+                              cfg.warmup)
+            fused_ms = timer(lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k, **opts), cfg.repeats, cfg.warmup)
             out = dict(kernel_ms=_ms(kernel_ms), fused_ms=_ms(fused_ms),
                        fused_speedup=round(dense_ms / fused_ms, 2), fused_vs_pass=round(fused_ms / pass_ms, 2))
+            if head is not None:  # interleaved with the vanilla round: the ratio survives a busy machine
+                vanilla_ms, head_ms = _paired(timer, lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k),
+                                              lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k, head=head),
+                                              cfg.repeats, cfg.warmup)
+                out.update(vanilla_fused_ms=_ms(vanilla_ms), head_vs_vanilla=round(head_ms / vanilla_ms, 3))
             if table is not None:  # interleaved with the plain round: the ratio survives a busy machine
                 plain_ms, union_ms = _paired(timer, lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k),
                                              lambda: cpu_markov_walk(base, anchor, w1, w2, topk=k, union_table=table),
@@ -206,9 +292,11 @@ def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dty
         return time_cpu
     from ..plugins.kernel import MAX_TOPK, topk_markov_walk
 
-    def time_cuda(base, anchor, k, cublas_ms, pass_ms):
+    def time_cuda(base, anchor, k, cublas_ms, pass_ms, head=None):
         if k > MAX_TOPK:
             return {}
+        if head is not None:
+            return time_cuda_head(base, anchor, k, cublas_ms, pass_ms, head)
         B, N, V = base.shape
         vals, ids = torch.topk(base, k, dim=-1)  # [B, N, k] as the engine's TopK hands them over
         dev = base.device
@@ -241,6 +329,20 @@ def _native_round(device: torch.device, cfg: MarkovBenchConfig, dtype: torch.dty
                        union_vs_topk=round(union_ms / plain_ms, 3))
         return out
 
+    def time_cuda_head(base, anchor, k, cublas_ms, pass_ms, head):
+        """A gated / RNN head's fused round (TopK + ``dispatch.fused_walk_candidates(head=)``), interleaved with
+        the vanilla fused round on the same requests: the ratio survives a busy machine."""
+        from ..plugins.dispatch import fused_walk_candidates
+
+        def round_of(h):
+            v, i = torch.topk(base, k, dim=-1)
+            return fused_walk_candidates(v, i, anchor, w1, w2, **({} if h is None else {"head": h}))
+
+        vanilla_ms, head_ms = _paired(timer, lambda: round_of(None), lambda: round_of(head), cfg.repeats, cfg.warmup)
+        return dict(fused_ms=_ms(head_ms), fused_speedup=round(cublas_ms / head_ms, 2),
+                    fused_vs_pass=round(head_ms / pass_ms, 2), vanilla_fused_ms=_ms(vanilla_ms),
+                    head_vs_vanilla=round(head_ms / vanilla_ms, 3))
+
     return time_cuda
 
 
@@ -264,10 +366,11 @@ def _dense_round_native(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tens
 
 
 def format_table(rows: list[dict]) -> str:
-    cols = ["device", "batch", "topk", "dense_ms", "topk_ms", "speedup", "pass_ms", "topk_vs_pass", "floor_ms"]
+    cols = ["device", "head", "batch", "topk", "dense_ms", "topk_ms", "speedup", "pass_ms", "topk_vs_pass",
+            "floor_ms"]
     optional = ["cublas_dense_ms", "kernel_ms", "kernel_speedup", "fused_ms", "fused_speedup", "fused_vs_pass",
-                "kernel_floor_ms", "kernel_vs_floor", "markov_topm", "union_topk_ms", "union_plain_ms",
-                "union_fused_ms", "union_vs_topk"]
+                "kernel_floor_ms", "kernel_vs_floor", "vanilla_fused_ms", "head_vs_vanilla", "markov_topm",
+                "union_topk_ms", "union_plain_ms", "union_fused_ms", "union_vs_topk", "peak_rss_mb", "peak_cuda_mb"]
     cols += [c for c in optional if any(c in r for r in rows)]
     widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols]
     lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
@@ -298,7 +401,8 @@ def plot_rows(rows: list[dict], path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("top-k candidates per slot")
     ax.set_ylabel("speed ratio vs dense round")
-    ax.set_title(f"Markov walk, one draft round ({rows[0]['device']})" if rows else "Markov walk")
+    head = rows[0].get("head", "vanilla") if rows else "vanilla"
+    ax.set_title(f"Markov walk ({head} head), one draft round ({rows[0]['device']})" if rows else "Markov walk")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     from ..atomic import atomic_output_file
@@ -331,7 +435,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads of torch and the CPU kernels (default: all cores)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default fp32 on CPU, bf16 on CUDA")
     p.add_argument("--markov-topm", type=int, default=None, metavar="M",
-                   help="also time the candidate union with M table ids per slot (default 0: off)")
+                   help="also time the candidate union with M table ids per slot (default 0: off; vanilla head only)")
+    p.add_argument("--head", choices=HEADS, default=None,
+                   help="the Markov head the rounds walk (default vanilla); gated/rnn rows also time the vanilla "
+                        "native round alternately (head_vs_vanilla)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the rows as JSON to PATH (or stdout without PATH) instead of the table")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a speed-ratio plot")
@@ -343,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
 
     given = {"device": args.device, "batches": args.batch, "topks": args.topk, "vocab": args.vocab,
              "rank": args.rank, "steps": args.steps, "repeats": args.repeats, "dtype": args.dtype, "clock": args.clock,
-             "markov_topm": args.markov_topm}
+             "markov_topm": args.markov_topm, "head": args.head}
     cfg = MarkovBenchConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads is not None:
         from ..threads import set_cpu_threads

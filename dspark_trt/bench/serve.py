@@ -18,9 +18,15 @@ time to first token (p50), latency (p50), and the ratio front end / gRPC (the go
 the acceptance length from the metrics endpoint (``1 + Δaccepted / Δrequest_rounds`` over the run) against
 the in-process figure for the same requests; whether the served text equals in-process ``generate``.
 
+``--openai --secure``: a second deployment with an API key and HTTPS (a self-signed certificate made for the
+run) in place of the gRPC path; per level the ratio secured / plain tokens/s (issue 45's goal: >= 0.95 at 16
+clients), peak memory of both deployments, whether the two front ends' answers are equal, and that the secured
+one refuses a request without the key, with a wrong one, and plain HTTP.
+
   dspark bench serve REPO
   dspark bench serve REPO --max-tokens 64 --concurrency 1 4 16 --json
   dspark bench serve --openai --threads 1
+  dspark bench serve --openai --secure --concurrency 1 4 16
   dspark bench serve OUT --openai --concurrency 1 4 16 64 --requests 64 --max-tokens 32 --json
 """
 
@@ -43,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http", default=None, metavar="HOST:PORT", help="a running server (default: start one)")
     p.add_argument("--openai", action="store_true",
                    help="the OpenAI front end against Triton's gRPC endpoint, TTFT, acceptance from the metrics")
+    p.add_argument("--secure", action="store_true",
+                   help="with --openai: the front end plain against a second deployment with an API key and HTTPS "
+                        "(a self-signed certificate made for the run), instead of Triton's gRPC")
     p.add_argument("--threads", type=int, default=0, help="--openai: CPU threads of the model (default: library "
                    "default)")
     p.add_argument("--concurrency", type=int, nargs="+", default=None,
@@ -108,6 +117,10 @@ def _in_process(settings, payloads: list[dict]) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "secure", False) and not args.openai:
+        from ..errors import DSparkTrtError
+
+        raise DSparkTrtError("--secure goes with --openai: dspark bench serve --openai --secure")
     if args.openai:
         from .serve_openai import run_openai
 

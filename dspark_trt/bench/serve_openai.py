@@ -4,6 +4,11 @@ The deployment runs in a child process (as ``dspark serve`` would: its own inter
 clients do not share a GIL with the front end); both kinds of client run here on one event loop. At each
 concurrency level the OpenAI round and the gRPC round send the same requests, one after the other, the
 order alternating between levels so that neither always runs on a warmer machine.
+
+``--secure``: a second deployment child with an API key and HTTPS (a self-signed certificate made for the run);
+the rounds then compare the two front ends, plain and secured, on the same requests (issue 45's goal: the key
+check and TLS cost at most 5 % of tokens/s at 16 clients). The run also checks that the secured front end
+refuses a request without the key, one with a wrong key, and plain HTTP.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 
 from .serve_load import percentile
 from .serve_load import prompts as load_prompts
@@ -85,12 +91,70 @@ class _Child:
             self.process.join(30)
 
 
-async def _openai_request(session, url: str, payload: dict) -> dict:
-    """One streamed /v1/completions request: time to first text, latency, tokens, text."""
+def _self_signed(directory: Path) -> tuple[str, str]:
+    """A private key and a self-signed certificate for 127.0.0.1 and localhost, as PEM files in ``directory``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dspark bench serve --secure")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_file, cert_file = directory / "key.pem", directory / "cert.pem"
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(key_file), str(cert_file)
+
+
+def _peak_memory_mib(pid: int) -> dict | None:
+    """Peak resident memory (VmHWM, MiB) of process ``pid`` (the deployment child: supervisor + front end) and
+    the sum of its and all its descendants' peaks (tritonserver, the model's stub); None off Linux."""
+    proc = Path("/proc")
+    if not (proc / str(pid)).is_dir():
+        return None
+    parent = {}
+    for d in proc.iterdir():
+        try:
+            if d.name.isdigit():  # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces
+                parent[int(d.name)] = int((d / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        frontier = [p for p, pp in parent.items() if pp in frontier and p not in tree]
+        tree.update(frontier)
+
+    def hwm(p):
+        try:
+            line = next(x for x in (proc / str(p) / "status").read_text().splitlines() if x.startswith("VmHWM:"))
+            return int(line.split()[1]) / 1024
+        except (OSError, StopIteration, ValueError):
+            return 0.0
+
+    return {"child_mib": round(hwm(pid), 1), "tree_sum_mib": round(sum(hwm(p) for p in tree), 1),
+            "processes": len(tree)}
+
+
+async def _openai_request(session, url: str, payload: dict, headers: dict | None = None, ssl=True) -> dict:
+    """One streamed /v1/completions request: time to first text, latency, tokens, text (``headers``: e.g. the
+    API key; ``ssl``: the context that trusts an HTTPS front end's certificate)."""
     start = time.perf_counter()
     first = None
     pieces, tokens = [], 0
-    async with session.post(f"{url}/completions", json=payload) as r:
+    async with session.post(f"{url}/completions", json=payload, headers=headers, ssl=ssl) as r:
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
         async for raw in r.content:
@@ -155,8 +219,27 @@ async def _level(kind: str, clients: int, work: list, send) -> dict:
             "results": results}
 
 
-async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]], args, metrics: list) -> list[dict]:
-    """Both paths at every level; ``metrics`` gets the scrapes before and after the measured rounds."""
+async def _refusals(session, secure: dict, payload: dict) -> dict:
+    """What the secured front end answers without the key, with a wrong key, and to plain HTTP."""
+    import aiohttp
+
+    async def status(url, headers, ssl):
+        try:
+            async with session.post(f"{url}/completions", json=payload, headers=headers, ssl=ssl) as r:
+                return r.status
+        except aiohttp.ClientError as e:
+            return f"refused ({type(e).__name__})"
+
+    url = secure["openai"]
+    return {"url": url, "without_key": await status(url, None, secure["tls"]),
+            "wrong_key": await status(url, {"Authorization": "Bearer not-the-key"}, secure["tls"]),
+            "plain_http": await status(url.replace("https://", "http://", 1), None, True)}
+
+
+async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]], args, metrics: list,
+                     secure: dict | None = None) -> list[dict]:
+    """Both paths at every level (the OpenAI front end and Triton's gRPC, or with ``secure`` the plain and the
+    secured front ends); ``metrics`` gets the scrapes before and after the measured rounds."""
     import aiohttp
 
     from ..serving.client import scrape_metrics
@@ -165,34 +248,41 @@ async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]]
     name = info["model"]
     payloads = [{"model": name, "prompt": p, "max_tokens": args.max_tokens, "temperature": args.temperature,
                  "seed": 0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
-    tensors = [generate_inputs(ids, args.max_tokens, temperature=args.temperature, seed=0) for ids in prompt_ids]
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     rows = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        grpc = TritonStreamClient(info["grpc"], name)
+        grpc = None if secure else TritonStreamClient(info["grpc"], name)
         try:
-            openai = lambda p: _openai_request(session, info["openai"], p)  # noqa: E731
-            direct = lambda t: _grpc_request(grpc, t)  # noqa: E731
-            await _level("openai", 2, payloads[:2], openai)  # warm-up, both paths
-            await _level("grpc", 2, tensors[:2], direct)
+            paths = {"openai": (payloads, lambda p: _openai_request(session, info["openai"], p))}
+            if secure:
+                key = {"Authorization": f"Bearer {secure['key']}"}
+                paths["openai_secure"] = (payloads, lambda p: _openai_request(session, secure["openai"], p, key,
+                                                                             secure["tls"]))
+            else:
+                tensors = [generate_inputs(ids, args.max_tokens, temperature=args.temperature, seed=0)
+                           for ids in prompt_ids]
+                paths["grpc"] = (tensors, lambda t: _grpc_request(grpc, t))
+            for kind, (work, send) in paths.items():  # warm-up, every path
+                await _level(kind, 2, work[:2], send)
             metrics[0] = scrape_metrics(info["metrics"], "dspark_")  # after the warm-up: the run repeats one set
+            order = list(paths.items())
             for k, clients in enumerate(args.concurrency):
-                order = [("openai", payloads, openai), ("grpc", tensors, direct)]
-                for kind, work, send in (order if k % 2 == 0 else order[::-1]):
+                for kind, (work, send) in (order if k % 2 == 0 else order[::-1]):
                     rows.append(await _level(kind, clients, work, send))
+            if secure:
+                secure["refusals"] = await _refusals(session, secure, payloads[0])
         finally:
             if _CLOSING:
                 await asyncio.gather(*_CLOSING, return_exceptions=True)
-            await grpc.close()
+            if grpc is not None:
+                await grpc.close()
     metrics[1] = scrape_metrics(info["metrics"], "dspark_")
     return rows
 
 
 def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[list[str], float]:
     """The same requests in-process with the served model's settings: texts and the mean acceptance length."""
-    from pathlib import Path
-
     from ..serving.repository import read_model_config
     from ..serving.served_decoder import load_decoder
     from ..serving.settings import ModelSettings
@@ -208,13 +298,22 @@ def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[
 
 
 def run_openai(args: argparse.Namespace) -> int:
+    import dataclasses
+    import secrets
+    import ssl
+    import tempfile
+
     from ..errors import DSparkTrtError
+    from ..optional import require
     from ..serving.deployment import resolve_source
     from ..serving.settings import ServeOptions
 
     concurrency = args.concurrency or [1, 4, 16, 64]
     args.concurrency = concurrency
     requests = args.requests or 64
+    secure_run = getattr(args, "secure", False)
+    if secure_run:
+        require("cryptography", "dspark bench serve --secure (its self-signed certificate)")
     source = args.repository
     if source is None:
         from ..demo.pair import embedded_pair
@@ -239,9 +338,18 @@ def run_openai(args: argparse.Namespace) -> int:
             dtype=default_dtype(), engine="tensorrt" if have_tensorrt() else "none"))
         child_source = cached.path
     prompts = load_prompts(requests)
-    child = _Child(child_source, options)
-    info = child.start(timeout=900)
+    scratch = tempfile.TemporaryDirectory(prefix="dspark-bench-secure-")
+    children, secure = [], None
     try:
+        child = _Child(child_source, options)
+        children.append(child)
+        info = child.start(timeout=900)
+        if secure_run:  # the same deployment with a key (handed to the child in memory, not argv) and HTTPS
+            key_file, cert_file = _self_signed(Path(scratch.name))
+            secure = {"key": secrets.token_urlsafe(24), "tls": ssl.create_default_context(cafile=cert_file)}
+            children.append(_Child(child_source, dataclasses.replace(
+                options, api_keys=(secure["key"],), ssl_keyfile=key_file, ssl_certfile=cert_file)))
+            secure["openai"] = children[1].start(timeout=900)["openai"]
         from ..runtime.decoder import load_tokenizer
         from ..serving.deployment import frontend_config
 
@@ -251,24 +359,36 @@ def run_openai(args: argparse.Namespace) -> int:
             raise DSparkTrtError("the served model has no tokenizer; the OpenAI benchmark sends text prompts")
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         metrics = [{}, {}]
-        rows = asyncio.run(_benchmark(info, prompts, prompt_ids, args, metrics))
+        rows = asyncio.run(_benchmark(info, prompts, prompt_ids, args, metrics, secure))
+        memory = {name: _peak_memory_mib(c.process.pid) for name, c in zip(("openai", "openai_secure"), children)}
         before, after = metrics
         texts, in_process_acceptance = _in_process(info["repository"], info["model"], prompts, args)
     finally:
-        child.stop()
+        for c in children:
+            c.stop()
+        scratch.cleanup()
     # every level and path sends the same requests: the acceptance over the run is that of one set of them
     served_acceptance = acceptance_from_metrics(before, after, info["model"])
-    served = [(r["text"] if row["path"] == "openai" else tokenizer.decode(r["ids"], skip_special_tokens=False), i)
+    served = [(r["text"] if "text" in r else tokenizer.decode(r["ids"], skip_special_tokens=False), i)
               for row in rows for i, r in enumerate(row["results"])]
     equal = sum(text == texts[i] for text, i in served)
     by = {(r["clients"], r["path"]): r for r in rows}
-    ratios = {c: by[(c, "openai")]["tokens_per_second"] / by[(c, "grpc")]["tokens_per_second"] for c in concurrency}
+    other = "openai_secure" if secure else "grpc"
+    ratios = {c: by[(c, "openai")]["tokens_per_second"] / by[(c, other)]["tokens_per_second"] for c in concurrency}
+    if secure:  # secured / plain; and the answers of the two front ends, level by level
+        ratios = {c: 1 / v for c, v in ratios.items()}
+        same = {c: [sum(a["text"] == b["text"] for a, b in zip(by[(c, "openai")]["results"],
+                                                             by[(c, "openai_secure")]["results"])), requests]
+                for c in concurrency}
     for r in rows:
         r.pop("results")
     report = {"source": str(source), "max_tokens": args.max_tokens, "temperature": args.temperature,
-              "requests": requests, "rows": rows, "openai_over_grpc": ratios,
+              "requests": requests, "rows": rows, ("secure_over_plain" if secure else "openai_over_grpc"): ratios,
               "acceptance_metrics": served_acceptance, "acceptance_in_process": in_process_acceptance,
-              "served_equal_to_in_process": [equal, len(served)]}
+              "served_equal_to_in_process": [equal, len(served)], "peak_memory": memory}
+    if secure:
+        report["secure_equal_to_plain"] = same
+        report["secure_refusals"] = secure["refusals"]
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -278,7 +398,16 @@ def run_openai(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"| {r['clients']} | {r['path']} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | "
               f"{r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['latency_p50_s']:.3f} |")
-    print("OpenAI front end / Triton gRPC tokens/s: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in ratios.items()))
+    title = "secured (API key + HTTPS) / plain front end" if secure else "OpenAI front end / Triton gRPC"
+    print(f"{title} tokens/s: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in ratios.items()))
+    for name, m in memory.items():
+        if m:
+            print(f"peak memory, {name} deployment: {m['child_mib']:.0f} MiB front end + supervisor, "
+                  f"{m['tree_sum_mib']:.0f} MiB summed over its {m['processes']} processes")
+    if secure:
+        print("secured answers equal to plain: " + ", ".join(f"{c} clients {e} of {n}" for c, (e, n) in same.items()))
+        print("secured front end ({url}): without a key {without_key}, wrong key {wrong_key}, plain HTTP "
+              "{plain_http}".format(**secure["refusals"]))
     accept = "n/a (no dspark metrics)" if served_acceptance is None else f"{served_acceptance:.4f}"
     print(f"acceptance length: metrics endpoint {accept}, in-process {in_process_acceptance:.4f}")
     print(f"served answers equal to in-process generate (one batch of the same requests): {equal} of {len(served)}"

@@ -11,6 +11,9 @@ and the recommendation is the (k, M) with the largest modelled tokens/s (so it i
 construction; the measured end-to-end tokens/s of each run is reported beside it). ``write_default``
 records the choice as the drafter's defaults (``draft_topk``, ``draft_markov_topm`` in its config.json),
 which ``dspark generate`` and ``dspark-export`` use when no ``--topk`` / ``--markov-topm`` is given.
+
+The candidate union is defined for the vanilla Markov head only: for a gated or RNN drafter the sweep is over k
+alone (M = 0; ``union_widths``), and a union width asked for explicitly is refused with the reason.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from pathlib import Path
 
 from ..errors import DSparkTrtError
 
-__all__ = ["DEFAULT_TOPKS", "DEFAULT_TOPMS", "load_prompts", "sweep", "recommend", "format_table", "plot_sweep",
-           "write_default"]
+__all__ = ["DEFAULT_TOPKS", "DEFAULT_TOPMS", "load_prompts", "union_widths", "sweep", "recommend", "format_table",
+           "plot_sweep", "write_default"]
 
 log = logging.getLogger("dspark.bench")
 
@@ -53,10 +56,34 @@ def load_prompts(path: str | Path) -> list:
     return prompts
 
 
+def _union_refusal(head: str, topms) -> str:
+    return (f"--markov-topm {','.join(map(str, topms))}: the candidate union is defined for the vanilla Markov head "
+            f"only, and this drafter's is {head} (its bias depends on the context, so no static table can rank it); "
+            f"use --markov-topm 0")
+
+
+def union_widths(markov_head_type: str, requested=None) -> tuple[int, ...]:
+    """The union widths M to sweep: ``requested`` (None: ``DEFAULT_TOPMS``) for a vanilla head; for a gated or RNN
+    head (0,) when none was requested (logged), and a one-line error for a requested M > 0."""
+    if markov_head_type == "vanilla":
+        return tuple(DEFAULT_TOPMS if requested is None else requested)
+    if requested is None:
+        log.info("%s Markov head: sweeping top-k alone (the candidate union is defined for the vanilla head only)",
+                 markov_head_type)
+        return (0,)
+    if any(requested):
+        raise DSparkTrtError(_union_refusal(markov_head_type, requested))
+    return tuple(requested)
+
+
 def sweep(decoder, prompts: list, topks, topms, *, max_new_tokens: int = 64, temperature: float = 0.0,
           seed: int = 0) -> list[dict]:
-    """One row per (k, M): acceptance length, draft/verify ms per request-round, modelled and measured tok/s."""
+    """One row per (k, M): acceptance length, draft/verify ms per request-round, modelled and measured tok/s.
+    A gated or RNN drafter takes M = 0 only (``union_widths``)."""
     vd = decoder.config.draft_vocab_size
+    head = getattr(decoder.config, "markov_head_type", "vanilla")
+    if head != "vanilla" and any(topms):
+        raise DSparkTrtError(_union_refusal(head, topms))
     bad = [k for k in topks if not 1 <= k <= vd] + [m for m in topms if not 0 <= m <= vd]
     if bad:
         raise DSparkTrtError(f"--topk / --markov-topm values {bad} must be in [1, {vd}] / [0, {vd}]")

@@ -5,6 +5,7 @@
   dspark bench serve    a Triton repository: tokens/s, p50/p99 latency at 1/4/16 clients vs in-process
   dspark bench context  per-step target cost and tokens/s at S = 128 … 8k, exported target vs transformers
   dspark bench export   dspark-export's wall time, peak resident memory and bytes written, per phase
+  dspark bench deploy   3 dspark serve replicas behind HAProxy: rolling restart, a killed replica, a drain
   dspark bench releases the release matrix: each preset exported, validated, decoded losslessly, built (RTX)
 """
 
@@ -22,6 +23,7 @@ BENCHMARKS = {
     "report": ("report", "the SmolLM2 benchmark matrix, top-k sweep, plots and tables (docs/benchmarks.md)"),
     "context": ("context", "long contexts: per-step target cost and tokens/s at S = 128 … 8k, exported vs transformers"),
     "export": ("export", "dspark-export's wall time, peak resident memory and bytes written, per phase"),
+    "deploy": ("deploy", "3 dspark serve replicas behind HAProxy: rolling restart, a killed replica, a drain"),
     "releases": ("releases", "the release matrix: export, validation, lossless greedy decoding, RTX engine per preset"),
 }
 

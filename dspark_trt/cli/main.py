@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "build-engine": ("build_engine", "build the TensorRT engine for an export directory on a GPU host"),
     "smollm2": ("smollm2", "SmolLM2-135M-Instruct as a Hugging Face directory (+ a distilled drafter), offline"),
     "distill": ("distill", "train a DSpark drafter for a Hugging Face target on the CPU"),
-    "bench": ("bench", f"benchmarks: {'|'.join(BENCHMARKS)}"),
+    "bench": ("bench", '|'.join(BENCHMARKS)),  # the names only: they must fit one help line
     "tune-topk": ("tune_topk", "sweep top-k and the candidate union on real prompts; recommend (and --write) one"),
     "env": ("env", "versions of everything a bug report needs"),
     "gpu-check": ("gpu_check", "kernel, TensorRT, CUDA-graph and benchmark checks on a GPU host within a budget "

@@ -7,7 +7,8 @@
   dspark serve REPO                             a model repository (dspark triton-repo)
 
 Prints the endpoints (OpenAI API on --openai-port, default 9000; Triton's HTTP/gRPC/metrics on 8000/8001/8002)
-and serves until Ctrl-C (exit 130) or SIGTERM (exit 0); everything it started stops with it. When the model's
+and serves until Ctrl-C (exit 130) or SIGTERM (exit 0: a graceful drain first, readiness false and new requests
+refused with 503 while those in flight finish, up to --drain-timeout); everything it started stops with it. When the model's
 process (or tritonserver itself) dies, it says so and restarts it (--no-restart: exits 1). Uses a `tritonserver`
 on PATH, else the one bundled with PyTriton, run from a managed Python environment built on first use (see
 docs/serving.md).
@@ -25,7 +26,8 @@ from .settings_args import add_settings, changed_flags, settings_values
 
 #: dspark serve's help groups (a setting's group → title); the export's settings join the model's
 GROUPS = {"endpoints": "endpoints", "model": "model (a checkpoint or an export; a REPO has these in its config.pbtxt)",
-          "export": "model (a checkpoint or an export; a REPO has these in its config.pbtxt)", "server": "server"}
+          "export": "model (a checkpoint or an export; a REPO has these in its config.pbtxt)",
+          "security": "security (docs/serving.md, Security)", "server": "server"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +51,14 @@ def _options(args: argparse.Namespace) -> ServeOptions:
 
     from ..errors import DSparkTrtError
 
+    from ..serving.auth import api_keys
+
     values = settings_values(ServeOptions, args)
+    # --api-key, --api-key-file and DSPARK_API_KEY together (the keys are never printed)
+    values["api_keys"] = api_keys(args.api_keys, args.api_key_file, os.environ)
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise DSparkTrtError("HTTPS needs both --ssl-keyfile and --ssl-certfile (the private key and its "
+                             "certificate); pass both, or neither for plain HTTP")
     if args.chat_template is not None:  # the flag names a file; the options hold its text
         try:
             values["chat_template"] = Path(args.chat_template).read_text()
@@ -86,7 +95,7 @@ def demo_options(options: ServeOptions) -> ServeOptions:
 
 
 def _announce(d) -> None:
-    from ..serving.addresses import bind_note
+    from ..serving.addresses import bind_note, is_loopback, listens_everywhere
 
     e, name = d.server.endpoints, d.model
     print(f"tritonserver ready: HTTP http://{e.http} (generate: http://{e.http}/v2/models/{name}/generate), "
@@ -94,10 +103,25 @@ def _announce(d) -> None:
     if d.frontend is not None:
         c = d.frontend.config
         chat = _chat_note(d.frontend)
-        print(f"OpenAI API ready: {d.frontend.url} (model {c.name!r}, context {c.max_context}, {chat})", flush=True)
-    note = bind_note(e.host)
-    if note:
-        print(note, flush=True)
+        keys = f"API key: required ({len(c.api_keys)} accepted)" if c.api_keys else "API key: none"
+        print(f"OpenAI API ready: {d.frontend.url} (model {c.name!r}, context {c.max_context}, {chat}, {keys})",
+              flush=True)
+    hosts = ([d.frontend.host] if d.frontend is not None else []) + [e.host, e.metrics_host]
+    notes = list(dict.fromkeys(bind_note(h) for h in hosts))  # the URLs shown are this machine's
+    if not is_loopback(e.host):
+        notes.append(f"Triton's HTTP and gRPC endpoints are published on {e.host or '0.0.0.0'}: inference there "
+                     f"needs no API key; loading, unloading and configuring models answer only dspark serve")
+        if listens_everywhere(e.host):
+            notes.append("(Triton's gRPC endpoint binds a wildcard address as gRPC does: IPv4 and IPv6 together)")
+    elif not is_loopback(e.metrics_host):
+        notes.append(f"Triton's metrics endpoint is published on {e.metrics_host or '0.0.0.0'}")
+    if d.frontend is not None and d.frontend.config.api_keys and not d.frontend.ssl_certfile \
+            and not is_loopback(d.frontend.host):
+        notes.append("the API key crosses the network in clear text: add --ssl-keyfile and --ssl-certfile (or put a "
+                     "TLS proxy in front)")
+    for note in notes:
+        if note:
+            print(note, flush=True)
     print("serving; Ctrl-C stops everything", flush=True)
 
 
@@ -124,11 +148,14 @@ def run(args: argparse.Namespace) -> int:
                              f"{source.kind} directory")
 
     deployment = Deployment(source, options)
-    stop = threading.Event()
-    state = {"serving": False, "code": 0, "stopping": False}
+    stop, cut = threading.Event(), threading.Event()
+    state = {"serving": False, "code": 0, "stopping": False, "drain": False}
 
     def on_signal(signum, frame):
         code = 130 if signum == signal.SIGINT else 0
+        if state["drain"] and not cut.is_set():  # a second signal while draining: end the drain now
+            cut.set()
+            return
         if state["stopping"]:  # a second signal while stopping: do not wait for the drain
             server = deployment.server
             if server is not None and server.process is not None and server.process.poll() is None:
@@ -136,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
             return
         state["code"] = code
         if state["serving"]:
+            state["drain"] = signum == signal.SIGTERM  # SIGTERM drains; Ctrl-C stops at once, as always
             stop.set()
         else:
             raise _Stopped(code)
@@ -149,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
             _announce(deployment)
             state["serving"] = True
             status = deployment.watch(stop, restart=options.restart)
+            if status is None and state["drain"]:
+                deployment.drain(options.drain_timeout, cut)
         except _Stopped as e:
             state["code"] = e.code
         finally:

@@ -29,6 +29,14 @@ def _argparse_type(parse):
     return convert
 
 
+class _Many(argparse.Action):
+    """Each occurrence adds its value to a tuple (argparse's "append" would add to the default's list)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (given if given is not self.default else ()) + (values,))
+
+
 def _flagged(cls):
     for f in fields(cls):
         s = setting_of(f)
@@ -57,6 +65,9 @@ def add_settings(parser: argparse.ArgumentParser, cls, *, groups: dict[str, str]
         if isinstance(f.default, bool):  # a switch: the flag flips the default
             target.add_argument(s.flag, dest=f.name, action="store_false" if f.default else "store_true",
                                 help=s.help)
+        elif s.many:  # given several times: a tuple of the values (the default when not given)
+            target.add_argument(s.flag, dest=f.name, action=_Many, default=f.default, help=s.help,
+                                metavar=s.metavar, type=_argparse_type(s.parse) if s.parse is not None else None)
         else:
             default = None if f.default is MISSING else f.default
             named = choices.get(f.name, s.choices) if choices else s.choices

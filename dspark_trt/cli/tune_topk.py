@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: DRAFTER/../prompts.json when present)")
     p.add_argument("--topk", type=_ints, default=DEFAULT_TOPKS, metavar="K,K,...",
                    help=f"top-k grid (default {','.join(map(str, DEFAULT_TOPKS))})")
-    p.add_argument("--markov-topm", type=_ints, default=DEFAULT_TOPMS, metavar="M,M,...",
-                   help=f"union width grid, 0 = top-k only (default {','.join(map(str, DEFAULT_TOPMS))})")
+    p.add_argument("--markov-topm", type=_ints, default=None, metavar="M,M,...",
+                   help=f"union width grid, 0 = top-k only (default {','.join(map(str, DEFAULT_TOPMS))}; a gated or "
+                        f"RNN drafter has no union: 0)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt and setting (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=0)
@@ -70,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     prompts = tune.load_prompts(prompts_path)
     if args.threads is not None:
         set_cpu_threads(args.threads)
+    from ..config import DSparkConfig
+
+    # the union widths from the drafter's head, before the (long) load: a gated / RNN head has no union
+    topms = tune.union_widths(DSparkConfig.from_pretrained(args.drafter).markov_head_type, args.markov_topm)
     options = {k: v for k, v in dict(device=args.device, dtype=args.dtype).items() if v is not None}
     decoder = SpeculativeDecoder.from_pretrained(args.drafter, args.target, backend="torch", **options)
-    rows = tune.sweep(decoder, prompts, args.topk, args.markov_topm, max_new_tokens=args.max_new_tokens,
+    rows = tune.sweep(decoder, prompts, args.topk, topms, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, seed=args.seed)
     best = tune.recommend(rows)
     if args.plot:

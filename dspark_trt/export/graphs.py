@@ -20,7 +20,13 @@ version 2), fed the [V, M] int32 table (an initializer, ``union_table``, built a
 ``markov_union_table`` from the checkpoint's weights in fp32) and the base logits the graph already computes;
 ``cand_ids`` / ``cand_logits`` are then [B, N, k + M] (the k top-k ids, then the M union ids; −inf = a masked
 duplicate). M = 0 exports exactly the graph without a union.
-Dense (``topk=None``): the reference walk itself, inlined (no custom node; ``cand_logits`` has k = V_d and
+Gated / RNN Markov head (``config.markov_head_type``): the graph computes the head's walk-independent part for every
+prediction slot at once from the block's final-normed states (``DSparkDrafter.head_features``: ``G_h·h_j + b_G``
+[B, N, r] or ``J_h·h_j + b_J`` [B, N, 3r], and for rnn in the bonus-anchor layout the state after the anchor slot,
+else zeros), then one ``dspark::DSparkTopKMarkovGated`` / ``DSparkTopKMarkovRNN`` node (``dspark`` domain version 3)
+walks the r-sized recurrence with its local function attached; its inputs and outputs to the graph are the plain
+op's, so the draft graph's I/O does not change with the head. A vanilla export is exactly the graph it was.
+Dense (``topk=None``, every head): the reference walk itself, inlined (no custom node; ``cand_logits`` has k = V_d and
 ``cand_ids`` is omitted, as it would be ``arange(V_d)``).
 
 The context is read in place (``DRAFT_KV_INTERFACE``): one input per layer, so that each is a contiguous block
@@ -41,6 +47,7 @@ recorded in the model metadata for the engine build.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +90,13 @@ class DraftGraph(torch.nn.Module):
             return (r.tokens.to(torch.int32), r.cand_logits) + extra
         from .topk_op import topk_markov
 
-        hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len, ctx_start)  # [B, N, d]
+        head = None
+        if c.markov_head_type == "vanilla":
+            hidden = d.block_hidden(anchor, ctx_k, ctx_v, ctx_len, ctx_start)  # [B, N, d]
+        else:  # gated / rnn: the head's walk-independent part for every slot at once, before the walk node
+            states = d.block_states(anchor, ctx_k, ctx_v, ctx_len, ctx_start)  # [B, Q, d]
+            hidden = d.prediction_slots(states)  # [B, N, d]
+            head = d.head_features(anchor, states)  # hidden part [B, N, r | 3r] fp32, weight, (rnn) state0
         B, N = hidden.shape[:2]
         conf_base, conf_w = d.confidence_parts(hidden)  # [B, N] fp32, [r] fp32 (or None)
         base = d.base_logits(hidden)  # [B, N, V_d] fp32
@@ -102,6 +115,12 @@ class DraftGraph(torch.nn.Module):
             tokens, logits, conf, union_ids = topk_markov_union(*inputs, self.union_table, base, self.topk,
                                                                 float(c.logit_scale), self.markov_topm)
             cand_ids = torch.cat((cand_ids, union_ids), dim=-1)  # [B, N, k + M] int32
+        elif head is not None:
+            from .topk_op import topk_markov_head
+
+            weights_dtype = d.markov_head.markov_w1.weight.dtype  # the op's W: one type for every weight input
+            head = dataclasses.replace(head, weight=head.weight.to(weights_dtype))  # exact: sliced from W
+            tokens, logits, conf = topk_markov_head(head, inputs, self.topk, float(c.logit_scale))
         else:
             tokens, logits, conf = topk_markov(*inputs, self.topk, float(c.logit_scale))
         return (tokens, cand_ids, logits) + ((conf,) if conf_base is not None else ())
@@ -149,8 +168,6 @@ def export_context(drafter, info: GraphInfo):
 def export_draft(drafter, info: GraphInfo):
     """The draft graph as an ``onnx_ir.Model`` (top-k: custom node + local function)."""
     from ..torch_to_onnx import torch_onnx_export
-    from .topk_op import translation_table
-
     c = drafter.config
     B, T = 3, 11
     taps, positions = _example_context(drafter, B, T)
@@ -170,9 +187,9 @@ def export_draft(drafter, info: GraphInfo):
     union = bool(info.markov_topm)
     table = None
     if info.topk is not None:
-        from .topk_op import union_translation_table
+        from .topk_op import head_translation_table, union_translation_table
 
-        table = union_translation_table() if union else translation_table()
+        table = union_translation_table() if union else head_translation_table(c.markov_head_type)
     program = torch_onnx_export(
         DraftGraph(drafter, info.topk, info.markov_topm), example, input_names=draft_input_names(c.num_hidden_layers),
         output_names=list(draft_outputs(info.topk, has_conf)),
@@ -181,21 +198,25 @@ def export_draft(drafter, info: GraphInfo):
     )
     model = program.model
     if info.topk is not None:
-        _attach_local_function(model, info, weights_dtype=drafter.markov_head.markov_w1.weight.dtype)
+        _attach_local_function(model, info, weights_dtype=drafter.markov_head.markov_w1.weight.dtype,
+                               head=c.markov_head_type)
     return _finish(model, info)
 
 
-def _attach_local_function(model, info: GraphInfo, weights_dtype: torch.dtype) -> None:
+def _attach_local_function(model, info: GraphInfo, weights_dtype: torch.dtype, head: str = "vanilla") -> None:
+    import functools
+
     import onnx_ir as ir
 
-    from ..plugins.contract import OP_DOMAIN, OP_NAME, UNION_OP_NAME
-    from ..plugins.onnx_op import OPSET_VERSION, UNION_OPSET_VERSION, local_function, union_local_function
+    from ..plugins.contract import HEAD_OPS, OP_DOMAIN, UNION_OP_NAME
+    from ..plugins.onnx_op import HEAD_OPSET_VERSIONS, UNION_OPSET_VERSION, head_local_function, union_local_function
 
     opset = model.opset_imports[""]
     if info.markov_topm:
         build, version, name = union_local_function, UNION_OPSET_VERSION, UNION_OP_NAME
-    else:
-        build, version, name = local_function, OPSET_VERSION, OP_NAME
+    else:  # vanilla: local_function, domain version 1, exactly as before the other heads
+        build = functools.partial(head_local_function, head)
+        version, name = HEAD_OPSET_VERSIONS[head], HEAD_OPS[head][0]
     fn = ir.serde.deserialize_function(build(info.num_draft_tokens, torch.float32, weights_dtype, opset=opset))
     model.functions[fn.identifier()] = fn
     model.opset_imports[OP_DOMAIN] = version

@@ -12,7 +12,8 @@ onnxruntime on random inputs against the reference drafter (``export/validate.py
 The directory written is a drafter-only export directory (``artifact/layout.py``, read by ``ExportDir``)::
 
     manifest.json                       config, I/O, validation summary, op_contract_version (2 with the
-                                        candidate union, 1 without; absent = 1), and the ``drafter`` section:
+                                        candidate union, 3 with a gated / RNN head, else 1; absent = 1), and the
+                                        ``drafter`` section:
                                         ExportSpec, versions, d2t
     onnx/context.onnx, onnx/draft.onnx  the graphs (``*.onnx.data`` beside them when weights exceed 1.5 GiB)
 """
@@ -67,7 +68,9 @@ class ExportSpec:
 
     @property
     def op_contract_version(self) -> int:
-        """1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the export uses ``DSparkTopKMarkovUnion``."""
+        """The candidate union's share of the contract version: 1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the
+        export uses ``DSparkTopKMarkovUnion``. The spec does not know the Markov head: the manifest's
+        ``op_contract_version`` is ``contract.op_contract_version_for(head, M)`` (3 for a gated or RNN head)."""
         return OP_VERSIONS[UNION_OP_NAME] if self.markov_topm else 1
 
     @classmethod

@@ -14,7 +14,8 @@ Export directory::
                                    layout: artifact/layout.py; read and written through artifact.ExportDir)
     onnx/context.onnx              taps → per-layer context K/V
     onnx/draft.onnx                one draft round; top-k: TopK + dspark::DSparkTopKMarkov + its local function
-                                   (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table)
+                                   (--markov-topm M > 0: dspark::DSparkTopKMarkovUnion + its local function + the table;
+                                   a gated / RNN head: dspark::DSparkTopKMarkovGated / RNN + its local function)
     onnx/draft.plugin.onnx         top-k: the graph full TensorRT builds (local function stripped, aot=1; it
                                    shares draft.onnx.data when the weights are external: no second copy)
     onnx/target.onnx               with --target (unless skipped): the target model, prefill + verify (target_onnx.py)
@@ -54,6 +55,9 @@ __all__ = ["ExportOptions", "ExportResult", "export_model", "build_engines", "Pt
 log = logging.getLogger("dspark.export")
 
 TRACE_PHASE = "trace ONNX graphs"
+#: the Markov heads whose top-k walk has an AOT-compiled plugin kernel (plugins/aot.py) for full TensorRT; a top-k
+#: export of another head writes no plugin graph and no PTX: its walk node runs through its standard-op local
+#: function (onnxruntime, TensorRT-RTX, and full TensorRT, which parses local functions too)
 RTX_COMPUTE_CAPABILITIES = ("SM75", "SM80", "SM86", "SM89", "SM120", "SM121")  # TensorRT-RTX 1.7 build targets
 
 
@@ -135,6 +139,7 @@ class PtxForExport:
                  markov_topm: int = 0):
         self.out_dir, self.config, self.topk, self.dtype, self.archs = out_dir, config, topk, dtype, archs
         self.markov_topm = int(markov_topm)  # > 0: the DSparkTopKMarkovUnion kernel
+        self.markov_head_type = config.markov_head_type  # gated | rnn: the DSparkTopKMarkovGated / RNN kernel
 
     def __call__(self) -> dict:
         """Compiled in a child process: Triton's AOT path cannot run where its interpreter is on
@@ -152,13 +157,14 @@ class PtxForExport:
                "--logit-scale", repr(float(c.logit_scale)),
                "--dtypes", f"fp32-{weights}",  # the graph's TopK runs on fp32 base logits
                "--archs", ",".join(str(a) for a in self.archs)] + (["--validate"] if find_ptxas() else []) + \
-              (["--markov-topm", str(self.markov_topm)] if self.markov_topm else [])
+              (["--markov-topm", str(self.markov_topm)] if self.markov_topm else []) + \
+              (["--markov-head-type", self.markov_head_type] if self.markov_head_type != "vanilla" else [])
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             raise DSparkTrtError(f"compiling the DSparkTopKMarkov kernel to PTX failed: {last}")
-        return json.loads((self.out_dir / description_file(self.markov_topm)).read_text())
+        return json.loads((self.out_dir / description_file(self.markov_topm, self.markov_head_type)).read_text())
 
 
 class EnginesForExport:
@@ -349,14 +355,15 @@ def _module_version(module: str) -> str | None:
 
 
 def engine_config(flavor: str, options: ExportOptions, *, max_context: int, topk: int | None,
-                  kernel: dict | None = None, kernel_dir: Path | None = None, markov_topm: int = 0) -> EngineBuildConfig:
+                  kernel: dict | None = None, kernel_dir: Path | None = None, markov_topm: int = 0,
+                  markov_head_type: str = "vanilla") -> EngineBuildConfig:
     """The build config of an export: batch 1..max, context 1..max_context; for TensorRT with top-k the plugin
     registered and pointed at the export's PTX (``kernel``: the manifest's kernel section, files in ``kernel_dir``).
     (``register_plugin`` registers both ops, so a candidate-union export's plugin graph finds
     ``DSparkTopKMarkovUnion``; its PTX is the union kernel's.)"""
-    check_version_compatible(options.version_compatible, _plugin_op(topk, markov_topm))
+    check_version_compatible(options.version_compatible, _plugin_op(topk, markov_topm, markov_head_type))
     register = None
-    if flavor == "tensorrt" and topk is not None:
+    if flavor == "tensorrt" and _plugin_op(topk, markov_topm, markov_head_type) is not None:
         def register() -> None:
             from ..plugins.tensorrt_plugin import register_plugin, use_export_ptx
 
@@ -392,7 +399,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
     target_files = check_checkpoint_files(target_dir) if target_dir is not None else None
     spec = ExportSpec.resolve(config, topk=options.topk, dtype=options.dtype, max_context=options.max_context,
                               target="tensorrt", markov_topm=options.markov_topm)
-    check_version_compatible(options.version_compatible, _plugin_op(spec.topk, spec.markov_topm))
+    check_version_compatible(options.version_compatible,
+                             _plugin_op(spec.topk, spec.markov_topm, config.markov_head_type))
     flavor = resolve_flavor(options.engine)
     if flavor == "tensorrt-rtx" and spec.markov_topm:  # no plugin there: it does not build the union (engine.py)
         if options.engine != "auto":
@@ -400,7 +408,8 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
         flavor = None
     if flavor is not None:
         engine_config(flavor, options, max_context=spec.max_context, topk=None)  # refuses bad combinations now
-    plugin = bool(spec.topk)
+    notes: list[str] = []
+    plugin = bool(spec.topk)  # every head has its fused kernel (plugins/kernel.py, plugins/head_kernels.py)
     if plugin:
         from ..optional import require
 
@@ -420,7 +429,6 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
             (["target ONNX + validation"] if target else []) + \
             (["plugin graph + PTX"] if plugin else []) + ([f"{flavor} engines"] if flavor else []) + ["manifest"]
     phases = Phases(names)
-    notes: list[str] = []
     if spec.markov_topm and flavor is None:
         notes.append(f"candidate union M={spec.markov_topm}: the draft graph runs with the onnxruntime backend "
                      f"(dspark generate --export OUT); for engines run `dspark build-engine {out_dir} --engine "
@@ -463,7 +471,7 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
 
             kernel = phases.run("plugin graph + PTX", plugin_step)
             kernel = {**kernel, "dir": "plugin"}
-            plugin = _plugin_record(spec.topk, config.logit_scale, spec.markov_topm)
+            plugin = _plugin_record(spec.topk, config.logit_scale, spec.markov_topm, config.markov_head_type)
             extra["plugin_graph"] = PLUGIN_GRAPH
         manifest = new_manifest(config, model_dir=model_dir, topk=spec.topk, dtype=spec.dtype,
                                 graphs={g: tmp / GRAPH_FILES[g] for g in GRAPHS}, export_dir=tmp,
@@ -474,7 +482,8 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
             manifest["target"] = target_record
         if flavor is not None:
             build = engine_config(flavor, options, max_context=spec.max_context, topk=spec.topk, kernel=kernel,
-                                  kernel_dir=tmp / "plugin", markov_topm=spec.markov_topm)
+                                  kernel_dir=tmp / "plugin", markov_topm=spec.markov_topm,
+                                  markov_head_type=config.markov_head_type)
             manifest["engines"] = phases.run(f"{flavor} engines", EnginesForExport(tmp, manifest, build))
         elif not spec.markov_topm:  # a union export says why in its own note
             notes.append(_no_engine_note(out_dir, requested=options.engine))
@@ -495,7 +504,8 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     export_dir, manifest = export.root, export.manifest
     options = options or ExportOptions()
     check_version_compatible(options.version_compatible,
-                             _plugin_op(manifest.get("topk"), int(manifest.get("markov_topm") or 0)))
+                             _plugin_op(manifest.get("topk"), int(manifest.get("markov_topm") or 0),
+                                        _markov_head_type(manifest)))
     flavor = resolve_flavor(engine, none_allowed=False)
     if flavor == "tensorrt-rtx" and manifest.get("markov_topm"):
         raise DSparkTrtError(f"{export_dir}: " + union_engine_refusal(flavor, int(manifest["markov_topm"])))
@@ -506,7 +516,8 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     build = engine_config(flavor, options, max_context=int(manifest.get("max_context", 8192)),
                           topk=manifest.get("topk"), kernel=kernel,
                           kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None,
-                          markov_topm=int(manifest.get("markov_topm") or 0))
+                          markov_topm=int(manifest.get("markov_topm") or 0),
+                          markov_head_type=_markov_head_type(manifest))
     graphs = {export_dir / g["file"] for g in manifest.get("graphs", {}).values()} | \
         ({export_dir / manifest["target"]["onnx"]} if manifest.get("target") else set())
     data = {f for g in graphs if g.is_file() for f in external_data_files(g)}  # each .data file once
@@ -523,40 +534,42 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
     return manifest
 
 
-def _plugin_op(topk: int | None, markov_topm: int = 0) -> str | None:
-    """The draft graph's plugin op: the union's with M > 0, the plain one with a top-k, none for a dense graph."""
-    from ..plugins.contract import OP_NAME, UNION_OP_NAME
-
-    return None if not topk else UNION_OP_NAME if markov_topm else OP_NAME
+def _markov_head_type(manifest: dict) -> str:
+    """The exported drafter's Markov head type (vanilla for a manifest written before the other heads)."""
+    return ((manifest.get("checkpoint") or {}).get("config") or {}).get("markov_head_type") or "vanilla"
 
 
-def _plugin_record(topk: int, logit_scale: float, markov_topm: int = 0) -> dict:
-    from ..plugins.contract import (ATTRIBUTES, INPUTS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION,
+def _plugin_op(topk: int | None, markov_topm: int = 0, markov_head_type: str = "vanilla") -> str | None:
+    """The draft graph's plugin op: the union's with M > 0, the head's (plain, gated, RNN) with a top-k, none for a
+    dense graph."""
+    from ..plugins.contract import HEAD_OPS, UNION_OP_NAME
+
+    if not topk:
+        return None
+    return UNION_OP_NAME if markov_topm else HEAD_OPS[markov_head_type][0]
+
+
+def _plugin_record(topk: int, logit_scale: float, markov_topm: int = 0, markov_head_type: str = "vanilla") -> dict:
+    """The manifest's ``plugin`` entry: the walk op the engine embeds (plain, union, gated or RNN), its contract."""
+    from ..plugins.contract import (ATTRIBUTES, HEAD_OPS, OP_DOMAIN, OUTPUTS, PLUGIN_NAMESPACE, PLUGIN_VERSION,
                                     UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS)
 
     if markov_topm:
-        return {
-            "op": UNION_OP_NAME,
-            "domain": OP_DOMAIN,
-            "name": UNION_OP_NAME,
-            "namespace": PLUGIN_NAMESPACE,
-            "version": PLUGIN_VERSION,
-            "attributes": {"k": topk, "logit_scale": logit_scale, "markov_topm": int(markov_topm), "aot": 1},
-            "attribute_docs": UNION_ATTRIBUTES,
-            "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in UNION_INPUTS],
-            "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in UNION_OUTPUTS],
-        }
-
+        op, inputs, outputs, docs = UNION_OP_NAME, UNION_INPUTS, UNION_OUTPUTS, UNION_ATTRIBUTES
+        attributes = {"k": topk, "logit_scale": logit_scale, "markov_topm": int(markov_topm), "aot": 1}
+    else:
+        (op, inputs), outputs, docs = HEAD_OPS[markov_head_type], OUTPUTS, ATTRIBUTES
+        attributes = {"k": topk, "logit_scale": logit_scale, "aot": 1}
     return {
-        "op": OP_NAME,
+        "op": op,
         "domain": OP_DOMAIN,
-        "name": OP_NAME,
+        "name": op,
         "namespace": PLUGIN_NAMESPACE,
         "version": PLUGIN_VERSION,
-        "attributes": {"k": topk, "logit_scale": logit_scale, "aot": 1},
-        "attribute_docs": ATTRIBUTES,
-        "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in INPUTS],
-        "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in OUTPUTS],
+        "attributes": attributes,
+        "attribute_docs": docs,
+        "inputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in inputs],
+        "outputs": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in outputs],
     }
 
 

@@ -23,15 +23,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DSparkTrtError
-from ..plugins.contract import OP_DOMAIN, OP_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, UNION_OP_NAME
+from ..plugins.contract import HEAD_OPS, OP_DOMAIN, OP_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, UNION_OP_NAME
 
-_OPS = (OP_NAME, UNION_OP_NAME)  # the walk node: plain, or the candidate union (--markov-topm M)
+#: the walk node: plain, the candidate union (--markov-topm M), or a gated / RNN head's
+_OPS = (OP_NAME, UNION_OP_NAME) + tuple(name for name, _ in HEAD_OPS.values() if name != OP_NAME)
 
 __all__ = ["plugin_graph", "custom_nodes"]
 
 
 def custom_nodes(model) -> list:
-    """The ``DSparkTopKMarkov`` / ``DSparkTopKMarkovUnion`` nodes of an ``onnx.ModelProto`` graph."""
+    """The walk nodes (``DSparkTopKMarkov`` / ``…Union`` / ``…Gated`` / ``…RNN``) of an ``onnx.ModelProto``."""
     return [n for n in model.graph.node if n.op_type in _OPS and n.domain == OP_DOMAIN]
 
 

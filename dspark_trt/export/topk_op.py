@@ -1,5 +1,6 @@
-"""The ``DSparkTopKMarkov`` node (and its candidate-union twin ``DSparkTopKMarkovUnion``) as PyTorch custom ops, so
-``torch.onnx.export`` emits exactly one node.
+"""The ``DSparkTopKMarkov`` node (its candidate-union twin ``DSparkTopKMarkovUnion``, and the gated / RNN heads'
+``DSparkTopKMarkovGated`` / ``DSparkTopKMarkovRNN``) as PyTorch custom ops, so ``torch.onnx.export`` emits exactly
+one node.
 
 ``torch.ops.dspark_export.topk_markov`` runs the contract's ``reference_op`` eagerly (so a graph module that
 calls it is still the reference) and has a fake implementation with the plugin's output shapes. The
@@ -16,11 +17,13 @@ import functools
 
 import torch
 
-from ..plugins.contract import OP_DOMAIN, OP_NAME, UNION_OP_NAME, reference_op, reference_union_op
-from ..plugins.onnx_op import (OPSET_VERSION, UNION_OPSET_VERSION, node_attributes, register_schema,
-                               union_node_attributes)
+from ..plugins.contract import (GATED_OP_NAME, OP_DOMAIN, OP_NAME, RNN_OP_NAME, UNION_OP_NAME, reference_gated_op,
+                                reference_op, reference_rnn_op, reference_union_op)
+from ..plugins.onnx_op import (HEAD_OPSET_VERSIONS, OPSET_VERSION, UNION_OPSET_VERSION, node_attributes,
+                               register_schema, union_node_attributes)
 
-__all__ = ["topk_markov", "topk_markov_union", "translation_table", "union_translation_table"]
+__all__ = ["topk_markov", "topk_markov_union", "topk_markov_gated", "topk_markov_rnn", "translation_table",
+           "union_translation_table", "head_translation_table", "topk_markov_head"]
 
 Tensor = torch.Tensor
 
@@ -107,6 +110,74 @@ def _union_to_onnx(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, tem
                                       **union_node_attributes(k, logit_scale, markov_topm))
 
 
+def _walk_outputs_like(cand_values, k: int):
+    """Fake outputs of a walk node: draft_tokens int32 [B, N], cand_logits fp32 [B, N, k], confidence fp32 [B, N]."""
+    B, N, _ = cand_values.shape
+    return (cand_values.new_empty((B, N), dtype=torch.int32), cand_values.new_empty((B, N, k), dtype=torch.float32),
+            cand_values.new_empty((B, N), dtype=torch.float32))
+
+
+@torch.library.custom_op("dspark_export::topk_markov_gated", mutates_args=())
+def topk_markov_gated(
+    cand_values: Tensor, cand_ids: Tensor, anchor: Tensor, markov_w1: Tensor, markov_w2: Tensor, d2t: Tensor,
+    temperature: Tensor, seed: Tensor, position: Tensor, conf_base: Tensor, conf_w: Tensor,
+    gate_hidden: Tensor,  # [B, N, r] fp32: G_h · h_j + b_G
+    gate_w: Tensor,  # [r, r] W: G_e
+    k: int,
+    logit_scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # the plain op's outputs
+    return reference_gated_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                              conf_base, conf_w, gate_hidden, gate_w, logit_scale=logit_scale)
+
+
+@topk_markov_gated.register_fake
+def _(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base, conf_w,
+      gate_hidden, gate_w, k, logit_scale):
+    return _walk_outputs_like(cand_values, k)
+
+
+@torch.library.custom_op("dspark_export::topk_markov_rnn", mutates_args=())
+def topk_markov_rnn(
+    cand_values: Tensor, cand_ids: Tensor, anchor: Tensor, markov_w1: Tensor, markov_w2: Tensor, d2t: Tensor,
+    temperature: Tensor, seed: Tensor, position: Tensor, conf_base: Tensor, conf_w: Tensor,
+    joint_hidden: Tensor,  # [B, N, 3r] fp32: J_h · h_j + b_J
+    joint_w: Tensor,  # [3r, 2r] W: J over [state ; e]
+    rnn_state0: Tensor,  # [B, r] fp32
+    k: int,
+    logit_scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # the plain op's outputs
+    return reference_rnn_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                            conf_base, conf_w, joint_hidden, joint_w, rnn_state0, logit_scale=logit_scale)
+
+
+@topk_markov_rnn.register_fake
+def _(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base, conf_w,
+      joint_hidden, joint_w, rnn_state0, k, logit_scale):
+    return _walk_outputs_like(cand_values, k)
+
+
+def _gated_to_onnx(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base,
+                   conf_w, gate_hidden, gate_w, k: int, logit_scale: float):
+    """Translation: one ``dspark::DSparkTopKMarkovGated`` node (domain version 3)."""
+    from onnxscript.values import Opset
+
+    op = Opset(OP_DOMAIN, HEAD_OPSET_VERSIONS["gated"])
+    return getattr(op, GATED_OP_NAME)(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                      position, conf_base, conf_w, gate_hidden, gate_w,
+                                      **node_attributes(k, logit_scale))
+
+
+def _rnn_to_onnx(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position, conf_base,
+                 conf_w, joint_hidden, joint_w, rnn_state0, k: int, logit_scale: float):
+    """Translation: one ``dspark::DSparkTopKMarkovRNN`` node (domain version 3)."""
+    from onnxscript.values import Opset
+
+    op = Opset(OP_DOMAIN, HEAD_OPSET_VERSIONS["rnn"])
+    return getattr(op, RNN_OP_NAME)(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                    position, conf_base, conf_w, joint_hidden, joint_w, rnn_state0,
+                                    **node_attributes(k, logit_scale))
+
+
 @functools.cache
 def translation_table() -> dict:
     """``custom_translation_table`` for ``torch.onnx.export``; registers the ONNX schema first."""
@@ -119,3 +190,21 @@ def union_translation_table() -> dict:
     """``custom_translation_table`` for a draft graph with the candidate union (the union op only)."""
     register_schema()
     return {torch.ops.dspark_export.topk_markov_union.default: _union_to_onnx}
+
+
+@functools.cache
+def head_translation_table(head: str) -> dict:
+    """``custom_translation_table`` for the draft graph of a Markov head type (vanilla = ``translation_table``)."""
+    if head == "vanilla":
+        return translation_table()
+    register_schema()
+    op = {"gated": (torch.ops.dspark_export.topk_markov_gated.default, _gated_to_onnx),
+          "rnn": (torch.ops.dspark_export.topk_markov_rnn.default, _rnn_to_onnx)}[head]
+    return dict([op])
+
+
+def topk_markov_head(head, inputs: tuple, k: int, logit_scale: float):
+    """The walk node of a gated / RNN head: ``inputs`` = the 11 plain inputs, ``head`` = its ``HeadFeatures``."""
+    if head.kind == "gated":
+        return topk_markov_gated(*inputs, head.hidden_part, head.weight, k, logit_scale)
+    return topk_markov_rnn(*inputs, head.hidden_part, head.weight, head.start(), k, logit_scale)

@@ -29,6 +29,15 @@ split across threads and the partial argmaxes reduced. While one W2 row's dot pr
 the next candidates are prefetched (``llvm.prefetch``). Weights fp32 or bf16 (rows widened to fp32 in
 L1); Numba has no float16 on the CPU, so fp16 weights stay with the reference.
 
+Gated and RNN heads (``head=``, ``reference.markov_heads.HeadFeatures``): the bias multiplies the head's u_j
+instead of e_j (the confidence still reads e_j). Each step first runs the head's r-sized products for every
+request — ``pre_b = hidden_part[b, j] + W · x_b`` with x_b = e_j (gated, W [r, r]) or [s_j ; e_j] (rnn, W [3r, 2r])
+— in one parallel pass (blocks of ``HEAD_BLOCK`` requests per task, each weight element loaded once per 4
+requests; with fewer blocks than threads the weight's rows are split too); the candidate tasks then take u_j from
+``pre`` elementwise (gated σ(pre) ⊙ e_j; rnn tanh(o)), and the RNN's next state is written by slices, one per
+task of the request, into the other of two state buffers. The walk's hot part stays the W2 row gather: the
+products are B·N·r² (gated) or 6·B·N·r² (rnn) multiply-adds against B·N·k·r. The union is vanilla-only.
+
 Candidate union (``union_table`` [V, M], ``reference.markov``'s docstring): slot j walks k + M candidates,
 the last M being ``union_table[d_j]`` valued from the base logits, −inf where the id is already a top-k
 candidate (k comparisons each). The union ids' Gumbel noise is hashed in the kernel (the reference's
@@ -38,7 +47,8 @@ is the plain walk, whose loop is the top-k one alone (the same results bit for b
 a kernel of its own).
 
 Cost per round: B·N·V_d·4 bytes read once by the selection + B·N·k·r·|W| bytes of gathered W2 rows
-(``dspark bench markov`` reports this floor beside the measured time).
+(``dspark bench markov`` reports this floor beside the measured time), plus for a gated / RNN head its weight
+(r²·4 or 6·r²·4 bytes, cache-resident) once per step and block of requests.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from numba.extending import intrinsic
 
 from ..errors import DSparkTrtError
 from ..reference.markov import MarkovWalkResult
+from ..reference.markov_heads import HeadFeatures
 from ..reference.sampling import DRAFT_SALT, HASH_PRIME, HASH_ROUNDS, gumbel_noise, is_greedy, noise_prefix
 
 __all__ = [
@@ -69,6 +80,7 @@ CHUNK_SIZES = (32, 16, 8, 4, 2, 1)  # largest first: fewer maxima to select over
 _BUCKETS = 1024  # histogram select
 STRIDED_CHUNKS_MAX_BYTES = 16 << 20  # base logits up to this size: strided chunks (cache-resident rows)
 PREFETCH_AHEAD = 2  # candidates whose W2 rows are in flight while one is being dotted
+HEAD_BLOCK = 8  # requests whose gated / RNN head products share one pass over the head's weight
 _CACHE_LINE_FLOATS = 16
 _DOT_FLAGS = {"reassoc", "nsz", "contract"}  # lets LLVM vectorise the fp32 dot; nothing else is relaxed
 
@@ -276,6 +288,19 @@ def _dot(a, b):
     return s
 
 
+@njit(fastmath=_DOT_FLAGS)
+def _dot4(w, x0, x1, x2, x3):
+    """(w · x0, w · x1, w · x2, w · x3) in fp32, each w[i] loaded once."""
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for i in range(w.shape[0]):
+        wi = w[i]
+        a0 += wi * x0[i]
+        a1 += wi * x1[i]
+        a2 += wi * x2[i]
+        a3 += wi * x3[i]
+    return a0, a1, a2, a3
+
+
 @njit
 def _widen(row, bf16, out_bits, out_f32):
     """One weight row as fp32 in ``out_f32`` (``out_bits`` is its uint32 view): bf16 bits << 16, or a cast."""
@@ -319,9 +344,62 @@ def _corrected(v, cid, w2, w2_bf16, e, row, row_bits, scale):
     return v + np.float32(scale * bias)
 
 
+@njit(inline="always")
+def _sigmoid(x):
+    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
+@njit(inline="always")
+def _head_pre(kind, hidden, weight, state, w1, w1_bf16, prev, b0, b1, o0, o1, j, pre):
+    """pre[b, o] = hidden[b, j, o] + weight[o] · x_b for requests [b0, b1) and rows [o0, o1): the gated / RNN
+    head's products for a block of requests at once (x_b = e_b, or [s_b ; e_b] with s_b = state[j % 2, b]): each
+    weight row is read once per block (the block's x rows stay in L1), each of its elements once per 4 requests."""
+    r = w1.shape[1]
+    width = weight.shape[1]
+    x = np.empty((b1 - b0, width), np.float32)
+    e = np.empty(r, np.float32)
+    for t in range(b1 - b0):
+        _widen(w1[prev[b0 + t]], w1_bf16, e.view(np.uint32), e)
+        if kind == 1:
+            x[t, :] = e
+        else:
+            x[t, :r] = state[j % 2, b0 + t]
+            x[t, r:] = e
+    n4 = (b1 - b0) // 4 * 4
+    for o in range(o0, o1):
+        w = weight[o]
+        for t in range(0, n4, 4):  # four requests per pass over the row: one load of w[i] for four products
+            a0, a1, a2, a3 = _dot4(w, x[t], x[t + 1], x[t + 2], x[t + 3])
+            pre[b0 + t, o] = hidden[b0 + t, j, o] + a0
+            pre[b0 + t + 1, o] = hidden[b0 + t + 1, j, o] + a1
+            pre[b0 + t + 2, o] = hidden[b0 + t + 2, j, o] + a2
+            pre[b0 + t + 3, o] = hidden[b0 + t + 3, j, o] + a3
+        for t in range(n4, b1 - b0):
+            pre[b0 + t, o] = hidden[b0 + t, j, o] + _dot(w, x[t])
+
+
+@njit(inline="always")
+def _head_from_pre(kind, pre, state, b, j, e, part, splits, u):
+    """u_j of request b from its ``_head_pre`` products, and (RNN) this task's ``part`` of the ``splits`` shares
+    of the next state, read from state[j % 2] and written to state[(j + 1) % 2]."""
+    r = e.shape[0]
+    if kind == 1:
+        for o in range(r):
+            u[o] = _sigmoid(pre[b, o]) * e[o]
+        return
+    for o in range(r):
+        u[o] = np.tanh(pre[b, 2 * r + o])
+    s_in, s_out = state[j % 2, b], state[(j + 1) % 2, b]
+    per = (r + splits - 1) // splits
+    for i in range(part * per, min(r, part * per + per)):
+        gate = _sigmoid(pre[b, i])
+        s_out[i] = gate * s_in[i] + (np.float32(1.0) - gate) * np.tanh(pre[b, r + i])
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, temp, greedy, noise, prefix,
-          conf_base, conf_w, splits, all_ids, tokens, logits, conf, status):  # pragma: no cover - compiled
+          conf_base, conf_w, head_kind, head_hidden, head_w, head_state, head_row_splits, splits, all_ids, tokens,
+          logits, conf, status):  # pragma: no cover - compiled
     """The N-step walk over k + M candidates per slot (module docstring; M = table's width, 0 = the plain walk,
     which reads no table, no base logits, no noise prefix and no union ids: its loop is the top-k one alone).
 
@@ -330,8 +408,12 @@ def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, 
     u16 where w*_bf16), d2t [V_d] i64 (empty: identity), temp [B] f32, greedy [B] bool, noise [B, N, k] f32 (the
     top-k ids' Gumbel noise, read for sampled requests only), prefix [B, N] i64 (the noise prefix per slot: the
     M union ids' noise is hashed here, their ids being known only once d_j is drawn), conf_base [B, N] f32 and
-    conf_w [r] f32 (empty: no confidence); ``splits`` tasks per request and step, each over a range of the
-    k + M candidates. Writes all_ids [B, N, k + M] (ids, then table[d_j]; only when M > 0), tokens [B, N] i64,
+    conf_w [r] f32 (empty: no confidence); ``head_kind`` 0 (vanilla: the bias multiplies e_j), 1 (gated) or 2
+    (rnn) with ``head_hidden`` [B, N, r | 3r] f32, ``head_w`` [r, r | 3r, 2r] f32 and ``head_state`` [2, B, r] f32
+    (rnn: [0] holds the start state; the steps alternate between the two), ``head_row_splits`` tasks per block
+    of requests for its products — the bias then multiplies the head's u_j (``_head_pre``, ``_head_from_pre``),
+    the confidence still reads e_j; ``splits`` tasks per request and step, each over a range of the k + M
+    candidates. Writes all_ids [B, N, k + M] (ids, then table[d_j]; only when M > 0), tokens [B, N] i64,
     logits [B, N, k + M] f32
     (−inf at a union id that is already a top-k id), conf [B, N] f32; status [B] = 1 where a target id left
     [0, V), 2 where a table id left [0, V_d) (that request's walk stops)."""
@@ -346,7 +428,21 @@ def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, 
     best_score = np.empty((B, splits), np.float32)
     best_at = np.empty((B, splits), np.int64)
     with_conf = conf_base.shape[0] > 0
+    # a gated / RNN head: each step first runs its products (blocks of HEAD_BLOCK requests × head_row_splits
+    # shares of the weight's rows per task), then the candidate tasks read u_j from them
+    with_head = head_kind != 0
+    rows = head_w.shape[0]
+    blocks = (B + HEAD_BLOCK - 1) // HEAD_BLOCK
+    row_splits = max(1, min(head_row_splits, rows))
+    row_per = (rows + row_splits - 1) // row_splits
+    pre = np.empty((B if with_head else 0, rows), np.float32)  # [B, r | 3r]: hidden part + weight · x
     for j in range(N):
+        if with_head:
+            for task in prange(blocks * row_splits):
+                blk, rs = task // row_splits, task % row_splits
+                _head_pre(head_kind, head_hidden, head_w, head_state, w1, w1_bf16, prev, blk * HEAD_BLOCK,
+                          min(B, blk * HEAD_BLOCK + HEAD_BLOCK), rs * row_per, min(rows, rs * row_per + row_per),
+                          j, pre)
         for task in prange(B * splits):
             b, part = task // splits, task % splits
             if status[b]:
@@ -355,6 +451,10 @@ def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, 
             _widen(w1[prev[b]], w1_bf16, e.view(np.uint32), e)
             if with_conf and part == 0:
                 conf[b, j] = 1.0 / (1.0 + np.exp(-(conf_base[b, j] + _dot(conf_w, e))))
+            u = e  # what multiplies the W2 rows
+            if with_head:
+                u = np.empty(r, np.float32)
+                _head_from_pre(head_kind, pre, head_state, b, j, e, part, splits, u)
             row = np.empty(r, np.float32)  # [r] scratch for a widened bf16 W2 row
             row_bits = row.view(np.uint32)
             lo, hi = part * per, min(K, part * per + per)
@@ -365,7 +465,7 @@ def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, 
             for c in range(lo, hi_k):
                 if c + PREFETCH_AHEAD < hi_k:
                     _prefetch_row(flat, ids[b, j, c + PREFETCH_AHEAD], r)
-                z = _corrected(vals[b, j, c], ids[b, j, c], w2, w2_bf16, e, row, row_bits, scale)
+                z = _corrected(vals[b, j, c], ids[b, j, c], w2, w2_bf16, u, row, row_bits, scale)
                 logits[b, j, c] = z
                 score = z if greedy[b] else z / temp[b] + noise[b, j, c]
                 if score > top or c == lo:  # first maximum wins, as torch.argmax
@@ -392,7 +492,7 @@ def _walk(vals, ids, base, table, anchor, w1, w1_bf16, w2, w2_bf16, d2t, scale, 
                 for t in range(k):  # branch-free: vectorises
                     hit |= ids[b, j, t] == cid
                 v = np.float32(-np.inf) if hit else base[b, j, cid]
-                z = _corrected(v, cid, w2, w2_bf16, e, row, row_bits, scale)
+                z = _corrected(v, cid, w2, w2_bf16, u, row, row_bits, scale)
                 logits[b, j, c] = z
                 score = z if greedy[b] else z / temp[b] + _gumbel(prefix[b, j], cid)
                 if score > top or c == lo:  # after the top-k ones: a top-k candidate wins a tie
@@ -427,6 +527,26 @@ def _weights(w: torch.Tensor) -> tuple[np.ndarray, bool]:
     return w.to(torch.float32).numpy(), False
 
 
+#: what a vanilla walk passes for the head's arrays: never read
+_NO_HEAD = (0, np.empty((0, 0, 0), np.float32), np.empty((0, 0), np.float32), np.empty((0, 0, 0), np.float32))
+_HEAD_KINDS = {"gated": 1, "rnn": 2}
+
+
+def _head_arrays(head: HeadFeatures | None, B: int, N: int, r: int) -> tuple:
+    """(kind, hidden [B, N, r | 3r], weight, state [2, B, r]) as the kernel reads them (fp32, contiguous)."""
+    if head is None:
+        return _NO_HEAD
+    if tuple(head.hidden_part.shape[:2]) != (B, N) or head.rank != r:
+        raise DSparkTrtError(f"the {head.kind} head's hidden part has shape {list(head.hidden_part.shape)}; this "
+                             f"walk needs [{B}, {N}, {r if head.kind == 'gated' else 3 * r}] (B, N, rank r)")
+    hidden = head.hidden_part.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    weight = head.weight.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
+    state = np.zeros((2, B, r), np.float32)
+    if head.kind == "rnn" and head.state0 is not None:
+        state[0] = head.state0.detach().to(device="cpu", dtype=torch.float32).numpy()
+    return _HEAD_KINDS[head.kind], hidden, weight, state
+
+
 def _check_out(out: tuple, shapes: tuple, dtypes: tuple) -> None:
     for t, shape, dtype in zip(out, shapes, dtypes):
         if tuple(t.shape) != tuple(shape) or t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
@@ -455,13 +575,18 @@ def cpu_walk_candidates(
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # tokens, cand_logits, confidence
     union_table: torch.Tensor | None = None,  # [V, M] int draft ids: the candidate union (reference.markov)
     base_logits: torch.Tensor | None = None,  # [B, N, V_d] base logits, read at the union's ids
+    head: HeadFeatures | None = None,  # a gated or RNN head's walk inputs (None = vanilla)
 ) -> MarkovWalkResult:
     """``reference.markov.walk_candidates`` (top-k) as one native kernel on the CPU; same result type.
 
     ``out`` (optional): contiguous CPU buffers the kernel writes — tokens [B, N] int64, cand_logits [B, N, k + M]
     fp32, confidence [B, N] fp32 — returned in the result. With ``union_table`` (M > 0) the candidate union:
-    cand_ids and cand_logits are [B, N, k + M]; M = 0 (no table) is the plain walk, the same kernel."""
+    cand_ids and cand_logits are [B, N, k + M]; M = 0 (no table) is the plain walk, the same kernel. With
+    ``head`` (``reference.markov_heads.HeadFeatures``) the bias multiplies the gated / RNN head's u_j."""
     M = 0 if union_table is None else int(union_table.shape[-1])
+    if M and head is not None:
+        raise DSparkTrtError(f"the candidate union (--markov-topm M > 0) is defined for the vanilla Markov head "
+                             f"only: a {head.kind} head's bias depends on the context; use --markov-topm 0")
     if cand_ids is None:
         raise DSparkTrtError("the candidate union (--markov-topm M > 0) needs a top-k head: the dense head already "
                              "scores every token; use --markov-topm 0 or a --topk" if M else
@@ -507,6 +632,7 @@ def cpu_walk_candidates(
     cw = empty if not with_conf else (np.zeros(w1.shape[1], np.float32) if conf_w_markov is None
                                       else conf_w_markov.detach().to(torch.float32).contiguous().numpy())  # [r]
     offsets = np.empty(0, np.int64) if d2t is None else d2t.to(torch.int64).contiguous().numpy()  # [V_d]
+    head_kind, head_hidden, head_w, head_state = _head_arrays(head, B, N, w1.shape[1])
     if out is None:
         out = (torch.empty(B, N, dtype=torch.int64), torch.empty(B, N, k + M), torch.empty(B, N))
     _check_out(out, ((B, N), (B, N, k + M), (B, N)), (torch.int64, torch.float32, torch.float32))
@@ -517,7 +643,8 @@ def cpu_walk_candidates(
         splits = max(1, min(_threads() // B, k + M))  # few requests: split each step's candidates over threads
         vals = cand_vals.detach().to(torch.float32).contiguous().numpy()  # [B, N, k]
         _walk(vals, ids_np, base, table_np, anchor_np, w1_np, w1_bf16, w2_np, w2_bf16, offsets,
-              np.float32(logit_scale), temp, greedy, noise, prefix, cb, cw, splits,
+              np.float32(logit_scale), temp, greedy, noise, prefix, cb, cw, head_kind, head_hidden, head_w,
+              head_state, max(1, _threads() // -(-B // HEAD_BLOCK)), splits,
               all_ids.numpy() if M else _NO_IDS, tokens, logits, conf, status)
     if status.any():
         if (status == 2).any():

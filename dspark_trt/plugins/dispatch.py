@@ -49,7 +49,7 @@ REFERENCE = MarkovImpl("reference PyTorch walk", select_candidates, walk_candida
 #: dense speed for that alone (docs/design/runtime.md, "Which Markov walk on the CPU").
 CPU_KERNEL_MIN_HEAD = 1 << 20
 #: the Markov heads (config.SUPPORTED_MARKOV_HEADS) each device's native kernels walk; the others get the reference
-NATIVE_HEADS = {"cpu": ("vanilla",), "cuda": ("vanilla", "gated", "rnn")}
+NATIVE_HEADS = {"cpu": ("vanilla", "gated", "rnn"), "cuda": ("vanilla", "gated", "rnn")}
 
 
 def fallback_reason(device: torch.device | str, *, topk: int | None, rank: int, num_draft_tokens: int,

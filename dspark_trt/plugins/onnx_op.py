@@ -29,7 +29,17 @@ The candidate union (``--markov-topm M``) is a second op of the domain, ``dspark
 (contract ``UNION_*``; schema since ``dspark`` domain version 2, ``contract.OP_VERSIONS``): ``union_op_schema``
 and ``union_local_function`` are built the same way from ``contract.reference_union_op`` (its two extra
 inputs: the table, shared by every step, and the base logits, sliced per step). ``register_schema`` registers
-both schemas.
+every schema.
+
+The gated and RNN Markov heads are two more ops, ``dspark::DSparkTopKMarkovGated`` and ``DSparkTopKMarkovRNN``
+(contract ``GATED_INPUTS`` / ``RNN_INPUTS``, the plain op's outputs and attributes; schemas since ``dspark`` domain
+version 3): ``head_op_schema(head)`` and ``head_local_function(head, N, ...)``, built the same way from
+``contract.REFERENCE_OPS[head]``. The head's hidden part (``gate_hidden`` [B, N, r] / ``joint_hidden`` [B, N, 3r])
+is sliced per step like the candidates; the walk's weight is shared. The RNN step also threads the recurrent
+state: its exported step graph takes the state before the step as ``rnn_state0`` and returns the state after it
+as a fourth output (``HeadFeatures.step`` of the reference, on the step's predecessor, the same anchor the
+reference op reads), which the chain feeds to the next step's ``rnn_state0``; the function's outputs are still
+the plain op's three.
 """
 
 from __future__ import annotations
@@ -39,18 +49,22 @@ import threading
 
 import torch
 
-from .contract import (ATTRIBUTES, INPUTS, OP_VERSIONS, OP_DOMAIN, OP_NAME, OUTPUTS, PLUGIN_NAMESPACE,
-                       PLUGIN_VERSION, UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME, UNION_OUTPUTS)
+from .contract import (ATTRIBUTES, HEAD_OPS, INPUTS, OP_VERSIONS, OP_DOMAIN, OP_NAME, OUTPUTS,
+                       PLUGIN_NAMESPACE, PLUGIN_VERSION, UNION_ATTRIBUTES, UNION_INPUTS, UNION_OP_NAME,
+                       UNION_OUTPUTS)
 
 __all__ = [
     "OPSET_VERSION",
     "UNION_OPSET_VERSION",
+    "HEAD_OPSET_VERSIONS",
     "FLOAT_TYPES",
     "register_schema",
     "op_schema",
     "union_op_schema",
+    "head_op_schema",
     "local_function",
     "union_local_function",
+    "head_local_function",
     "node_attributes",
     "union_node_attributes",
 ]
@@ -59,6 +73,9 @@ OPSET_VERSION = 1  # version of the ``dspark`` ONNX domain of an export without 
 #: the ``dspark`` domain version of an export with the union op (``contract.OP_VERSIONS``); the union
 #: schema is registered since this version, the plain op's schema (since 1) stays valid under it
 UNION_OPSET_VERSION = OP_VERSIONS[UNION_OP_NAME]
+#: per Markov head type, the ``dspark`` domain version of an export with its op (vanilla 1; gated and rnn 3: their
+#: schemas are registered since that version, the older ops' schemas stay valid under it)
+HEAD_OPSET_VERSIONS = {head: OP_VERSIONS[name] for head, (name, _) in HEAD_OPS.items()}
 #: ONNX type strings the logits (T) and weights (W) may have
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
 _FIXED_TYPES = {"int32": "tensor(int32)", "float32": "tensor(float)"}
@@ -91,6 +108,27 @@ def union_op_schema():
            "(reference_union_op), docs/kernel.md.")
     return _schema(UNION_OP_NAME, UNION_OPSET_VERSION, UNION_INPUTS, UNION_OUTPUTS, UNION_ATTRIBUTES, doc,
                    _infer_union_outputs)
+
+
+_HEAD_DOCS = {
+    "gated": ("DSparkTopKMarkovGated: DSparkTopKMarkov with the gated Markov head: the bias of slot j is "
+              "W2 · (g_j ⊙ e_j), g_j = σ(gate_hidden[:, j] + gate_w · e_j), e_j = W1[d_j]; the confidence still "
+              "reads e_j."),
+    "rnn": ("DSparkTopKMarkovRNN: DSparkTopKMarkov with the RNN Markov head: from s_0 = rnn_state0, "
+            "(γ, c, o) = split₃(joint_hidden[:, j] + joint_w · [s_j ; e_j]), the bias of slot j is W2 · tanh(o) "
+            "and s_{j+1} = σ(γ) ⊙ s_j + (1 − σ(γ)) ⊙ tanh(c), e_j = W1[d_j]; the confidence still reads "
+            "e_j."),
+}
+
+
+def head_op_schema(head: str):
+    """A fresh ``OpSchema`` for the op of a Markov head type (``contract.HEAD_OPS``: vanilla, gated, rnn; not
+    registered)."""
+    if head == "vanilla":
+        return op_schema()
+    name, inputs = HEAD_OPS[head]
+    doc = _HEAD_DOCS[head] + " Contract: dspark_trt/plugins/contract.py (REFERENCE_OPS), docs/export.md."
+    return _schema(name, HEAD_OPSET_VERSIONS[head], inputs, OUTPUTS, ATTRIBUTES, doc, _infer_outputs)
 
 
 def _schema(name, version, inputs, outputs, op_attributes, doc, infer):
@@ -160,7 +198,8 @@ def _infer_union_outputs(ctx) -> None:
 
 
 def register_schema() -> None:
-    """Register both schemas once per process (``onnx.defs`` raises on a second registration)."""
+    """Register every schema (plain, union, gated, rnn) once per process (``onnx.defs`` raises on a second
+    registration)."""
     import onnx.defs
 
     with _lock:
@@ -168,6 +207,9 @@ def register_schema() -> None:
             onnx.defs.register_schema(op_schema())
         if not onnx.defs.has(UNION_OP_NAME, OP_DOMAIN):
             onnx.defs.register_schema(union_op_schema())
+        for head in ("gated", "rnn"):
+            if not onnx.defs.has(HEAD_OPS[head][0], OP_DOMAIN):
+                onnx.defs.register_schema(head_op_schema(head))
 
 
 # -- the local functions ---------------------------------------------------------------------------------
@@ -204,7 +246,29 @@ def union_local_function(num_draft_tokens: int, values_dtype: torch.dtype = torc
     return fn
 
 
+def head_local_function(head: str, num_draft_tokens: int, values_dtype: torch.dtype = torch.float32,
+                        weights_dtype: torch.dtype = torch.float32, *, opset: int | None = None):
+    """The model-local ``FunctionProto`` of a Markov head type's op (``contract.HEAD_OPS``) for N =
+    ``num_draft_tokens``: vanilla = ``local_function``; gated / rnn = N chained copies of one step of
+    ``contract.REFERENCE_OPS[head]`` (N = 1, exported by ``torch.onnx``), the head's hidden part sliced per step,
+    its weight shared, and (rnn) the recurrent state threaded from step to step (module docstring). B, k, V, V_d,
+    r stay symbolic; the head's inputs are fp32 except the weight (W)."""
+    import onnx
+
+    if head == "vanilla":
+        return local_function(num_draft_tokens, values_dtype, weights_dtype, opset=opset)
+    if head not in ("gated", "rnn"):
+        raise ValueError(f"unknown Markov head type {head!r}: use one of {list(HEAD_OPS)}")
+    fn = onnx.FunctionProto()
+    fn.CopyFrom(_head_local_function(head, int(num_draft_tokens), values_dtype, weights_dtype, opset))
+    return fn
+
+
 _SLICED = ("cand_values", "cand_ids", "conf_base")  # [B, N, ...] inputs fed per step as [:, j:j+1]
+#: per head: its per-slot hidden part, sliced per step too
+_HEAD_SLICED = {"gated": ("gate_hidden",), "rnn": ("joint_hidden",)}
+#: the RNN step's extra output: the recurrent state after the step, fed to the next step's ``rnn_state0``
+_RNN_STATE_OUT = "rnn_state_next"
 
 
 @functools.cache
@@ -221,10 +285,23 @@ def _union_local_function(n: int, values_dtype: torch.dtype, weights_dtype: torc
                   f"DSparkTopKMarkovUnion from standard ops: {n} chained steps of the exported reference union walk")
 
 
-def _chain(step, n: int, op_name: str, inputs, outputs, sliced, attributes, doc):
+@functools.cache
+def _head_local_function(head: str, n: int, values_dtype: torch.dtype, weights_dtype: torch.dtype,
+                         opset: int | None):
+    name, inputs = HEAD_OPS[head]
+    carried = {"rnn_state0": _RNN_STATE_OUT} if head == "rnn" else None
+    return _chain(_head_step_graph(head, values_dtype, weights_dtype, opset), n, name, inputs, OUTPUTS,
+                  _SLICED + _HEAD_SLICED[head], list(node_attributes(1, 1.0)) + ["aot"],
+                  f"{name} from standard ops: {n} chained steps of the exported reference {head} walk",
+                  carried=carried)
+
+
+def _chain(step, n: int, op_name: str, inputs, outputs, sliced, attributes, doc, *, carried: dict | None = None):
     """A FunctionProto chaining ``n`` copies of the exported single-step model ``step``: step j reads the
     ``sliced`` inputs at ``[:, j:j+1]``, ``position + j`` and the previous step's token as its anchor; its
-    outputs are concatenated along axis 1 (the first, the token [B, 1], also becomes the next anchor)."""
+    outputs are concatenated along axis 1 (the first, the token [B, 1], also becomes the next anchor).
+    ``carried`` {input: step output}: state threaded through the steps — step 0 reads the function's input, step
+    j > 0 the step output of step j − 1 (the step graph's outputs after the function's ``outputs``)."""
     import onnx
     from onnx import helper
 
@@ -240,6 +317,7 @@ def _chain(step, n: int, op_name: str, inputs, outputs, sliced, attributes, doc)
 
     nodes += [const("one_axis", [1])]
     prev = "anchor"
+    state = {name: name for name in carried or {}}  # carried input → the value step j reads
     step_outputs: list[list[str]] = [[] for _ in outputs]
     for j in range(n):
         p = f"step{j}/"
@@ -247,7 +325,7 @@ def _chain(step, n: int, op_name: str, inputs, outputs, sliced, attributes, doc)
                   helper.make_node("Constant", [], [p + "offset"], name=p + "offset",
                                    value=helper.make_tensor(p + "offset", onnx.TensorProto.INT32, [], [j]))]
         renamed = {name: p + name for name in sliced}
-        renamed.update({"position": p + "position", "anchor": prev, "logit_scale": "logit_scale"})
+        renamed.update({"position": p + "position", "anchor": prev, "logit_scale": "logit_scale", **state})
         for name in sliced:  # [:, j:j+1]
             nodes.append(helper.make_node("Slice", [name, p + "start", p + "end", "one_axis"], [renamed[name]],
                                           name=p + "slice_" + name))
@@ -266,8 +344,10 @@ def _chain(step, n: int, op_name: str, inputs, outputs, sliced, attributes, doc)
             copy.output.extend(renamed.setdefault(x, p + x) for x in node.output)
             nodes.append(copy)
         outs = [renamed[o.name] for o in graph.output]  # [B, 1] int32, [B, 1, k (+ M)] fp32, [B, 1] fp32 (, [B, 1, M])
-        for acc, name in zip(step_outputs, outs):
+        for acc, name in zip(step_outputs, outs[:len(outputs)]):
             acc.append(name)
+        for name, out in (carried or {}).items():
+            state[name] = renamed[out]
         prev = p + "token"
         nodes.append(helper.make_node("Squeeze", [outs[0], "one_axis"], [prev], name=p + "token"))  # [B]
     for out, parts in zip(outputs, step_outputs):
@@ -317,6 +397,36 @@ class _UnionStep(torch.nn.Module):
                                   position, conf_base, conf_w, union_table, base_logits, logit_scale=logit_scale)
 
 
+class _GatedStep(torch.nn.Module):
+    """One step of the gated walk = the contract's reference gated op with N = 1; ``logit_scale`` as an input."""
+
+    def forward(self, cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                conf_base, conf_w, gate_hidden, gate_w, logit_scale):
+        from .contract import reference_gated_op
+
+        return reference_gated_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                  position, conf_base, conf_w, gate_hidden, gate_w, logit_scale=logit_scale)
+
+
+class _RNNStep(torch.nn.Module):
+    """One step of the RNN walk = the contract's reference RNN op with N = 1 (``rnn_state0`` = the state before the
+    step), plus the state after it: the reference head's own update (``HeadFeatures.step``) on the predecessor's
+    embedding ``W1[anchor]``, exactly what the walk's step computes; ``logit_scale`` as an input."""
+
+    def forward(self, cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed, position,
+                conf_base, conf_w, joint_hidden, joint_w, rnn_state0, logit_scale):
+        from ..reference.markov_heads import HeadFeatures
+        from .contract import reference_rnn_op
+
+        outputs = reference_rnn_op(cand_values, cand_ids, anchor, markov_w1, markov_w2, d2t, temperature, seed,
+                                   position, conf_base, conf_w, joint_hidden, joint_w, rnn_state0,
+                                   logit_scale=logit_scale)
+        head = HeadFeatures("rnn", joint_hidden, joint_w, rnn_state0)
+        e = markov_w1[anchor.to(torch.int64)].to(torch.float32)  # [B, r], as walk_candidates reads it
+        _, state = head.step(e, 0, head.start())
+        return (*outputs, state)
+
+
 _B, _K, _V, _VD, _R, _M = 3, 5, 13, 11, 4, 6  # example sizes: distinct, ≥ 2, so no dimension specialises
 
 
@@ -362,3 +472,28 @@ def _union_step_graph(values_dtype: torch.dtype, weights_dtype: torch.dtype, ops
     return torch_onnx_export(_UnionStep(), example + union + (torch.tensor(1.0),), input_names=names,
                              output_names=[t.name for t in UNION_OUTPUTS],
                              dynamic_shapes=dynamic + union_dynamic + (None,), opset=opset).model_proto
+
+
+@functools.cache
+def _head_step_graph(head: str, values_dtype: torch.dtype, weights_dtype: torch.dtype, opset: int | None):
+    """The exported single-step gated / RNN model (B, k, V, V_d, r symbolic; N = 1): the head's hidden part
+    [B, 1, r | 3r] fp32, its weight [r, r] | [3r, 2r] (W) and (rnn) the state before the step [B, r] fp32; the rnn
+    step also outputs the state after it (``_RNN_STATE_OUT``)."""
+    from ..torch_to_onnx import torch_onnx_export
+
+    example, dynamic, dims = _step_example(values_dtype, weights_dtype)
+    Bd, rd = dims["B"], dims["r"]
+    name, inputs = HEAD_OPS[head]
+    outputs = [t.name for t in OUTPUTS]
+    if head == "gated":
+        extra = (torch.randn(_B, 1, _R), torch.randn(_R, _R).to(weights_dtype))
+        extra_dynamic = ({0: Bd, 2: rd}, {0: rd, 1: rd})
+        module = _GatedStep()
+    else:
+        extra = (torch.randn(_B, 1, 3 * _R), torch.randn(3 * _R, 2 * _R).to(weights_dtype), torch.randn(_B, _R))
+        extra_dynamic = ({0: Bd, 2: 3 * rd}, {0: 3 * rd, 1: 2 * rd}, {0: Bd, 1: rd})
+        module = _RNNStep()
+        outputs.append(_RNN_STATE_OUT)
+    names = [t.name for t in inputs] + ["logit_scale"]
+    return torch_onnx_export(module, example + extra + (torch.tensor(1.0),), input_names=names, output_names=outputs,
+                             dynamic_shapes=dynamic + extra_dynamic + (None,), opset=opset).model_proto

@@ -6,8 +6,9 @@ endpoint, supervised.
         d.watch(stop_event)                                      # until stopped; restarts a dead model
 
 What runs: ``tritonserver`` (``server.py``) with explicit model control on a repository written by
-``repository.write_model_repository`` (in a scratch directory, removed at the end) — or the given one —,
-and the OpenAI front end (``openai_app.py``) on a thread of this process. A checkpoint is exported first,
+``repository.write_model_repository`` (in a scratch directory, removed at the end) — or the given one —, its
+endpoints on loopback unless ``triton_host`` publishes them and its control APIs restricted to this supervisor
+(``restrict_control``) wherever they listen; and the OpenAI front end (``openai_app.py``) on a thread of this process. A checkpoint is exported first,
 through the cache of ``export_cache.py`` (keyed by content digest and export options).
 
 Supervision (``watch``): Triton never restarts a Python-backend stub that died and keeps answering ready,
@@ -33,7 +34,7 @@ from typing import Callable
 from ..errors import DSparkTrtError
 from .settings import ServeOptions
 
-__all__ = ["Source", "Deployment", "resolve_source", "frontend_config", "default_dtype"]
+__all__ = ["Source", "Deployment", "resolve_source", "frontend_config", "default_dtype", "triton_host_of"]
 
 log = logging.getLogger("dspark")
 
@@ -109,8 +110,16 @@ def _served_model(repository: Path, wanted: str | None) -> str:
                          f"for the OpenAI front end")
 
 
+def triton_host_of(options: ServeOptions) -> str:
+    """The address Triton's HTTP and gRPC endpoints bind: ``--triton-host``, else loopback in ``--host``'s family
+    (whatever ``--host`` says: publishing Triton is a choice of its own)."""
+    from .addresses import loopback
+
+    return options.triton_host or loopback(options.host)
+
+
 def frontend_config(repository: str | Path, model: str, grpc_url: str, *, served_model_name: str | None = None,
-                    chat_template: str | None = None):
+                    chat_template: str | None = None, api_keys: tuple[str, ...] = ()):
     """The front end's view of a repository's model: its tokenizer directory and context limit, read from
     ``config.pbtxt`` and the export's manifest (no model is loaded)."""
     from ..jsonfile import read_json
@@ -136,7 +145,7 @@ def frontend_config(repository: str | Path, model: str, grpc_url: str, *, served
         limit = limit or raw.get("max_position_embeddings")
     return FrontendConfig(triton_grpc=grpc_url, model=model, served_model_name=served_model_name,
                           tokenizer_dir=tokenizer_dir, chat_template=chat_template,
-                          max_context=int(limit) if limit else None)
+                          max_context=int(limit) if limit else None, api_keys=tuple(api_keys))
 
 
 class Deployment:
@@ -202,15 +211,20 @@ class Deployment:
         try:
             if self.repository is None:
                 self.prepare()
+            triton_host = triton_host_of(opts)
             self.server = TritonServer(self.repository, http_port=opts.http_port or None,
                                        grpc_port=opts.grpc_port or None, metrics_port=opts.metrics_port or None,
-                                       host=opts.host, executable=opts.tritonserver, log_file=opts.log_file,
-                                       model_control="explicit", exit_timeout=opts.exit_timeout)
+                                       host=triton_host, metrics_host=opts.metrics_host or triton_host,
+                                       executable=opts.tritonserver, log_file=opts.log_file,
+                                       model_control="explicit", exit_timeout=opts.exit_timeout,
+                                       restrict_control=True)
             if opts.openai_port is not None:  # the port first: a busy one fails before the server starts
                 config = frontend_config(self.repository, self.model, self.server.endpoints.grpc,
-                                         served_model_name=opts.served_model_name, chat_template=opts.chat_template)
+                                         served_model_name=opts.served_model_name, chat_template=opts.chat_template,
+                                         api_keys=opts.api_keys)
                 self.frontend = OpenAIFrontend(config, host=opts.host, port=opts.openai_port,
-                                               readiness=self.readiness, access_log=opts.access_log).bind()
+                                               readiness=self.readiness, access_log=opts.access_log,
+                                               ssl_keyfile=opts.ssl_keyfile, ssl_certfile=opts.ssl_certfile).bind()
             self.server.start(timeout=opts.startup_timeout)
             self._stubs = self._live_stubs()
             if self.frontend is not None:
@@ -304,6 +318,28 @@ class Deployment:
                     return None
             self.say(f"the model {self.model!r} is serving again (restarted in {seconds:.1f} s)")
         return None
+
+    # -- drain ---------------------------------------------------------------------------------------------
+    def drain(self, timeout: float, cut: threading.Event | None = None, *, interval: float = 0.05) -> int:
+        """The graceful part of a stop: readiness false at once (load balancers and Kubernetes stop routing here),
+        new requests refused with 503 and Retry-After, and up to ``timeout`` seconds for the requests in flight
+        (streams included) to end, or until ``cut`` is set. Returns how many were still in flight (0: drained).
+        Without a front end there is nothing to wait for here: tritonserver's own exit drains (--exit-timeout)."""
+        self.readiness.start_drain()
+        if self.frontend is None:
+            return 0
+        begin = time.monotonic()
+        left = self.frontend.in_flight()
+        self.say(f"draining: {left} request(s) in flight get up to {timeout:g} s; new requests are refused (503)")
+        while left and time.monotonic() - begin < timeout and not (cut is not None and cut.is_set()):
+            time.sleep(interval)
+            left = self.frontend.in_flight()
+        if left:
+            self.say(f"drain ended after {time.monotonic() - begin:.1f} s with {left} request(s) still in flight: "
+                     f"they are cut")
+        else:
+            self.say(f"drained in {time.monotonic() - begin:.1f} s")
+        return left
 
     # -- stop ----------------------------------------------------------------------------------------------
     def stop(self) -> int | None:

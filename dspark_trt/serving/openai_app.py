@@ -7,10 +7,21 @@ become the answer (``stream: true``: server-sent events, one per decoding round,
 ``data: [DONE]``). The answer's text never includes the prompt (``echo: true`` on /v1/completions
 prepends it).
 
-    GET  /health                200 when the model is ready, else 503 (with the reason)
+    GET  /health/live           200 while the process and its front end run (a restarting model included)
+    GET  /health/ready          200 when the model is ready and the server is not draining, else 503 (the reason)
+    GET  /health                the same as /health/ready (no key needed on any of the three)
     GET  /v1/models             the served model while it is ready, else an empty list
     POST /v1/completions        one prompt (text or token ids)
     POST /v1/chat/completions   messages (text content)
+    GET  /openapi.json          the API described (OpenAPI 3.1; schemas: ``openai_protocol``'s models); no key needed
+
+With API keys (``FrontendConfig.api_keys``), every other path needs ``Authorization: Bearer KEY``
+(``auth.BearerAuth``: a 401 in OpenAI's error shape otherwise). ``OpenAIFrontend`` serves HTTPS when given a
+key and certificate.
+
+The drain (``dspark serve`` on SIGTERM, ``Readiness.start_drain``): readiness turns false at once, every new
+request is refused with 503 and ``Retry-After``, and requests in flight, streams included, go on to their end;
+``OpenAIFrontend.in_flight`` tells the supervisor when none is left.
 
 A client that disconnects closes the request's gRPC stream, which cancels it in Triton. Readiness combines
 Triton's own model readiness (polled) with a ``Readiness`` object the supervisor of ``dspark serve`` marks
@@ -26,7 +37,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DSparkTrtError
@@ -35,9 +46,12 @@ from .chat_template import no_template_message
 from . import openai_protocol as oa
 from .triton_stream import Final, Piece, TritonRequestError, TritonStreamClient, generate_inputs
 
-__all__ = ["FrontendConfig", "Readiness", "create_app", "OpenAIFrontend", "MAX_PROMPT_BYTES"]
+__all__ = ["FrontendConfig", "Readiness", "create_app", "OpenAIFrontend", "MAX_PROMPT_BYTES", "DRAINING"]
 
 log = logging.getLogger("dspark")
+
+#: readiness's reason while draining, and the refusal's message
+DRAINING = "the server is draining (shutting down): retry on another replica"
 
 MAX_PROMPT_BYTES = 256 * 1024  # prompt text per request (the model's own limit on text_input)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # request body
@@ -58,6 +72,7 @@ class FrontendConfig:
             must be token ids and chat is refused.
         chat_template (*optional*): a Jinja chat template replacing the tokenizer's.
         max_context (*optional*): prompt + max_tokens limit (checked here before Triton is asked).
+        api_keys (*optional*): keys clients must send (``Authorization: Bearer KEY``); empty: none needed.
     """
 
     triton_grpc: str
@@ -68,6 +83,7 @@ class FrontendConfig:
     max_context: int | None = None
     max_prompt_bytes: int = MAX_PROMPT_BYTES
     ready_poll_seconds: float = 1.0
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def name(self) -> str:
@@ -81,19 +97,32 @@ class Readiness:
         self._lock = threading.Lock()
         self._triton_ready = False
         self._down: str | None = None
+        self._draining = False
         self._listeners = []
 
     @property
     def ready(self) -> bool:
         with self._lock:
-            return self._triton_ready and self._down is None
+            return self._triton_ready and self._down is None and not self._draining
 
     @property
     def reason(self) -> str:
         with self._lock:
+            if self._draining:
+                return DRAINING
             if self._down is not None:
                 return self._down
             return "" if self._triton_ready else "the Triton model is not ready"
+
+    @property
+    def draining(self) -> bool:
+        with self._lock:
+            return self._draining
+
+    def start_drain(self) -> None:
+        """Not ready from now on, for good: new requests are refused (503), those in flight go on."""
+        with self._lock:
+            self._draining = True
 
     @property
     def marked_down(self) -> bool:
@@ -139,6 +168,7 @@ class _Job:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.app = app
         self.finished = False  # the final response (or an error) arrived: Triton is done with the request
+        self.streaming = False  # handed to a server-sent-events response: counted in ``app.streams``
         self.task = asyncio.create_task(self._produce(tensors, request_id))
         app.jobs.add(self)
 
@@ -170,7 +200,10 @@ class _Job:
     def close(self) -> None:
         if not self.finished:
             self.task.cancel()  # closes the gRPC stream: Triton cancels the request
-        self.app.jobs.discard(self)  # a finished one closes its stream cleanly by itself (triton_stream._drain)
+        if self in self.app.jobs:  # a finished one closes its stream cleanly by itself (triton_stream._drain)
+            self.app.jobs.discard(self)
+            if self.streaming:
+                self.app.streams -= 1
 
 
 class _App:
@@ -186,8 +219,11 @@ class _App:
         self.chat_template = config.chat_template or getattr(self.tokenizer, "chat_template", None)
         self.triton: TritonStreamClient | None = None
         self.jobs: set[_Job] = set()
+        self.entering = 0  # requests inside their handler (a non-streamed one until its answer)
+        self.streams = 0  # streamed answers after their handler returned, until their end
         self.created = int(time.time())
         self._poller: asyncio.Task | None = None
+        self._openapi: dict | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -221,6 +257,17 @@ class _App:
             job.abort(reason)
 
     # -- routes ------------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """Requests between their acceptance and their answer's end (read from the supervisor's thread too)."""
+        return self.entering + self.streams
+
+    async def live(self, request):
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"status": "alive", "model": self.config.name, "draining": self.readiness.draining,
+                             "in_flight": self.in_flight})
+
     async def health(self, request):
         from starlette.responses import JSONResponse
 
@@ -238,6 +285,16 @@ class _App:
                          "owned_by": "dspark-trt", "max_model_len": self.config.max_context})
         return JSONResponse({"object": "list", "data": data})
 
+    async def openapi(self, request):
+        from starlette.responses import JSONResponse
+
+        if self._openapi is None:
+            from .. import __version__
+
+            self._openapi = oa.openapi_document(keys=bool(self.config.api_keys), model=self.config.name,
+                                                version=__version__)
+        return JSONResponse(self._openapi)
+
     async def completions(self, request):
         return await self._handle(request, chat=False)
 
@@ -254,11 +311,26 @@ class _App:
                 raise oa.OpenAIError(f"the request body is larger than {MAX_BODY_BYTES} bytes", status=413)
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as e:
+            body = json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             raise oa.OpenAIError(f"the request body is not valid JSON: {e}") from None
+        try:  # JSON may spell lone UTF-16 surrogates (\\ud800), which no tokenizer or stop string can take
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise oa.OpenAIError("the request body holds a lone surrogate (an escape like \\ud800 without its "
+                                 "pair): send valid Unicode text") from None
+        return body
 
     async def _handle(self, request, *, chat: bool):
+        if self.readiness.draining:
+            return _error(oa.OpenAIError(DRAINING, status=503))
+        self.entering += 1
+        try:
+            return await self._accepted(request, chat=chat)
+        finally:
+            self.entering -= 1
+
+    async def _accepted(self, request, *, chat: bool):
         try:
             body = await self._body(request)
             req = oa.parse_chat(body) if chat else oa.parse_completion(body)
@@ -293,6 +365,8 @@ class _App:
         if req.stream:
             from sse_starlette.sse import EventSourceResponse
 
+            job.streaming = True
+            self.streams += 1
             return EventSourceResponse(self._events(job, first, req, rid, chat, len(prompt_ids), echo),
                                        ping=15, sep="\n")
         try:
@@ -336,7 +410,13 @@ class _App:
             self._check_size(len(req.prompt.encode("utf-8")), "prompt")
             text = req.prompt
         else:  # token ids: the context limit bounds them
-            text = tok.decode(req.prompt, skip_special_tokens=False) if (tok is not None and req.echo) else None
+            text = None
+            if tok is not None and req.echo:
+                try:
+                    text = tok.decode(req.prompt, skip_special_tokens=False)
+                except Exception:  # an id beyond the vocabulary (the model would refuse it the same way)
+                    raise oa.OpenAIError("'prompt' holds a token id outside the model's vocabulary",
+                                         param="prompt") from None
             return list(req.prompt), text
         encode = lambda: tok.encode(text, add_special_tokens=False)  # noqa: E731  (as SpeculativeDecoder does)
         ids = encode() if len(text) <= SMALL_PROMPT_CHARS else await asyncio.to_thread(encode)
@@ -439,7 +519,10 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
     from contextlib import asynccontextmanager
 
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route
+
+    from .auth import BearerAuth
 
     state = _App(config, readiness or Readiness())
 
@@ -452,10 +535,13 @@ def create_app(config: FrontendConfig, readiness: Readiness | None = None):
             await state.shutdown()
 
     routes = [Route("/health", state.health, methods=["GET"]),
+              Route("/health/ready", state.health, methods=["GET"]),
+              Route("/health/live", state.live, methods=["GET"]),
+              Route("/openapi.json", state.openapi, methods=["GET"]),
               Route("/v1/models", state.models, methods=["GET"]),
               Route("/v1/completions", state.completions, methods=["POST"]),
               Route("/v1/chat/completions", state.chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(BearerAuth, keys=config.api_keys)])
     app.state.dspark = state
     return app
 
@@ -467,35 +553,65 @@ class OpenAIFrontend:
         config: what to serve.
         host, port: where to listen (port 0: any free port; ``port`` holds the chosen one after ``start``).
         readiness (*optional*): shared with the supervisor of ``dspark serve``.
-        access_log (bool): uvicorn's per-request log lines.
+        access_log (bool): uvicorn's per-request log lines (the request line: never a header, so never a key).
+        ssl_keyfile, ssl_certfile (*optional*): serve HTTPS with this private key and certificate (PEM; both).
     """
 
     def __init__(self, config: FrontendConfig, *, host: str = "127.0.0.1", port: int = 9000,
-                 readiness: Readiness | None = None, access_log: bool = False):
+                 readiness: Readiness | None = None, access_log: bool = False, ssl_keyfile: str | None = None,
+                 ssl_certfile: str | None = None):
         self.config, self.host, self.port = config, host, port
         self.readiness = readiness or Readiness()
         self.access_log = access_log
+        if (ssl_keyfile is None) != (ssl_certfile is None):
+            raise DSparkTrtError("HTTPS needs both --ssl-keyfile and --ssl-certfile (the private key and its "
+                                 "certificate); pass both, or neither for plain HTTP")
+        self.ssl_keyfile, self.ssl_certfile = ssl_keyfile, ssl_certfile
         self._server = None
+        self._state: _App | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
         self.chat_available = False
 
+    def in_flight(self) -> int:
+        """Requests in flight now (0 before the start): what a drain waits for."""
+        return self._state.in_flight if self._state is not None else 0
+
     @property
     def url(self) -> str:
         """The base URL a client uses (a wildcard bind's at loopback: ``serving/addresses.py``)."""
-        return f"http://{client_address(self.host, self.port)}/v1"
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{client_address(self.host, self.port)}/v1"
+
+    def _check_tls(self) -> None:
+        """The key and certificate load (what uvicorn does at its start, where a failure reads badly)."""
+        import ssl
+
+        try:
+            # a password callable: an encrypted key fails here instead of prompting on the terminal
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.ssl_certfile, self.ssl_keyfile,
+                                                                    password=lambda: b"")
+        except (OSError, ssl.SSLError) as e:
+            raise DSparkTrtError(f"cannot serve HTTPS with --ssl-certfile {self.ssl_certfile} and --ssl-keyfile "
+                                 f"{self.ssl_keyfile} ({getattr(e, 'strerror', None) or e}); pass a PEM "
+                                 f"certificate and its unencrypted private key") from None
 
     def bind(self) -> "OpenAIFrontend":
         """Take the port now (``start`` serves on it): a busy port fails before anything else starts."""
         if self._socket is not None:
             return self
+        if self.ssl_certfile:
+            self._check_tls()
         # proto IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets that say
         # they are TCP, and with it on, every response waits ~40 ms for the client's delayed ACK
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM,
-                             socket.IPPROTO_TCP)
+        host = self.host.strip("[]")
+        ipv6 = ":" in host
+        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if ipv6:  # the family asked for only: '::' is IPv6's every address, not IPv4's too
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
-            sock.bind((self.host, self.port))
+            sock.bind((host, self.port))
         except OSError as e:
             sock.close()
             raise DSparkTrtError(f"the OpenAI front end cannot listen on {self.host}:{self.port} ({e.strerror}); "
@@ -510,10 +626,13 @@ class OpenAIFrontend:
 
         sock = self.bind()._socket
         app = create_app(self.config, self.readiness)
-        state = app.state.dspark
+        self._state = state = app.state.dspark
         self.chat_available = state.tokenizer is not None and state.chat_template is not None
         config = uvicorn.Config(app, log_level="warning", access_log=self.access_log, lifespan="on",
-                                timeout_graceful_shutdown=3, timeout_keep_alive=30)
+                                timeout_graceful_shutdown=3, timeout_keep_alive=30, ssl_keyfile=self.ssl_keyfile,
+                                ssl_certfile=self.ssl_certfile)
+        if self.access_log:  # uvicorn set its access logger to log_level (warning), which drops every access line
+            logging.getLogger("uvicorn.access").setLevel(logging.INFO)
         self._server = server = uvicorn.Server(config)
         self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="dspark-openai",
                                         daemon=True)

@@ -14,6 +14,13 @@ caller's package is the one served, from wherever ``dspark serve`` was started.
 start), so that ``load_model`` / ``unload_model`` (the repository API) can restart a model whose Python stub
 died: Triton itself never restarts a dead stub and keeps answering ready (``stubs()`` sees it).
 
+``restrict_control=True`` restricts, with Triton's own restricted-API options, the APIs that change or reveal
+the server (``RESTRICTED_APIS``: loading and unloading models, the model configurations, shared-memory regions,
+trace and log settings) on both HTTP and gRPC to requests carrying a header whose value is a secret made at each
+start; this object sends it (``load_model`` / ``unload_model``), anyone else gets 403 (HTTP) or
+PERMISSION_DENIED (gRPC). Health, metadata, inference and statistics stay open. The secret is on tritonserver's
+command line, which local users can read (they can reach a loopback bind anyway); it never leaves the machine.
+
 Without a ``log_file`` the server's output goes to this process's stderr through a filter that drops the
 start-up errors a CPU host always shows (no CUDA driver, no NVML, no DCGM) and says once that they are harmless.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -37,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DSparkTrtError
-from .addresses import client_address
+from .addresses import client_address, is_ipv6, triton_address
+from .auth import API_KEY_ENV
 
-__all__ = ["TritonServer", "StubProcess", "free_port", "is_cpu_host_noise"]
+__all__ = ["TritonServer", "StubProcess", "free_port", "is_cpu_host_noise", "RESTRICTED_APIS", "CONTROL_HEADER"]
 
 log = logging.getLogger("dspark")
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding dspark_trt/
@@ -77,18 +86,31 @@ def _die_with_parent() -> None:
         pass
 
 
+#: Triton's APIs that only the supervisor may call when ``restrict_control`` is on (the names its
+#: --http-restricted-api and --grpc-restricted-protocol take)
+RESTRICTED_APIS = ("model-repository", "model-config", "shared-memory", "trace", "logging")
+#: the header that carries the supervisor's secret
+CONTROL_HEADER = "dspark-control"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
+    name = host.strip("[]")
+    with socket.socket(socket.AF_INET6 if is_ipv6(name) else socket.AF_INET) as s:
+        s.bind((name, 0))
         return s.getsockname()[1]
 
 
 @dataclass
 class Endpoints:
-    host: str
+    host: str  # what HTTP and gRPC bind
     http_port: int
     grpc_port: int
     metrics_port: int
+    metrics_host: str | None = None  # what the metrics endpoint binds (default: ``host``)
+
+    def __post_init__(self):
+        if self.metrics_host is None:
+            self.metrics_host = self.host
 
     # what a client dials (``host`` is what the server binds; a wildcard bind is dialled at loopback)
     @property
@@ -101,7 +123,7 @@ class Endpoints:
 
     @property
     def metrics(self) -> str:
-        return f"http://{client_address(self.host, self.metrics_port)}/metrics"
+        return f"http://{client_address(self.metrics_host, self.metrics_port)}/metrics"
 
 
 class TritonServer:
@@ -110,23 +132,29 @@ class TritonServer:
     Args:
         repository: the model repository (``dspark triton-repo``).
         http_port, grpc_port, metrics_port (*optional*): default: free ports.
-        host (str, defaults to 127.0.0.1): the address every endpoint binds.
+        host (str, defaults to 127.0.0.1): the address the HTTP and gRPC endpoints bind.
+        metrics_host (*optional*): the address the metrics endpoint binds (default: ``host``).
         executable (*optional*): a tritonserver binary; default: PATH, else PyTriton's bundled one.
         log_file (*optional*): where the server's output goes (default: this process's stderr, filtered).
         model_control (str, defaults to "none"): "explicit" allows ``load_model`` / ``unload_model``.
         exit_timeout (int, defaults to 30): seconds the server drains requests when stopped.
+        restrict_control (bool, defaults to False): ``RESTRICTED_APIS`` answer only this object (see above).
     """
 
     def __init__(self, repository: str | Path, *, http_port: int | None = None, grpc_port: int | None = None,
-                 metrics_port: int | None = None, host: str = "127.0.0.1", executable: str | None = None,
-                 log_file: str | Path | None = None, verbose: int = 0, model_control: str = "none",
-                 exit_timeout: int = 30):
+                 metrics_port: int | None = None, host: str = "127.0.0.1", metrics_host: str | None = None,
+                 executable: str | None = None, log_file: str | Path | None = None, verbose: int = 0,
+                 model_control: str = "none", exit_timeout: int = 30, restrict_control: bool = False):
         self.repository = Path(repository).resolve()
         if not (self.repository.is_dir() and any(self.repository.glob("*/config.pbtxt"))):
             raise DSparkTrtError(f"{repository} is not a Triton model repository (no */config.pbtxt); write one "
                                  f"with `dspark triton-repo`")
-        ports = [p if p else free_port(host) for p in (http_port, grpc_port, metrics_port)]
-        self.endpoints = Endpoints(host, *ports)
+        metrics_host = host if metrics_host is None else metrics_host
+        ports = [p if p else free_port(h) for p, h in ((http_port, host), (grpc_port, host),
+                                                       (metrics_port, metrics_host))]
+        self.endpoints = Endpoints(host, *ports, metrics_host=metrics_host)
+        # the supervisor's secret for the restricted APIs (one per object: a restart keeps it)
+        self._control = secrets.token_urlsafe(32) if restrict_control else None
         self.executable = executable or shutil.which("tritonserver")
         self.log_file = Path(log_file) if log_file else None
         self.verbose = verbose
@@ -174,11 +202,16 @@ class TritonServer:
             cmd = [self.executable]
         else:
             cmd, env = self._bundled()
+        env.pop(API_KEY_ENV, None)  # the front end's keys: nothing tritonserver or the model needs
         e = self.endpoints
-        cmd += ["--model-repository", str(self.repository), "--http-address", e.host, "--grpc-address", e.host,
-                "--metrics-address", e.host, "--http-port", str(e.http_port), "--grpc-port", str(e.grpc_port),
-                "--metrics-port", str(e.metrics_port), "--exit-timeout-secs", str(self.exit_timeout),
-                "--strict-readiness", "true"]
+        cmd += ["--model-repository", str(self.repository), "--http-address", triton_address(e.host, "http"),
+                "--grpc-address", triton_address(e.host, "grpc"),
+                "--metrics-address", triton_address(e.metrics_host, "metrics"), "--http-port", str(e.http_port),
+                "--grpc-port", str(e.grpc_port), "--metrics-port", str(e.metrics_port),
+                "--exit-timeout-secs", str(self.exit_timeout), "--strict-readiness", "true"]
+        if self._control is not None:
+            rule = f"{','.join(RESTRICTED_APIS)}:{CONTROL_HEADER}={self._control}"
+            cmd += ["--http-restricted-api", rule, "--grpc-restricted-protocol", rule]
         if self.model_control == "explicit":
             cmd += ["--model-control-mode", "explicit", "--load-model", "*"]
         if self.verbose:
@@ -268,7 +301,10 @@ class TritonServer:
 
     def _repository(self, model: str, action: str, timeout: float) -> None:
         url = f"http://{self.endpoints.http}/v2/repository/models/{model}/{action}"
-        request = urllib.request.Request(url, data=b"{}", headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self._control is not None:
+            headers[CONTROL_HEADER] = self._control
+        request = urllib.request.Request(url, data=b"{}", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout):
                 return

@@ -46,13 +46,15 @@ class Setting:
     parse: Callable[[str], Any] | None = None
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
-    group: str = "model"  # model | endpoints | server (``dspark serve``'s help groups; "export" joins "model")
+    group: str = "model"  # model | endpoints | security | server (``dspark serve``'s help groups; "export" joins
+    # "model")
     off: tuple[str, str] | None = None
+    many: bool = False  # the flag may be given several times: the value is a tuple of them
 
 
-def setting(default, help: str, **how) -> Any:
-    """A dataclass field with this default and its ``Setting``."""
-    return field(default=default, metadata={_SETTING: Setting(help, **how)})
+def setting(default, help: str, *, repr: bool = True, **how) -> Any:
+    """A dataclass field with this default and its ``Setting`` (``repr=False``: a secret, never in the repr)."""
+    return field(default=default, repr=repr, metadata={_SETTING: Setting(help, **how)})
 
 
 def setting_of(f: dataclasses.Field) -> Setting | None:
@@ -213,8 +215,16 @@ class ServeOptions(RepositorySettings):
                              parse=int, group="endpoints")
     metrics_port: int = setting(8002, "Triton metrics port (default 8002; 0 = any free port)", flag="--metrics-port",
                                 parse=int, group="endpoints")
-    host: str = setting("127.0.0.1", "address to bind (default 127.0.0.1; 0.0.0.0 for all)", flag="--host",
+    host: str = setting("127.0.0.1", "address the OpenAI API binds (default 127.0.0.1; 0.0.0.0 for all; Triton's "
+                        "endpoints stay on loopback unless --triton-host says otherwise)", flag="--host",
                         group="endpoints")
+    triton_host: str | None = setting(
+        None, "address Triton's HTTP and gRPC endpoints bind (default: loopback, 127.0.0.1, or ::1 for an IPv6 "
+        "--host, whatever --host says); published, their model-control APIs answer only dspark serve",
+        flag="--triton-host", metavar="ADDR", group="endpoints")
+    metrics_host: str | None = setting(
+        None, "address Triton's metrics endpoint binds (default: --triton-host's; e.g. 0.0.0.0 to publish the "
+        "metrics alone, for Prometheus)", flag="--metrics-host", metavar="ADDR", group="endpoints")
     served_model_name: str | None = setting(
         None, "the model name clients send to the OpenAI API (default: the Triton model's, dspark)",
         flag="--served-model-name", metavar="NAME", group="endpoints")
@@ -224,6 +234,18 @@ class ServeOptions(RepositorySettings):
         None, "a Jinja chat template for /v1/chat/completions (default: the tokenizer's own)", flag="--chat-template",
         metavar="FILE", group="endpoints")
     access_log: bool = setting(False, "log every OpenAI API request", flag="--access-log", group="endpoints")
+    # security (the keys: never in a repr, a log or an error)
+    api_keys: tuple[str, ...] = setting(
+        (), "a key the OpenAI API requires on /v1/* as 'Authorization: Bearer KEY' (repeat for several; a key "
+        "given here shows in ps: prefer --api-key-file or DSPARK_API_KEY)", flag="--api-key", metavar="KEY",
+        many=True, group="security", repr=False)
+    api_key_file: str | None = setting(
+        None, "read the API keys from FILE, one a line (kept out of ps; DSPARK_API_KEY, several separated by "
+        "commas, adds keys too)", flag="--api-key-file", metavar="FILE", group="security")
+    ssl_keyfile: str | None = setting(None, "serve the OpenAI API over HTTPS with this private key (PEM; with "
+                                      "--ssl-certfile)", flag="--ssl-keyfile", metavar="FILE", group="security")
+    ssl_certfile: str | None = setting(None, "the HTTPS certificate (chain) of --ssl-keyfile (PEM)",
+                                       flag="--ssl-certfile", metavar="FILE", group="security")
     # servers
     restart: bool = setting(True, "exit 1 when the model's process or tritonserver dies instead of restarting it",
                             flag="--no-restart", group="server")
@@ -231,6 +253,10 @@ class ServeOptions(RepositorySettings):
                                        group="server")
     log_file: str | Path | None = setting(None, "tritonserver's log (default: this terminal)", flag="--log-file",
                                           metavar="FILE", group="server")
+    drain_timeout: float = setting(
+        30.0, "SIGTERM: seconds in-flight requests and streams get to finish while new ones are refused (503, "
+        "Retry-After) and readiness is false; then everything stops, exit 0 (default 30)", flag="--drain-timeout",
+        parse=float, metavar="SECONDS", group="server")
     exit_timeout: int = setting(30, "seconds tritonserver drains requests when stopped (default 30)",
                                 flag="--exit-timeout", parse=int, group="server")
     startup_timeout: float = setting(900.0, "seconds to wait for readiness (default 900)", flag="--timeout",

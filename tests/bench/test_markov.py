@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -119,3 +120,80 @@ def test_cuda_columns_in_triton_interpreter():
     row = time_union(torch.randn(B, N, V, generator=g), torch.randint(0, V, (B,), generator=g), k, 2.0, 0.5)
     assert {"union_fused_ms", "union_plain_ms", "union_vs_topk"} <= set(row)
     assert row["union_vs_topk"] == pytest.approx(row["union_fused_ms"] / row["union_plain_ms"], rel=0.02)
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_head_rows_time_the_head_and_compare_it_with_vanilla(capsys, head):
+    assert main([*SMALL, "--head", head, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["batch"], r["topk"]) for r in rows] == [(1, 4), (1, 16), (3, 4), (3, 16)]
+    for r in rows:
+        assert r["head"] == head and r["dense_ms"] > 0 and r["topk_ms"] > 0 and r["peak_rss_mb"] > 0
+        if "fused_ms" in r:  # the CPU kernels walk gated and rnn heads
+            assert r["fused_speedup"] == pytest.approx(r["dense_ms"] / r["fused_ms"], rel=0.01, abs=0.01)
+            assert r["vanilla_fused_ms"] > 0 and r["head_vs_vanilla"] > 0
+    if importlib.util.find_spec("numba") is not None:
+        assert all("head_vs_vanilla" in r for r in rows)
+
+
+def test_vanilla_rows_name_the_head_and_report_peak_memory(capsys):
+    assert main([*SMALL, "--json"]) == 0
+    for r in json.loads(capsys.readouterr().out):
+        assert r["head"] == "vanilla" and r["peak_rss_mb"] > 0 and "head_vs_vanilla" not in r
+
+
+def test_bench_head_inputs_walk_like_the_reference():
+    """The head inputs the benchmark draws have the walk's shapes, and its rounds equal the reference's."""
+    import torch
+
+    from dspark_trt.bench.markov import bench_head
+    from dspark_trt.reference.markov import markov_walk
+
+    g = torch.Generator().manual_seed(0)
+    B, N, V, r = 2, 3, 257, 8
+    base, anchor = torch.randn(B, N, V, generator=g) * 3, torch.randint(0, V, (B,), generator=g)
+    w1, w2 = torch.randn(V, r, generator=g) / r**0.5, torch.randn(V, r, generator=g)
+    assert bench_head("vanilla", B, N, r, g, torch.device("cpu")) is None
+    for kind, width in (("gated", r), ("rnn", 3 * r)):
+        head = bench_head(kind, B, N, r, g, torch.device("cpu"))
+        assert head.kind == kind and head.hidden_part.shape == (B, N, width) and head.rank == r
+        dense = markov_walk(base, anchor, w1, w2, topk=None, head=head)
+        full = markov_walk(base, anchor, w1, w2, topk=V, head=head)
+        assert torch.equal(dense.tokens, full.tokens)
+        assert (dense.cand_logits - markov_walk(base, anchor, w1, w2, topk=None).cand_logits).abs().max() > 0.1
+
+
+def test_a_union_with_a_gated_or_rnn_head_is_a_one_line_error(capsys):
+    assert main([*SMALL, "--head", "rnn", "--markov-topm", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "--markov-topm 8 with --head rnn: the candidate union is defined for the vanilla Markov head only" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("kind", ["gated", "rnn"])
+def test_cuda_head_rows_time_the_head_kernel_in_triton_interpreter(kind, monkeypatch):
+    """The CUDA rows of a gated / RNN head time the head's fused round (the head kernels), paired with the vanilla
+    one, run on CPU tensors in Triton's interpreter; a head kernel that is not called fails it."""
+    import torch
+
+    from dspark_trt.bench.markov import MarkovBenchConfig, _native_round, _timer, bench_head
+    from dspark_trt.plugins import head_kernels
+    from dspark_trt.plugins.kernel import interpreting
+
+    if not interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py without CUDA)")
+    calls = []
+    real = head_kernels.head_markov_walk
+    monkeypatch.setattr(head_kernels, "head_markov_walk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    V, r, N, B, k = 257, 8, 3, 2, 16
+    cfg = MarkovBenchConfig(device="cuda", batches=(B,), topks=(k,), vocab=V, rank=r, steps=N, repeats=1, warmup=0,
+                            head=kind)
+    w1, w2 = torch.randn(V, r, generator=g), torch.randn(V, r, generator=g)
+    time_round = _native_round(torch.device("cuda"), cfg, torch.float32, w1, w2, _timer(torch.device("cpu")), 10.0)
+    head = bench_head(kind, B, N, r, g, torch.device("cpu"))
+    row = time_round(torch.randn(B, N, V, generator=g), torch.randint(0, V, (B,), generator=g), k, 2.0, 0.5, head)
+    assert {"fused_ms", "fused_speedup", "vanilla_fused_ms", "head_vs_vanilla"} <= set(row)
+    assert row["head_vs_vanilla"] == pytest.approx(row["fused_ms"] / row["vanilla_fused_ms"], rel=0.02)
+    assert calls  # the head's own kernel ran, not the vanilla one under the head's label

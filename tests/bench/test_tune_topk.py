@@ -85,3 +85,55 @@ def test_bad_input_is_one_line(setup, capsys, extra, message):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module", params=["gated", "rnn"])
+def head_pair(request, tmp_path_factory):
+    from dspark_trt.synthetic import write_tiny_checkpoint
+
+    out = tmp_path_factory.mktemp(request.param)
+    ck = write_tiny_checkpoint(out / "pair", seed=5, markov_head_type=request.param, vocab_size=257, markov_rank=8)
+    prompts = out / "prompts.json"
+    prompts.write_text(json.dumps(random_prompts(2, 257, seed=4, min_len=3, max_len=6)))
+    return request.param, ck.drafter, ck.target, prompts
+
+
+def test_a_gated_or_rnn_drafter_sweeps_top_k_alone(head_pair, capsys):
+    """The default grid's union widths are dropped for a gated / RNN head (the union is vanilla-only)."""
+    head, drafter, target, prompts = head_pair
+    argv = ["tune-topk", str(drafter), "--target", str(target), "--prompts", str(prompts), "--topk", "1,16",
+            "--max-new-tokens", "6", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["topk"], r["markov_topm"]) for r in out["rows"]] == [(1, 0), (16, 0)]
+    assert out["recommended"]["markov_topm"] == 0 and all(r["acceptance_length"] >= 1 for r in out["rows"])
+    assert main([*argv[:-1], "--markov-topm", "0"]) == 0  # M = 0 asked for explicitly is fine too
+    assert "recommended: --topk" in capsys.readouterr().out
+
+
+def test_a_union_width_for_a_gated_or_rnn_drafter_is_refused_with_the_reason(head_pair, capsys):
+    head, drafter, target, prompts = head_pair
+    argv = ["tune-topk", str(drafter), "--target", str(target), "--prompts", str(prompts), "--topk", "4",
+            "--markov-topm", "0,8", "--max-new-tokens", "4"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"--markov-topm 0,8: the candidate union is defined for the vanilla Markov head only, and this drafter's " \
+           f"is {head}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    from dspark_trt.bench.tune_topk import sweep
+    from dspark_trt.errors import DSparkTrtError
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder.from_pretrained(drafter, target, device="cpu", dtype="fp32")
+    with pytest.raises(DSparkTrtError, match=f"vanilla Markov head only, and this drafter's is {head}"):
+        sweep(decoder, [[5, 6, 7]], (4,), (0, 8))  # the API refuses too, before decoding anything
+
+
+def test_union_widths():
+    from dspark_trt.bench.tune_topk import DEFAULT_TOPMS, union_widths
+    from dspark_trt.errors import DSparkTrtError
+
+    assert union_widths("vanilla") == DEFAULT_TOPMS and union_widths("vanilla", (0, 4)) == (0, 4)
+    assert union_widths("gated") == (0,) and union_widths("rnn", (0,)) == (0,)
+    with pytest.raises(DSparkTrtError, match="vanilla Markov head only"):
+        union_widths("rnn", (2,))

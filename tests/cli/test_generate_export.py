@@ -36,6 +36,27 @@ def test_export_gives_the_tokens_of_the_checkpoints(export, pair, topk, batch, s
     assert exported["stats"]["rounds"] >= 1
 
 
+@pytest.mark.parametrize("export, pair", [("gated_topk_export", "gated_pair"), ("rnn_topk_export", "rnn_pair")],
+                         ids=["gated", "rnn"])
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "1", "--seed", "7"]], ids=["greedy", "sampled"])
+def test_gated_and_rnn_exports_give_the_tokens_of_the_checkpoints(export, pair, sampling, request, capsys):
+    """issue 42: the DSparkTopKMarkovGated / RNN draft graph in onnxruntime drafts what the torch backend drafts, so
+    `generate --export` writes the checkpoints' tokens (greedy: the target's own; sampled: the same seeded draws)."""
+    out, pair = request.getfixturevalue(export), request.getfixturevalue(pair)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["op_contract_version"] == 3 and manifest["plugin"] is None and manifest.get("kernel") is None
+    ids = [a for p in BATCHES["three"] for a in ("--input-ids", p)]
+    exported = generate(capsys, "--export", out, *ids, *sampling)
+    reference = generate(capsys, "--drafter", pair.drafter, "--target", pair.target, "--topk", "16", *ids, *sampling)
+    assert exported["tokens"] == reference["tokens"]
+    counts = ("rounds", "drafted", "accepted", "per_position_acceptance")  # the same drafts accepted round by round
+    assert [exported["stats"][c] for c in counts] == [reference["stats"][c] for c in counts]
+    assert exported["stats"]["accepted"] > 0
+    if not sampling:
+        plain = generate(capsys, "--drafter", pair.drafter, "--target", pair.target, "--no-draft", *ids)
+        assert exported["tokens"] == plain["tokens"]  # lossless: the target's greedy output
+
+
 def test_no_transformers_model_is_loaded(qwen3_topk_export):
     code = ("import sys, json; from dspark_trt.runtime import SpeculativeDecoder; "
             f"d = SpeculativeDecoder.from_export({str(qwen3_topk_export)!r}); "

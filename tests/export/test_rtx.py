@@ -54,3 +54,18 @@ def test_rtx_parses_and_builds_the_causal_windowed_draft_graph(tiny_causal_pair,
     """speculators' causal sliding-window mask (per-query masks, a window on the context) in TensorRT-RTX."""
     layers, size = parse_and_build(onnx_export(tiny_causal_pair, "fp32", 16) / "onnx" / "draft.onnx")
     assert layers > 100 and size > 0
+
+
+@pytest.mark.parametrize("topk", [16, "off"], ids=["topk16", "dense"])
+@pytest.mark.parametrize("pair_name, op", [("gated_pair", "DSparkTopKMarkovGated"),
+                                           ("rnn_pair", "DSparkTopKMarkovRNN")], ids=["gated", "rnn"])
+def test_rtx_parses_and_builds_the_gated_and_rnn_draft_graphs(pair_name, op, topk, onnx_export, request):
+    """issue 42: TensorRT-RTX (no plugins) builds a gated / RNN head's draft graph, its walk node from the local
+    function (N chained steps, the rnn state threaded between them; ~6 s each here), and the dense graphs."""
+    import onnx
+
+    path = onnx_export(request.getfixturevalue(pair_name), "fp32", topk) / "onnx" / "draft.onnx"
+    ops = [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node if n.domain == "dspark"]
+    assert ops == ([op] if topk == 16 else [])
+    layers, size = parse_and_build(path)
+    assert layers > 100 and size > 0

@@ -88,6 +88,31 @@ def test_streamed_bf16_checkpoint_speculators_into_fp32(tiny_odd_pair, tmp_path)
         _same_graph(streamed, memory, name)
 
 
+@pytest.mark.slow  # three exports of a tiny pair per head (~60 s)
+@pytest.mark.parametrize("head, rank", [("gated", 128), ("rnn", 64)])
+def test_streamed_gated_and_rnn_heads_equal_in_memory_and_validate(head, rank, tmp_path):
+    """issue 42: a head projection large enough to be a placeholder (gate_proj [128, 192], joint_proj [192, 192] >
+    LAZY_NUMEL): the draft graph that splits it into the hidden part and the walk's weight streams it, with the
+    very graph and bytes of the in-memory export, and the streamed files validate against the reference."""
+    from dspark_trt.checkpoint import expected_tensors
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.synthetic import write_tiny_checkpoint
+
+    pair = write_tiny_checkpoint(tmp_path / "pair", seed=13, markov_head_type=head, markov_rank=rank, vocab_size=257,
+                                 block_size=4, sample_from_anchor=head == "gated")
+    proj = "gate_proj" if head == "gated" else "joint_proj"
+    shape = expected_tensors(DSparkConfig.from_pretrained(pair.drafter))[f"markov_head.{proj}.weight"].shape
+    assert placeholders.Placeholders().wants(shape)  # the case really streams the projection
+    streamed, memory = _both(pair.drafter, pair.target, tmp_path, dtype="bf16", topk=16)
+    for name in GRAPH_FILES:
+        _same_graph(streamed, memory, name)
+    out = SaveOnnx(OnnxFromCheckpoint(pair.drafter, target_dir=pair.target, dtype="fp32", topk=16),
+                   tmp_path / "validated")()
+    record = json.loads((out / "manifest.json").read_text())
+    assert record["op_contract_version"] == 3
+    assert record["validation"] and all("FAIL" not in line for line in record["validation"])
+
+
 def test_streamed_validation_runs_on_the_written_files(tiny_pair, tmp_path, caplog):
     """Validation (default) of a streamed export: onnxruntime on the written graphs (bf16: the twin casting the
     external weights per run) against the reference drafter; a weight written wrong fails it."""

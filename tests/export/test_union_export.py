@@ -45,14 +45,14 @@ def test_newer_op_contract_is_refused_in_one_line(tmp_path):
     from dspark_trt.artifact.export_dir import read_manifest
     from dspark_trt.export.onnx import OnnxFromDir
 
-    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 3}))
-    with pytest.raises(DSparkTrtError, match="op contract version 3.*reads versions <= 2; upgrade dspark-trt"):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 4}))
+    with pytest.raises(DSparkTrtError, match="op contract version 4.*reads versions <= 3; upgrade dspark-trt"):
         read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 2}))
     assert read_manifest(tmp_path)["op_contract_version"] == 2
     (tmp_path / "manifest.json").unlink()  # a format-1 drafter-only ONNX directory: its record alone
-    (tmp_path / "onnx_export.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 3}))
-    with pytest.raises(DSparkTrtError, match="op contract version 3"):
+    (tmp_path / "onnx_export.json").write_text(json.dumps({"format_version": 1, "op_contract_version": 4}))
+    with pytest.raises(DSparkTrtError, match="op contract version 4"):
         OnnxFromDir(tmp_path).manifest()
 
 

@@ -101,3 +101,39 @@ def test_checks_after_readiness_and_an_unreachable_triton(frontend):
         assert status == 503 and "unreachable" in body["error"]["message"]
     finally:
         frontend.readiness.set_triton_ready(False)
+
+
+def test_the_api_description_and_odd_bodies(frontend):
+    status, doc, _ = call(frontend, "/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
+    status, body, _ = call(frontend, "/v1/completions", raw=b'{"model": "dspark", "prompt": "\\ud800"}')
+    assert status == 400 and "surrogate" in body["error"]["message"]
+    status, body, _ = call(frontend, "/v1/completions", raw=b"[" * 100_000)
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+
+
+def test_a_drain_refuses_new_requests_and_keeps_liveness(tmp_path):
+    """Readiness false for good, every new request 503 with Retry-After (even a malformed one: nothing is read),
+    liveness 200 saying so; the in-flight count is what dspark serve's drain waits on."""
+    from dspark_trt.serving.openai_app import DRAINING, FrontendConfig, OpenAIFrontend, Readiness
+    from dspark_trt.serving.server import free_port
+
+    readiness = Readiness()
+    readiness.set_triton_ready(True)
+    f = OpenAIFrontend(FrontendConfig(triton_grpc=f"127.0.0.1:{free_port()}", ready_poll_seconds=3600),
+                       port=0, readiness=readiness).start()
+    try:
+        status, body, _ = call(f, "/health/live")
+        assert status == 200 and body == {"status": "alive", "model": "dspark", "draining": False, "in_flight": 0}
+        readiness.start_drain()
+        readiness.set_triton_ready(True)  # Triton still up: the drain alone makes it not ready
+        for path in ("/health", "/health/ready"):
+            status, body, _ = call(f, path)
+            assert status == 503 and body["reason"] == DRAINING
+        status, body, headers = call(f, "/v1/completions", {"model": "dspark", "prompt": "x", "max_tokens": 2})
+        assert status == 503 and body["error"]["message"] == DRAINING and headers.get("retry-after") == "1"
+        assert call(f, "/v1/chat/completions", raw=b"{not json")[0] == 503
+        status, body, _ = call(f, "/health/live")
+        assert status == 200 and body["draining"] is True and f.in_flight() == 0
+    finally:
+        f.stop()

@@ -225,9 +225,9 @@ def test_async_client_without_streaming(served, decoder):
 BAD = [  # (path, body or raw bytes, status, param, words)
     ("/completions", b'{"model": "dspark", "prompt": ', 400, None, "not valid JSON"),
     ("/completions", {"model": "gpt-4", "prompt": "x", "max_tokens": 2}, 404, "model", "does not exist"),
-    ("/chat/completions", {"model": "dspark", "messages": []}, 400, "messages", "non-empty"),
-    ("/completions", {"model": "dspark", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", "at least 1"),
-    ("/completions", {"model": "dspark", "prompt": "x", "max_tokens": -1}, 400, "max_tokens", "at least 1"),
+    ("/chat/completions", {"model": "dspark", "messages": []}, 400, "messages", "at least 1 item"),
+    ("/completions", {"model": "dspark", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", "greater than or equal"),
+    ("/completions", {"model": "dspark", "prompt": "x", "max_tokens": -1}, 400, "max_tokens", "greater than or equal"),
     ("/completions", {"model": "dspark", "prompt": "x", "max_tokens": 10**9}, 400, "max_tokens", "context of 8192"),
     ("/chat/completions", {"model": "dspark", "messages": [{"role": "user", "content": "x"}],
                            "max_completion_tokens": 10**9}, 400, "max_completion_tokens", "context"),

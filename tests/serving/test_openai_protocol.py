@@ -73,37 +73,42 @@ def test_chat_only_parameters_refused_by_name(name, value):
     assert e.value.param == name
 
 
-@pytest.mark.parametrize("fields,param,words", [
-    ({"max_tokens": 0}, "max_tokens", "at least 1"),
-    ({"max_tokens": -1}, "max_tokens", "at least 1"),
-    ({"max_tokens": "10"}, "max_tokens", "integer"),
-    ({"max_tokens": True}, "max_tokens", "integer"),
-    ({"max_tokens": 2.5}, "max_tokens", "integer"),
-    ({"temperature": "hot"}, "temperature", "must be a number"),
-    ({"temperature": -0.1}, "temperature", ">= 0"),
-    ({"temperature": 2.5}, "temperature", "<= 2"),
-    ({"temperature": math.nan}, "temperature", ">= 0"),
-    ({"temperature": True}, "temperature", "must be a number"),
-    ({"top_p": 0}, "top_p", "> 0"),
-    ({"top_p": 1.5}, "top_p", "<= 1"),
-    ({"top_k": -2}, "top_k", "integer >= 0"),
-    ({"top_k": 1.5}, "top_k", "integer >= 0"),
-    ({"seed": -1}, "seed", "[0, 2**63)"),
-    ({"seed": 2**63}, "seed", "[0, 2**63)"),
-    ({"seed": "1"}, "seed", "integer"),
+@pytest.mark.parametrize("fields,param,words", [  # pydantic's words after the field's name; never a 5xx
+    ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": -1}, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": 2**31}, "max_tokens", "less than or equal to 2147483647"),  # int32 on the way to the model
+    ({"max_tokens": "10"}, "max_tokens", "valid integer"),
+    ({"max_tokens": True}, "max_tokens", "valid integer"),
+    ({"max_tokens": 2.5}, "max_tokens", "valid integer"),
+    ({"temperature": "hot"}, "temperature", "valid number"),
+    ({"temperature": -0.1}, "temperature", "greater than or equal to 0"),
+    ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+    ({"temperature": math.nan}, "temperature", "finite number"),
+    ({"temperature": True}, "temperature", "valid number"),
+    ({"top_p": 0}, "top_p", "greater than 0"),
+    ({"top_p": 1.5}, "top_p", "less than or equal to 1"),
+    ({"top_k": -2}, "top_k", "greater than or equal to -1"),
+    ({"top_k": 1.5}, "top_k", "valid integer"),
+    ({"seed": -1}, "seed", "greater than or equal to 0"),
+    ({"seed": 2**63}, "seed", "less than or equal to 9223372036854775807"),
+    ({"seed": "1"}, "seed", "valid integer"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ({"stop": [""]}, "stop", "non-empty"),
     ({"stop": 3}, "stop", "non-empty"),
-    ({"stream": "yes"}, "stream", "true or false"),
+    ({"stream": "yes"}, "stream", "valid boolean"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed with stream"),
-    ({"stream": True, "stream_options": {"other": 1}}, "stream_options", "include_usage"),
+    ({"stream": True, "stream_options": {"other": 1}}, "stream_options.other", "unsupported parameter"),
+    ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage", "valid boolean"),
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": ["a", "b"]}, "prompt", "one prompt per request"),
     ({"prompt": [1, "a"]}, "prompt", "token ids"),
-    ({"prompt": None}, "prompt", "required"),
-    ({"echo": "yes"}, "echo", "true or false"),
-    ({"model": ""}, "model", "required"),
+    ({"prompt": [-1]}, "prompt", "token ids"),
+    ({"prompt": [2**64]}, "prompt", "token ids"),
+    ({"prompt": None}, "prompt", "a string or a list of token ids"),
+    ({"echo": "yes"}, "echo", "valid boolean"),
+    ({"model": ""}, "model", "at least 1 character"),
+    ({"model": 3}, "model", "valid string"),
 ])
 def test_bad_values_name_the_parameter(fields, param, words):
     with pytest.raises(oa.OpenAIError) as e:
@@ -148,6 +153,15 @@ def test_a_body_that_is_not_an_object():
             oa.parse_completion(body)
 
 
+def test_a_missing_field_is_required_by_name():
+    with pytest.raises(oa.OpenAIError) as e:
+        oa.parse_completion({"prompt": "x"})
+    assert e.value.param == "model" and "'model' is required: the name of a model" in e.value.message
+    with pytest.raises(oa.OpenAIError) as e:
+        oa.parse_chat({"model": "m"})
+    assert e.value.param == "messages" and "required" in e.value.message
+
+
 def test_error_shape():
     e = oa.OpenAIError("bad n", param="n", code="unsupported_parameter")
     assert e.body() == {"error": {"message": "bad n", "type": "invalid_request_error", "param": "n",
@@ -186,3 +200,36 @@ def test_cpu_host_noise_is_recognised():
     assert is_cpu_host_noise('W1202 metrics.cc:798] "DCGM unable to start: DCGM initialization error"')
     assert not is_cpu_host_noise('E1202 model_lifecycle.cc:642] "failed to load \'dspark\' version 1"')
 
+
+
+def test_the_built_answers_are_the_typed_responses():
+    """The dicts the front end sends validate against the models the OpenAPI document describes them with."""
+    from types import SimpleNamespace
+
+    final = SimpleNamespace(mean_acceptance_length=2.5, rounds=4, drafted=12, accepted=6, batch_size=3)
+    stats, use = oa.dspark_stats(final), oa.usage(5, 10)
+    oa.CompletionResponse.model_validate(oa.completion_response("cmpl-1", "m", "text", "stop", use, stats))
+    oa.ChatCompletionResponse.model_validate(oa.chat_response("chatcmpl-1", "m", "text", "length", use, stats))
+    oa.CompletionResponse.model_validate(oa.completion_chunk("cmpl-1", "m", 1, "piece"))
+    oa.CompletionResponse.model_validate(oa.completion_chunk("cmpl-1", "m", 1, "", "stop", stats))
+    oa.CompletionResponse.model_validate(oa.usage_chunk("cmpl-1", "m", 1, "text_completion", use, stats))
+    for delta in ({"role": "assistant", "content": ""}, {"content": "x"}, {}):
+        oa.ChatCompletionChunk.model_validate(oa.chat_chunk("chatcmpl-1", "m", 1, delta))
+    oa.ChatCompletionChunk.model_validate(oa.usage_chunk("chatcmpl-1", "m", 1, "chat.completion.chunk", use, stats))
+    oa.ErrorResponse.model_validate(oa.OpenAIError("x", param="n").body())
+    with pytest.raises(Exception):  # the models are strict about what an answer holds: a test that can fail
+        oa.CompletionResponse.model_validate({**oa.completion_response("c", "m", "t", "stop", use, stats), "x": 1})
+
+
+def test_the_openapi_document_describes_every_route():
+    doc = oa.openapi_document(keys=True)
+    assert set(doc["paths"]) == {"/health", "/health/ready", "/health/live", "/v1/models", "/v1/completions",
+                                 "/v1/chat/completions"}
+    schemas = doc["components"]["schemas"]
+    body = schemas["CompletionRequestBody"]
+    assert body["additionalProperties"] is False and set(body["required"]) == {"model", "prompt"}
+    assert body["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 2**31 - 1
+    assert "n" in body["properties"] and "messages" in schemas["ChatRequestBody"]["required"]
+    assert doc["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
+    assert all("security" not in doc["paths"][p]["get"] for p in ("/health", "/health/ready", "/health/live"))
+    assert "securitySchemes" not in oa.openapi_document(keys=False)["components"]

@@ -3,7 +3,8 @@
 One server per module: model ``dspark`` = the embedded pair's export (byte tokenizer: text in, text out),
 model ``tiny`` = the random tiny pair's export (top-k 16, token ids only), two instances, written with ``copy``
 (the repository holds the export; its source is deleted and the model directory moved before the server
-starts), model ``busy`` = the same export with one batch row and ``max_queue`` 1. The server runs with the
+starts), model ``busy`` = the same export with one batch row and ``max_queue`` 1, model ``rnn`` = an RNN-Markov-head
+export (bonus-anchor, reduced draft vocabulary). The server runs with the
 testing fault ``DSPARK_TRT_FAULT_POSITION=FAULT_AT`` (rounds of a request at that position or beyond raise;
 every other test stays far below it). The server runs PyTriton's
 bundled tritonserver from the managed server venv (built once, cached under ``$DSPARK_TRT_CACHE``; a few
@@ -34,16 +35,16 @@ TEXTS = ["Speculative decoding", "A small drafter", "The target model checks", "
 
 
 @pytest.fixture(scope="module")
-def decoders(embedded_export, qwen3_topk_export):
-    """In-process decoders for the two exports, as the server builds them."""
+def decoders(embedded_export, qwen3_topk_export, rnn_topk_export):
+    """In-process decoders for the exports, as the server builds them."""
     from dspark_trt.runtime import SpeculativeDecoder
 
     return {name: SpeculativeDecoder.from_export(path, backend="onnxruntime", device="cpu", threads=1)
-            for name, path in (("dspark", embedded_export), ("tiny", qwen3_topk_export))}
+            for name, path in (("dspark", embedded_export), ("tiny", qwen3_topk_export), ("rnn", rnn_topk_export))}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, embedded_export, qwen3_topk_export):
+def server(tmp_path_factory, embedded_export, qwen3_topk_export, rnn_topk_export):
     import os
 
     from dspark_trt.serving.repository import write_model_repository
@@ -60,6 +61,8 @@ def server(tmp_path_factory, embedded_export, qwen3_topk_export):
     busy = write_model_repository(root / "busy", export_dir=qwen3_topk_export, threads=1, model_name="busy",
                                   max_batch_size=1, max_queue=1)
     shutil.move(str(busy / "busy"), str(repo / "busy"))
+    rnn = write_model_repository(root / "rnn", export_dir=rnn_topk_export, threads=1, model_name="rnn")
+    shutil.move(str(rnn / "rnn"), str(repo / "rnn"))  # an RNN Markov head (issue 42): DSparkTopKMarkovRNN
     log = root / "tritonserver.log"
     srv = TritonServer(repo, log_file=log)
     start = time.perf_counter()
@@ -86,7 +89,7 @@ def test_both_repositories_load_and_are_ready(server):
 
     client = httpclient.InferenceServerClient(server.endpoints.http)
     assert client.is_server_ready()
-    for model, instances in (("dspark", 1), ("tiny", 2), ("busy", 1)):
+    for model, instances in (("dspark", 1), ("tiny", 2), ("busy", 1), ("rnn", 1)):
         assert client.is_model_ready(model)
         config = client.get_model_config(model)
         assert config["model_transaction_policy"]["decoupled"] is True
@@ -137,6 +140,20 @@ def test_64_concurrent_requests_match_generate_alone(server, decoders):
     assert all(a.text == decoders["dspark"].tokenizer.decode(a.ids) for a in text_answers)
     assert max(a.batch_size for a in answers) > 1  # in-flight batching happened
     assert any(a.accepted for a in answers) and all(a.drafted >= a.accepted for a in answers)
+
+
+def test_an_rnn_head_model_serves_concurrent_requests_as_generate_alone(server, decoders):
+    """A drafter with an RNN Markov head (its DSparkTopKMarkovRNN node through the local function) in a real
+    Triton model: concurrent greedy and sampled requests, batched by the scheduler, each as generate alone."""
+    rng = random.Random(7)
+    cases = [([rng.randrange(1, 256) for _ in range(rng.randrange(2, 9))], rng.choice([0.0, 1.0]), i)
+             for i in range(6)]
+
+    answers = grpc_generate(server.endpoints.grpc, "rnn", [request_inputs(ids, 12, temperature=t, seed=seed)
+                                                           for ids, t, seed in cases])  # one stream, all at once
+    for (ids, temperature, seed), answer in zip(cases, answers):
+        assert isinstance(answer, Answer), answer
+        assert answer.ids == alone(decoders, "rnn", ids, 12, temperature, seed)[0]
 
 
 def test_streaming_arrives_in_order_and_concatenates_to_the_answer(server, decoders):

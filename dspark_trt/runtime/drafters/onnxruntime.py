@@ -9,7 +9,9 @@ dspark-trt wrote; its top-k and candidate-union width M are fixed) or, with ``fr
 checkpoint: the exporter (``runtime/exporter.py``: provided from above the runtime) exports and validates the
 graphs once into a content-addressed cache directory, and a ``draft`` call with another top-k or M exports and
 loads that variant. An export with ``--markov-topm M`` walks the candidate union (``DSparkTopKMarkovUnion`` through its
-local function): ``draft(..., markov_topm=M)``.
+local function): ``draft(..., markov_topm=M)``. A gated or RNN Markov head's export (``DSparkTopKMarkovGated`` /
+``DSparkTopKMarkovRNN``, the head's hidden part computed in the graph) has the same inputs and outputs, so it runs
+here unchanged.
 """
 
 from __future__ import annotations
