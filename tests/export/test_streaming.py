@@ -89,7 +89,7 @@ def test_streamed_bf16_checkpoint_speculators_into_fp32(tiny_odd_pair, tmp_path)
 
 
 @pytest.mark.slow  # three exports of a tiny pair per head (~60 s)
-@pytest.mark.parametrize("head, rank", [("gated", 128), ("rnn", 64)])
+@pytest.mark.parametrize("head, rank", [("rnn", 64)])  # the harder head; gated streams the same projection path
 def test_streamed_gated_and_rnn_heads_equal_in_memory_and_validate(head, rank, tmp_path):
     """issue 42: a head projection large enough to be a placeholder (gate_proj [128, 192], joint_proj [192, 192] >
     LAZY_NUMEL): the draft graph that splits it into the hidden part and the walk's weight streams it, with the

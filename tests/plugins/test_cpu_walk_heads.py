@@ -98,8 +98,8 @@ def test_the_head_is_applied_not_ignored(kind):
         assert (zero[1][:, 0] - got[1][:, 0]).abs().max() > 0.1
 
 
-@pytest.mark.parametrize("kind", HEADS)
-@pytest.mark.parametrize("w1_dtype, w2_dtype", [(FP32, BF16), (BF16, FP32)], ids=["fp32-bf16", "bf16-fp32"])
+@pytest.mark.parametrize("kind, w1_dtype, w2_dtype", [("gated", FP32, BF16), ("rnn", BF16, FP32)],
+                         ids=["gated-fp32-bf16", "rnn-bf16-fp32"])
 def test_mixed_weight_dtypes(kind, w1_dtype, w2_dtype):
     case = WalkCase(batch=5, steps=7, vocab=257, rank=192, topk=16, mode="sampled", seed=3)
     inputs = list(make_walk_inputs(case))

@@ -137,9 +137,9 @@ def test_onnx_export_written_before_the_union_still_loads(tiny_pair, onnx_export
         got = backend.draft(torch.tensor([3, 99]), k, v, torch.tensor([6, 2]), topk=K, temperature=None, seed=None)
     ref_k, ref_v = drafter.context_kv(taps, torch.arange(6).expand(2, 6))
     assert torch.equal(got.tokens, drafter.draft(torch.tensor([3, 99]), ref_k, ref_v, torch.tensor([6, 2]), topk=K).tokens)
-    record["op_contract_version"] = 3
+    record["op_contract_version"] = 4
     (old / "manifest.json").write_text(json.dumps(record))
-    with pytest.raises(DSparkTrtError, match="op contract version 3.*upgrade dspark-trt"):
+    with pytest.raises(DSparkTrtError, match="op contract version 4.*upgrade dspark-trt"):
         OnnxRuntimeDrafterBackend(old)
 
 
