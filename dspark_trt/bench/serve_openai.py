@@ -23,7 +23,7 @@ from pathlib import Path
 from .serve_load import percentile
 from .serve_load import prompts as load_prompts
 
-__all__ = ["run_openai", "acceptance_from_metrics"]
+__all__ = ["run_openai", "acceptance_from_metrics", "self_signed_certificate"]
 
 
 def acceptance_from_metrics(before: dict, after: dict, model: str = "dspark") -> float | None:
@@ -91,7 +91,7 @@ class _Child:
             self.process.join(30)
 
 
-def _self_signed(directory: Path) -> tuple[str, str]:
+def self_signed_certificate(directory: Path) -> tuple[str, str]:
     """A private key and a self-signed certificate for 127.0.0.1 and localhost, as PEM files in ``directory``."""
     import datetime
     import ipaddress
@@ -345,7 +345,7 @@ def run_openai(args: argparse.Namespace) -> int:
         children.append(child)
         info = child.start(timeout=900)
         if secure_run:  # the same deployment with a key (handed to the child in memory, not argv) and HTTPS
-            key_file, cert_file = _self_signed(Path(scratch.name))
+            key_file, cert_file = self_signed_certificate(Path(scratch.name))
             secure = {"key": secrets.token_urlsafe(24), "tls": ssl.create_default_context(cafile=cert_file)}
             children.append(_Child(child_source, dataclasses.replace(
                 options, api_keys=(secure["key"],), ssl_keyfile=key_file, ssl_certfile=cert_file)))

@@ -15,7 +15,6 @@ keeps serving; the supervisor's own reload (a dead stub's restart) still works.
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import json
 import os
@@ -27,6 +26,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+
+from dspark_trt.bench.serve_openai import self_signed_certificate
 
 pytestmark = [pytest.mark.tritonserver, pytest.mark.onnx, pytest.mark.slow, pytest.mark.xdist_group("tritonserver")]
 
@@ -42,38 +43,13 @@ CHAT = {"model": "dspark", "messages": [{"role": "user", "content": "The verifie
         "temperature": 0}
 
 
-def self_signed(directory) -> tuple[str, str]:
-    """A key and a self-signed certificate for 127.0.0.1 and localhost (PEM files)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dspark test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    key_file, cert_file = directory / "key.pem", directory / "cert.pem"
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return str(key_file), str(cert_file)
-
-
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory, embedded_export):
     """``dspark serve`` of the embedded export on 0.0.0.0 with keys (file + environment) and HTTPS."""
     from tests.serving.test_dspark_serve import Serve
 
     root = tmp_path_factory.mktemp("secure")
-    key_file, cert_file = self_signed(root)
+    key_file, cert_file = self_signed_certificate(root)  # the one bench serve --secure makes
     keys = root / "keys.txt"
     keys.write_text(f"# keys of the test\n{FILE_KEY}\n")
     template = root / "chat.jinja"
