@@ -35,7 +35,7 @@ from ..artifact.layout import GRAPH_FILES, MANIFEST_FILE
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
 from ..loader import resolve_dtype
-from ..plugins.contract import OP_VERSIONS, TENSORRT_TOPK_LIMIT, UNION_OP_NAME
+from ..plugins.contract import TENSORRT_TOPK_LIMIT, op_contract_version_for
 from ..topk import DEFAULT_TOPK, resolve_topk
 
 __all__ = [
@@ -71,7 +71,7 @@ class ExportSpec:
         """The candidate union's share of the contract version: 1 = ``DSparkTopKMarkov`` (or no custom node); 2 = the
         export uses ``DSparkTopKMarkovUnion``. The spec does not know the Markov head: the manifest's
         ``op_contract_version`` is ``contract.op_contract_version_for(head, M)`` (3 for a gated or RNN head)."""
-        return OP_VERSIONS[UNION_OP_NAME] if self.markov_topm else 1
+        return op_contract_version_for("vanilla", self.markov_topm)
 
     @classmethod
     def resolve(cls, config: DSparkConfig, *, topk: int | str | None = DEFAULT_TOPK, dtype: str | torch.dtype | None = None,
