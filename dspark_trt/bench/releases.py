@@ -89,12 +89,12 @@ def _target_with_standin_drafter(preset, out: Path, depth: dict):
     return SimpleNamespace(drafter=written.path, target=target.path)
 
 
-def greedy_equal(export_dir: str | Path) -> tuple[bool, float]:
+def greedy_equal(export_dir: str | Path, *, low_memory: bool = False) -> tuple[bool, float]:
     """Greedy speculative decoding from an export (onnxruntime) == the target alone on ``PROMPTS``; accepted
-    drafts per round."""
+    drafts per round. ``low_memory``: onnxruntime's low-memory sessions (weights memory-mapped, cast per run)."""
     from ..runtime import SpeculativeDecoder
 
-    dec = SpeculativeDecoder.from_export(export_dir)
+    dec = SpeculativeDecoder.from_export(export_dir, low_memory=low_memory)
     spec = dec.generate(PROMPTS, 16, eos_token_id=[])
     alone = dec.generate(PROMPTS, 16, eos_token_id=[], draft=False)
     return spec.tokens == alone.tokens, round(spec.stats.accepted / max(1, spec.stats.rounds), 2)
@@ -141,7 +141,7 @@ def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) ->
 def _greedy(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
     from ..errors import DSparkTrtError
 
-    same, row["accepted_per_round"] = greedy_equal(work / "export")
+    same, row["accepted_per_round"] = greedy_equal(work / "export", low_memory=size != "tiny")
     if not same:
         raise DSparkTrtError("greedy speculative decoding differs from the target alone")
 
