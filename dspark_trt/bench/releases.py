@@ -120,7 +120,7 @@ def _load(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> N
     from ..loader import load_drafter
 
     out = _pair_paths(work)
-    load_drafter(out.drafter, target_dir=out.target, dtype="fp32")
+    load_drafter(out.drafter, target_dir=out.target, dtype="fp32" if size == "tiny" else "bf16")  # as written
 
 
 def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
