@@ -1,15 +1,16 @@
 """The release matrix, end to end: each drafter preset's pair written, loaded, exported, validated, decoded greedily
 (speculative == the target alone) and built into a TensorRT-RTX engine; pass/fail, peak memory and time per release.
 
-  dspark bench releases                        every drafter preset, and the Gemma-4 target with a Qwen3-layer
-                                               drafter of its width, at the tiny size (docs/checkpoints.md's table)
+  dspark bench releases                        every drafter preset with its target (the Gemma-4 drafter with
+                                               the Gemma-4 target) at the tiny size (docs/checkpoints.md's table)
   dspark bench releases --size reduced         full widths and vocabulary, one draft layer, the least target depth
   dspark bench releases --preset speculators_glm5_block8 --json
 
 Each release runs in a subprocess of its own, so its peak resident memory is its own (``ru_maxrss``). A release
 whose feature dspark-trt lacks is a one-line ``refused`` row naming the feature, never a traceback. Sizes:
 
-  tiny      hidden 64, 4 / 2 heads of 16, one draft layer, the least target depth that keeps the taps, V 600
+  tiny      hidden 64, 4 / 2 heads of 16 (a Gemma-4 drafter's at global_head_dim 32, its target's window 8), one
+            draft layer, the least target depth that keeps the taps, V 600
   reduced   the preset's widths and vocabulary, one draft layer, the same target depth
   full      the preset itself (a Qwen3-8B pair needs ~21 GB on disk and more in memory: not on a 24 GB machine)
 """
@@ -39,47 +40,22 @@ def release_depth(preset, size: str) -> dict:
     """``write_preset`` options of ``size``: the draft layers, target depth, vocabulary and widths."""
     if size == "full":
         return {}
-    if preset.kind == "target":  # the Gemma-4 target row: 6 layers (5 sliding, 1 global)
-        out = {"target_layers": 6}
-        if size == "tiny":
-            out.update(vocab=600, **TINY_GEMMA4)
-        return out
     taps = len(preset.target_layer_ids)
     out = {"layers": 1, "target_layers": taps + 1}
     if size == "tiny":
         out["vocab"] = 600
-        out.update(TINY_GEMMA4 if type(preset).__name__.startswith("Gemma4") else TINY)
+        out.update(TINY_GEMMA4 if is_gemma4(preset) else TINY)
     return out
+
+
+def is_gemma4(preset) -> bool:
+    """A Gemma-4 pair (DeepSpec's Gemma4DSparkModel with its Gemma-4 target): exported in fp32 (the target's)."""
+    return type(preset).__name__.startswith("Gemma4")
 
 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-#: the Gemma-4 target's row: its taps for a 1-layer stand-in drafter (DeepSpec's Gemma-4 drafter is refused)
-GEMMA4_TARGET_TAPS = 3
-
-
-def _target_with_standin_drafter(preset, out: Path, depth: dict):
-    """``preset`` (a Gemma-4 target) written at ``depth`` with a Qwen3-layer DeepSeek drafter of its width and
-    vocabulary tapping 3 of its layers: the target's export, validation and runtime run as with any drafter."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from ..synthetic.preset_checkpoint import write_preset
-    from ..synthetic.presets import get_preset, scaled, spread_layer_ids
-
-    layers = depth.get("target_layers", preset.num_hidden_layers)
-    shape = {k: v for k, v in depth.items() if k not in ("layers", "target_layers")}
-    target = write_preset(preset, out / "target", layers=layers, dtype="fp32", force=True, **shape)
-    width = {k: shape.get(k, getattr(preset, k)) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                            "num_key_value_heads", "head_dim")}
-    drafter = scaled(get_preset("dspark_qwen3_8b_block7"), layers=1, target_layers=layers,
-                     vocab=shape.get("vocab", preset.vocab_size), **width)
-    drafter = dataclasses.replace(drafter, target_layer_ids=spread_layer_ids(GEMMA4_TARGET_TAPS, layers))
-    written = write_preset(drafter, out / "drafter", dtype="fp32", force=True)
-    return SimpleNamespace(drafter=written.path, target=target.path)
 
 
 def greedy_equal(export_dir: str | Path) -> tuple[bool, float]:
@@ -112,17 +88,14 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
     step = STEPS[0]
     try:
         t = time.perf_counter()
-        if preset.kind == "target":  # the Gemma-4 target, with a Qwen3-layer drafter of its width
-            out = _target_with_standin_drafter(preset, work / "ckpt", depth)
-        else:
-            out = write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16",
-                               force=True, **depth)
+        out = write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16",
+                           force=True, **depth)
         row["steps"][step] = round(time.perf_counter() - t, 1)
         step, t = STEPS[1], time.perf_counter()
         load_drafter(out.drafter, target_dir=out.target, dtype="fp32")
         row["steps"][step] = round(time.perf_counter() - t, 1)
         step, t = STEPS[2], time.perf_counter()
-        dtype = "fp32" if size == "tiny" or preset.kind == "target" else "bf16"  # Gemma-4 targets: fp32
+        dtype = "fp32" if size == "tiny" or is_gemma4(preset) else "bf16"  # Gemma-4 targets export in fp32 only
         result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
                                                                           max_context=256),
                               target_dir=out.target, force=True)
@@ -163,7 +136,7 @@ def _child(name: str, size: str, engine: str) -> dict:
 def drafter_presets() -> list[str]:
     from ..synthetic.presets import PRESETS
 
-    return [n for n, p in PRESETS.items() if p.kind == "drafter"] + ["gemma4_12b"]
+    return [n for n, p in PRESETS.items() if p.kind == "drafter"]
 
 
 def table(rows: list[dict]) -> str:
