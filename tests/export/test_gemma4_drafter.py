@@ -108,6 +108,19 @@ def test_a_reference_without_a_gemma4_feature_fails_validation(gemma_pair, gemma
     assert failed and all("draft" in name for name in failed)  # the context graph has neither feature
 
 
+def test_the_drafter_alone_exports_and_validates_in_bf16(gemma_pair):
+    """--skip-target: the drafter graphs in bf16 (the target exports in fp32 only), validated through the bf16
+    emulation twin within bf16's tolerance; √64 = 8 scales the embeddings exactly in bf16 too."""
+    from dspark_trt.export.pipeline import ExportOptions, export_model
+
+    out = gemma_pair.path / "export-bf16"
+    result = export_model(gemma_pair.drafter, out, ExportOptions(topk=8, dtype="bf16", engine="none", max_context=64,
+                                                                 export_target=False), target_dir=gemma_pair.target)
+    lines = result.manifest["validation"]
+    assert lines[0].startswith("validation (bf16") and all(line.strip().startswith("ok") for line in lines[1:]), lines
+    assert result.manifest.get("target") is None
+
+
 def test_greedy_speculative_equals_the_target_alone_past_the_window(gemma_export):
     from dspark_trt.runtime import SpeculativeDecoder
 
@@ -119,6 +132,20 @@ def test_greedy_speculative_equals_the_target_alone_past_the_window(gemma_export
     alone = dec.generate(prompts, 12, eos_token_id=[], draft=False)
     assert spec.tokens == alone.tokens and all(len(t) == 12 for t in spec.tokens)
     assert spec.stats.rounds >= 4
+
+
+def test_the_torch_drafter_backend_runs_the_gemma4_drafter_losslessly(gemma_pair, gemma_export):
+    """The reference itself as the drafter (torch backend) with the exported Gemma-4 target: greedy == target."""
+    from dspark_trt.runtime import SpeculativeDecoder
+    from dspark_trt.runtime.drafters.torch import TorchDrafterBackend
+    from dspark_trt.runtime.targets.base import target_class
+
+    target = target_class("onnxruntime").from_export(gemma_export)
+    dec = SpeculativeDecoder(target, TorchDrafterBackend.from_pretrained(gemma_pair.drafter,
+                                                                         target_dir=gemma_pair.target, device="cpu"))
+    prompts = [list(range(300, 330)), [7, 8]]
+    assert dec.generate(prompts, 10, eos_token_id=[]).tokens == dec.generate(prompts, 10, eos_token_id=[],
+                                                                              draft=False).tokens
 
 
 @pytest.mark.rtx
