@@ -287,3 +287,18 @@ def test_a_k_eq_v_gemma4_drafter_has_no_v_proj(gemma_pair, tmp_path):
 
     message = violation(edited(gemma_pair, tmp_path, config=k_eq_v), gemma_pair.target)
     assert "unexpected tensor layers.0.self_attn.v_proj.weight (config.json has attention_k_eq_v=true" in message
+
+
+def test_a_gemma4_drafter_without_its_frozen_copies_reads_the_tied_target(gemma_pair, tmp_path):
+    """DeepSpec copies embed_tokens and lm_head from the target (tied: one table); absent, both come from the
+    target's model.embed_tokens.weight."""
+    from safetensors import safe_open
+
+    def drop(state):
+        del state["embed_tokens.weight"], state["lm_head.weight"]
+
+    model = load_drafter(edited(gemma_pair, tmp_path, tensors=drop), target_dir=gemma_pair.target)
+    with safe_open(str(next(gemma_pair.target.glob("*.safetensors"))), "pt") as f:
+        table = f.get_tensor("model.embed_tokens.weight")
+        assert "lm_head.weight" not in f.keys()
+    assert torch.equal(model.lm_head.weight, table) and torch.equal(model.embed_tokens.weight, table)
