@@ -222,11 +222,6 @@ class DSparkConfig:
         return all(self.layer_attention(i) == (None, False) for i in range(self.num_hidden_layers))
 
     @property
-    def attention_scale(self) -> float:
-        """Scale of the attention scores: 1 for Gemma-4 layers (their q/k norms stand in), else D^-0.5."""
-        return 1.0 if self.layer_family == "gemma4" else self.head_dim ** -0.5
-
-    @property
     def embed_scale(self) -> float | None:
         """What the draft block's token embeddings are multiplied by: √d for Gemma-4 (cast to the model dtype
         first, as transformers' ``Gemma4TextScaledWordEmbedding``), None (no scaling) for Qwen3."""

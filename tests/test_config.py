@@ -284,7 +284,7 @@ def test_a_gemma4_drafter_config_normalises_to_its_draft_layers():
     assert c.layer_family == "gemma4" and c.hidden_act == "gelu_pytorch_tanh"
     assert (c.head_dim, c.num_attention_heads, c.num_key_value_heads) == (512, 16, 8)  # global_head_dim, not 256
     assert (c.rope_theta, c.partial_rotary_factor) == (1_000_000.0, 0.25)  # the full_attention RoPE, proportional
-    assert c.final_logit_softcapping == 30.0 and c.attention_scale == 1.0 and c.embed_scale == 3840 ** 0.5
+    assert c.final_logit_softcapping == 30.0 and c.embed_scale == 3840 ** 0.5
     assert (c.block_size, c.num_draft_tokens, c.mask_token_id, c.markov_rank) == (7, 7, 4, 256)
     assert c.target_layer_ids == (5, 17, 29, 41, 46) and c.num_target_layers == 48
     assert c.confidence_head_with_markov and c.bidirectional_full_attention and c.context_window is None
@@ -293,7 +293,7 @@ def test_a_gemma4_drafter_config_normalises_to_its_draft_layers():
 
 def test_a_qwen3_config_keeps_qwen3s_scale_and_refuses_gemma4_features():
     c = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
-    assert c.layer_family == "qwen3" and c.attention_scale == 128 ** -0.5 and c.embed_scale is None
+    assert c.layer_family == "qwen3" and c.embed_scale is None
     with pytest.raises(DSparkTrtError, match="Gemma-4 draft layer features"):
         c.replace(final_logit_softcapping=30.0)
 
