@@ -165,6 +165,13 @@ def run(args: argparse.Namespace) -> int:
     if args._child:
         print(json.dumps(_child(args._child, args.size, args.engine)))
         return 0
+    from ..errors import DSparkTrtError
+    from ..synthetic.presets import get_preset
+
+    targets = [n for n in args.preset or () if get_preset(n).kind != "drafter"]
+    if targets:
+        raise DSparkTrtError(f"{targets[0]} is a target preset: bench releases runs drafter presets, each with its "
+                             f"target (the Gemma-4 target: --preset dspark_gemma4_12b_block7)")
     rows = []
     for name in args.preset or drafter_presets():
         cmd = [sys.executable, "-m", "dspark_trt.cli.main", "bench", "releases", "--_child", name, "--size", args.size,

@@ -47,3 +47,17 @@ def test_a_broken_verifier_fails_the_greedy_check(works, monkeypatch):
     assert greedy_equal(work / "export")[0]
     monkeypatch.setattr(SpeculativeDecoder, "generate", shifted)
     assert not greedy_equal(work / "export")[0]
+
+
+def test_a_target_preset_is_refused_in_one_line():
+    """The Gemma-4 target runs in its drafter's row; naming it alone is a one-line error, before any subprocess."""
+    import argparse
+
+    from dspark_trt.bench.releases import add_arguments, run
+    from dspark_trt.errors import DSparkTrtError
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(DSparkTrtError) as e:
+        run(p.parse_args(["--preset", "gemma4_12b"]))
+    assert "target preset" in str(e.value) and "dspark_gemma4_12b_block7" in str(e.value)
