@@ -1,15 +1,16 @@
 """The release matrix, end to end: each drafter preset's pair written, loaded, exported, validated, decoded greedily
 (speculative == the target alone) and built into a TensorRT-RTX engine; pass/fail, peak memory and time per release.
 
-  dspark bench releases                        every drafter preset, and the Gemma-4 target with a Qwen3-layer
-                                               drafter of its width, at the tiny size (docs/checkpoints.md's table)
+  dspark bench releases                        every drafter preset with its target (the Gemma-4 drafter with
+                                               the Gemma-4 target) at the tiny size (docs/checkpoints.md's table)
   dspark bench releases --size reduced         full widths and vocabulary, one draft layer, the least target depth
   dspark bench releases --preset speculators_glm5_block8 --json
 
 Each release runs in a subprocess of its own, so its peak resident memory is its own (``ru_maxrss``). A release
 whose feature dspark-trt lacks is a one-line ``refused`` row naming the feature, never a traceback. Sizes:
 
-  tiny      hidden 64, 4 / 2 heads of 16, one draft layer, the least target depth that keeps the taps, V 600
+  tiny      hidden 64, 4 / 2 heads of 16 (a Gemma-4 drafter's at global_head_dim 32, its target's window 8), one
+            draft layer, the least target depth that keeps the taps, V 600
   reduced   the preset's widths and vocabulary, one draft layer, the same target depth
   full      the drafter preset itself (every layer, width and vocabulary) with its target at full width and
             vocabulary, cut to ``--target-layers`` (default: the least depth that keeps the taps; a whole 8B-class
@@ -41,13 +42,8 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5]]
 def release_depth(preset, size: str, *, target_layers: int | None = None) -> dict:
     """``write_preset`` options of ``size``: the draft layers, target depth, vocabulary and widths.
 
-    ``target_layers`` overrides the target's depth (default: the least depth that keeps the drafter's taps, 6 for
-    the Gemma-4 target's row); ``full`` keeps the drafter whole and cuts only the target."""
-    if preset.kind == "target":  # the Gemma-4 target row: 6 layers (5 sliding, 1 global)
-        out = {"target_layers": target_layers or 6}
-        if size == "tiny":
-            out.update(vocab=600, **TINY_GEMMA4)
-        return out
+    ``target_layers`` overrides the target's depth (default: the least depth that keeps the drafter's taps);
+    ``full`` keeps the drafter whole and cuts only the target."""
     taps = len(preset.target_layer_ids)
     out = {"target_layers": target_layers or taps + 1}
     if size == "full":
@@ -55,38 +51,18 @@ def release_depth(preset, size: str, *, target_layers: int | None = None) -> dic
     out["layers"] = 1
     if size == "tiny":
         out["vocab"] = 600
-        out.update(TINY_GEMMA4 if type(preset).__name__.startswith("Gemma4") else TINY)
+        out.update(TINY_GEMMA4 if is_gemma4(preset) else TINY)
     return out
+
+
+def is_gemma4(preset) -> bool:
+    """A Gemma-4 pair (DeepSpec's Gemma4DSparkModel with its Gemma-4 target): exported in fp32 (the target's)."""
+    return type(preset).__name__.startswith("Gemma4")
 
 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-#: the Gemma-4 target's row: its taps for a 1-layer stand-in drafter (DeepSpec's Gemma-4 drafter is refused)
-GEMMA4_TARGET_TAPS = 3
-
-
-def _target_with_standin_drafter(preset, out: Path, depth: dict):
-    """``preset`` (a Gemma-4 target) written at ``depth`` with a Qwen3-layer DeepSeek drafter of its width and
-    vocabulary tapping 3 of its layers: the target's export, validation and runtime run as with any drafter."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from ..synthetic.preset_checkpoint import write_preset
-    from ..synthetic.presets import get_preset, scaled, spread_layer_ids
-
-    layers = depth.get("target_layers", preset.num_hidden_layers)
-    shape = {k: v for k, v in depth.items() if k not in ("layers", "target_layers")}
-    target = write_preset(preset, out / "target", layers=layers, dtype="fp32", force=True, **shape)
-    width = {k: shape.get(k, getattr(preset, k)) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                            "num_key_value_heads", "head_dim")}
-    drafter = scaled(get_preset("dspark_qwen3_8b_block7"), layers=1, target_layers=layers,
-                     vocab=shape.get("vocab", preset.vocab_size), **width)
-    drafter = dataclasses.replace(drafter, target_layer_ids=spread_layer_ids(GEMMA4_TARGET_TAPS, layers))
-    written = write_preset(drafter, out / "drafter", dtype="fp32", force=True)
-    return SimpleNamespace(drafter=written.path, target=target.path)
 
 
 def greedy_equal(export_dir: str | Path, *, low_memory: bool = False) -> tuple[bool, float]:
@@ -109,11 +85,8 @@ def _pair_paths(work: Path):
 def _write(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
     from ..synthetic.preset_checkpoint import write_preset
 
-    if preset.kind == "target":  # the Gemma-4 target, with a Qwen3-layer drafter of its width
-        _target_with_standin_drafter(preset, work / "ckpt", depth)
-    else:
-        write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16", force=True,
-                     **depth)
+    write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16", force=True,
+                 **depth)
 
 
 def _load(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
@@ -128,7 +101,7 @@ def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) ->
     from ..export.pipeline import ExportOptions, export_model
 
     out = _pair_paths(work)
-    dtype = "fp32" if size == "tiny" or preset.kind == "target" else "bf16"  # Gemma-4 targets: fp32
+    dtype = "fp32" if size == "tiny" or is_gemma4(preset) else "bf16"  # Gemma-4 targets export in fp32 only
     result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
                                                                       max_context=256),
                           target_dir=out.target, force=True)
@@ -212,7 +185,7 @@ def _child(name: str, size: str, engine: str, *, work: str | None = None, step: 
 def drafter_presets() -> list[str]:
     from ..synthetic.presets import PRESETS
 
-    return [n for n, p in PRESETS.items() if p.kind == "drafter"] + ["gemma4_12b"]
+    return [n for n, p in PRESETS.items() if p.kind == "drafter"]
 
 
 def table(rows: list[dict]) -> str:
@@ -287,6 +260,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_child(args._child, args.size, args.engine, work=args._work, step=args._step,
                                 target_layers=args.target_layers)))
         return 0
+    from ..errors import DSparkTrtError
+    from ..synthetic.presets import get_preset
+
+    targets = [n for n in args.preset or () if get_preset(n).kind != "drafter"]
+    if targets:
+        raise DSparkTrtError(f"{targets[0]} is a target preset: bench releases runs drafter presets, each with its "
+                             f"target (the Gemma-4 target: --preset dspark_gemma4_12b_block7)")
     rows = []
     for name in args.preset or drafter_presets():
         row = _stepwise_row(name, args) if args.size == "full" or args.per_step else _run_child(name, args)

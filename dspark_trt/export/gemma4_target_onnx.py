@@ -142,7 +142,7 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     import numpy as np
     import onnxruntime as ort
 
-    from ..config import hf_hidden_state_indices
+    from ..taps import LayerTaps
     from .gemma4_target_graph import Gemma4TargetGraph
     from .validate_target import TARGET_TOLERANCES
 
@@ -154,13 +154,14 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     ids = torch.randint(0, int(model.config.vocab_size), (1, T), generator=gen)
     before = model.config._attn_implementation
     model.config._attn_implementation = "eager"
+    taps_of = LayerTaps(layer_ids, graph.num_layers)  # the last layer tapped before the final norm, as the graph
     try:
-        with torch.no_grad():
+        with torch.no_grad(), taps_of.capture(model):
             ref = model(ids, output_hidden_states=True, use_cache=True)
     finally:
         model.config._attn_implementation = before
     cache = ref.past_key_values
-    idx = hf_hidden_state_indices(layer_ids)
+    all_taps = taps_of.select(ref.hidden_states)  # [1, T, m·d]
     tol = TARGET_TOLERANCES["fp32"]
     report = ValidationReport("fp32", tol, title=f"Gemma-4 target validation: onnxruntime vs transformers, a prompt of "
                                                  f"{T} tokens (sliding window {window}) in chunks {chunks}")
@@ -178,7 +179,7 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
                      attention_mask=mask, logits_index=np.arange(Q, dtype=np.int64)[None])
         logits, taps, kg, vg, ks, vs = (torch.from_numpy(x) for x in sess.run(None, feeds))
         label = "verify" if n == len(chunks) - 1 else f"prefill chunk {n + 1}"
-        ref_taps = torch.cat([ref.hidden_states[k][:, a:b] for k in idx], -1)
+        ref_taps = all_taps[:, a:b]
         report.checks += [_close(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref.logits[:, a:b].float(), tol),
                           _close(f"{label} taps [Q={Q}, m·d]", taps, ref_taps, tol)]
         new = {i: (kg[glob.index(i)], vg[glob.index(i)]) if i in glob else (ks[slid.index(i)], vs[slid.index(i)])
