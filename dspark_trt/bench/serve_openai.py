@@ -5,7 +5,8 @@ clients do not share a GIL with the front end); both kinds of client run here on
 concurrency level the OpenAI round and the gRPC round send the same requests, one after the other, ``--rounds``
 times (default 3), the path that goes first alternating round by round (ABBA), so that neither always runs on
 a warmer machine; a ratio is the median of its rounds' ratios. The OpenAI clients keep their connections
-(one pool, keep-alive: each response is read to its end) as an SDK client does.
+(one pool, keep-alive: each response is read to its end) as an SDK client does, and every round starts with
+one open per client (``_measured``): a round measures serving, not connection set-up.
 
 What each round cost, per request (Linux ``/proc``): CPU ms of this process (the load generator: every
 client's HTTP, TLS and JSON work is counted here, on the same cores as the server), of the deployment's child
@@ -14,8 +15,9 @@ client's HTTP, TLS and JSON work is counted here, on the same cores as the serve
 
 ``--secure``: a second deployment child with an API key and HTTPS (a self-signed certificate made for the run);
 the rounds then compare the two front ends, plain and secured, on the same requests (issue 45's goal: the key
-check and TLS cost at most 5 % of tokens/s at 16 clients); the CPU shares say where a difference comes from. The run also checks that the secured front end
-refuses a request without the key, one with a wrong key, and plain HTTP.
+check and TLS cost at most 5 % of tokens/s at 16 clients); the CPU shares say where a difference comes from.
+The run also checks that the secured front end refuses a request without the key, one with a wrong key, and
+plain HTTP.
 """
 
 from __future__ import annotations
@@ -33,14 +35,20 @@ from .serve_load import prompts as load_prompts
 __all__ = ["run_openai", "acceptance_from_metrics", "self_signed_certificate"]
 
 
+def _delta(before: dict, after: dict, name: str, model: str) -> float:
+    """The change of metric ``name`` between two scrapes (``client.scrape_metrics``), summed over the model's
+    instances."""
+    def total(samples):
+        return sum(v for (n, labels), v in samples.items() if n == name and dict(labels).get("model") == model)
+
+    return total(after) - total(before)
+
+
 def acceptance_from_metrics(before: dict, after: dict, model: str = "dspark") -> float | None:
     """``1 + Δaccepted / Δrequest_rounds`` between two scrapes (``client.scrape_metrics``), summed over the
     model's instances; None when no round ran."""
-    def total(samples, name):
-        return sum(v for (n, labels), v in samples.items() if n == name and dict(labels).get("model") == model)
-
-    rounds = total(after, "dspark_request_rounds_total") - total(before, "dspark_request_rounds_total")
-    accepted = total(after, "dspark_accepted_tokens_total") - total(before, "dspark_accepted_tokens_total")
+    rounds = _delta(before, after, "dspark_request_rounds_total", model)
+    accepted = _delta(before, after, "dspark_accepted_tokens_total", model)
     return 1.0 + accepted / rounds if rounds else None
 
 
@@ -273,45 +281,45 @@ async def _refusals(session, secure: dict, payload: dict) -> dict:
             "plain_http": await status(url.replace("https://", "http://", 1), None, True)}
 
 
-def _batch_totals(url: str, model: str) -> tuple[float, float]:
-    """The model's ``dspark_batch_size`` histogram now: (sum, count) over its instances (requests decoded, rounds)."""
-    from ..serving.client import scrape_metrics
-
-    samples = scrape_metrics(url, "dspark_batch_size")
-
-    def total(name):
-        return sum(v for (n, labels), v in samples.items() if n == name and dict(labels).get("model") == model)
-
-    return total("dspark_batch_size_sum"), total("dspark_batch_size_count")
-
-
-async def _measured(kind: str, clients: int, work: list, send, deployment: dict, model: str, opened: list) -> dict:
+async def _measured(kind: str, clients: int, work: list, warm: list, send, deployment: dict, model: str,
+                    opened: list, counts: dict) -> dict:
     """``_level`` and what it cost, per request: CPU ms of this process (the clients), of the deployment's child
     (supervisor + front end: ``deployment["pid"]``) and of its descendants (tritonserver + the model's stub);
-    the model's mean batch (from its metrics); the connections the clients opened (``opened[0]`` counts them)."""
+    from the model's metrics its mean batch and acceptance length (``counts`` sums the request-rounds and the
+    accepted drafts); the connections the clients opened (``opened[0]`` counts them).
+
+    First, unmeasured, ``clients`` one-token requests (``warm``) at once: every client has its connection open
+    (a pool's idle ones close after 15 s, while the other path's rounds run), so that the round measures
+    serving over kept connections, not their set-up (``connections_opened`` shows any that still happen)."""
+    from ..serving.client import scrape_metrics
+
+    await _level(kind, clients, warm[:clients], send)
+    m0 = scrape_metrics(deployment["metrics"], "dspark_")  # outside the CPU window: Triton answers it
     cpu0, own0, opened0 = _cpu_seconds(deployment["pid"]), time.process_time(), opened[0]
-    batch0 = _batch_totals(deployment["metrics"], model)
     row = await _level(kind, clients, work, send)
     cpu1, own1 = _cpu_seconds(deployment["pid"]), time.process_time()
-    batch1 = _batch_totals(deployment["metrics"], model)
+    m1 = scrape_metrics(deployment["metrics"], "dspark_")
     n = row["requests"]
-    rounds = batch1[1] - batch0[1]
-    row["batch_mean"] = (batch1[0] - batch0[0]) / rounds if rounds else None
+    rounds = _delta(m0, m1, "dspark_batch_size_count", model)
+    row["batch_mean"] = _delta(m0, m1, "dspark_batch_size_sum", model) / rounds if rounds else None
+    row["acceptance"] = acceptance_from_metrics(m0, m1, model)
+    counts["request_rounds"] += _delta(m0, m1, "dspark_request_rounds_total", model)
+    counts["accepted"] += _delta(m0, m1, "dspark_accepted_tokens_total", model)
     row["connections_opened"] = opened[0] - opened0
     row["cpu_ms_per_request"] = {"clients": 1000 * (own1 - own0) / n}
     if cpu0 is not None and cpu1 is not None:
-        row["cpu_ms_per_request"].update(front_end=1000 * (cpu1[0] - cpu0[0]) / n, model=1000 * (cpu1[1] - cpu0[1]) / n)
+        row["cpu_ms_per_request"].update(front_end=1000 * (cpu1[0] - cpu0[0]) / n,
+                                         model=1000 * (cpu1[1] - cpu0[1]) / n)
     return row
 
 
-async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]], args, metrics: list,
+async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]], args, counts: dict,
                      secure: dict | None = None) -> list[dict]:
     """Both paths at every level, ``args.rounds`` times, interleaved (the OpenAI front end and Triton's gRPC, or
-    with ``secure`` the plain and the secured front ends); ``metrics`` gets the scrapes before and after the
-    measured rounds."""
+    with ``secure`` the plain and the secured front ends); ``counts`` sums the measured rounds' request-rounds
+    and accepted drafts (both deployments')."""
     import aiohttp
 
-    from ..serving.client import scrape_metrics
     from ..serving.triton_stream import TritonStreamClient, generate_inputs
 
     name = info["model"]
@@ -331,23 +339,24 @@ async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]]
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[trace]) as session:
         grpc = None if secure else TritonStreamClient(info["grpc"], name)
         try:
-            paths = {"openai": (payloads, lambda p: _openai_request(session, info["openai"], p), plain)}
+            warm = [{**p, "max_tokens": 1} for p in payloads]
+            paths = {"openai": (payloads, warm, lambda p: _openai_request(session, info["openai"], p), plain)}
             if secure:
                 key = {"Authorization": f"Bearer {secure['key']}"}
-                paths["openai_secure"] = (payloads, lambda p: _openai_request(session, secure["openai"], p, key,
-                                                                             secure["tls"]), secure["deployment"])
+                paths["openai_secure"] = (payloads, warm, lambda p: _openai_request(
+                    session, secure["openai"], p, key, secure["tls"]), secure["deployment"])
             else:
                 tensors = [generate_inputs(ids, args.max_tokens, temperature=args.temperature, seed=0)
                            for ids in prompt_ids]
-                paths["grpc"] = (tensors, lambda t: _grpc_request(grpc, t), plain)
-            for kind, (work, send, _) in paths.items():  # warm-up, every path
+                warm_tensors = [generate_inputs(ids, 1, temperature=args.temperature, seed=0) for ids in prompt_ids]
+                paths["grpc"] = (tensors, warm_tensors, lambda t: _grpc_request(grpc, t), plain)
+            for kind, (work, _, send, _) in paths.items():  # warm-up, every path
                 await _level(kind, 2, work[:2], send)
-            metrics[0] = scrape_metrics(info["metrics"], "dspark_")  # after the warm-up: the run repeats one set
             order = list(paths.items())
             for k, clients in enumerate(args.concurrency):
                 for r in range(args.rounds):  # ABBA: the path that goes first alternates round by round
-                    for kind, (work, send, deployment) in (order if (k + r) % 2 == 0 else order[::-1]):
-                        row = await _measured(kind, clients, work, send, deployment, name, opened)
+                    for kind, (work, warm, send, deployment) in (order if (k + r) % 2 == 0 else order[::-1]):
+                        row = await _measured(kind, clients, work, warm, send, deployment, name, opened, counts)
                         rows.append({"round": r, **row})
             if secure:
                 secure["refusals"] = await _refusals(session, secure, payloads[0])
@@ -356,7 +365,6 @@ async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]]
                 await asyncio.gather(*_CLOSING, return_exceptions=True)
             if grpc is not None:
                 await grpc.close()
-    metrics[1] = scrape_metrics(info["metrics"], "dspark_")
     return rows
 
 
@@ -459,17 +467,16 @@ def run_openai(args: argparse.Namespace) -> int:
         if tokenizer is None:
             raise DSparkTrtError("the served model has no tokenizer; the OpenAI benchmark sends text prompts")
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        metrics = [{}, {}]
-        rows = asyncio.run(_benchmark(info, prompts, prompt_ids, args, metrics, secure))
+        counts = {"request_rounds": 0.0, "accepted": 0.0}
+        rows = asyncio.run(_benchmark(info, prompts, prompt_ids, args, counts, secure))
         memory = {name: _peak_memory_mib(c.process.pid) for name, c in zip(("openai", "openai_secure"), children)}
-        before, after = metrics
         texts, in_process_acceptance = _in_process(info["repository"], info["model"], prompts, args)
     finally:
         for c in children:
             c.stop()
         scratch.cleanup()
     # every level and path sends the same requests: the acceptance over the run is that of one set of them
-    served_acceptance = acceptance_from_metrics(before, after, info["model"])
+    served_acceptance = 1.0 + counts["accepted"] / counts["request_rounds"] if counts["request_rounds"] else None
     served = [(r["text"] if "text" in r else tokenizer.decode(r["ids"], skip_special_tokens=False), i)
               for row in rows for i, r in enumerate(row["results"])]
     equal = sum(text == texts[i] for text, i in served)

@@ -58,7 +58,8 @@ def test_secure_run_compares_plain_and_secured_front_ends(embedded_export, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
     A, B = "openai", "openai_secure"
-    assert [(r["clients"], r["round"], r["path"]) for r in report["rows"]] == [  # ABBA: who goes first alternates
+    # ABBA: the path that goes first alternates round by round
+    assert [(r["clients"], r["round"], r["path"]) for r in report["rows"]] == [
         (1, 0, A), (1, 0, B), (1, 1, B), (1, 1, A), (2, 0, B), (2, 0, A), (2, 1, A), (2, 1, B)]
     rows = report["rows"]
     assert all(r["requests"] == 3 and r["tokens"] > 0 for r in rows)
