@@ -12,9 +12,11 @@ batch. Reported, never asserted:
 ``--openai`` (``dspark bench serve [SOURCE] --openai``; SOURCE as for ``dspark serve``, default the embedded
 demo pair): starts the deployment of ``dspark serve`` in a child process (tritonserver + the front end, as a
 user runs it), then at each level C sends the same R requests (default 64) from C concurrent streaming
-clients, twice, interleaved: through the OpenAI front end (``/v1/completions``, server-sent events) and
-straight to Triton's gRPC endpoint (the front end's own client, token ids in). Reported per level: tokens/s,
-time to first token (p50), latency (p50), and the ratio front end / gRPC (the goal: >= 0.9 at 16 clients);
+clients through the OpenAI front end (``/v1/completions``, server-sent events) and straight to Triton's gRPC
+endpoint (the front end's own client, token ids in), in --rounds interleaved rounds (default 3, the first path
+alternating). Reported per round: tokens/s, time to first token (p50), latency (p50), the model's mean batch,
+connections opened, CPU ms per request of the clients, the front end and the model; per level the ratio
+front end / gRPC, the median over rounds (the goal: >= 0.9 at 16 clients);
 the acceptance length from the metrics endpoint (``1 + Δaccepted / Δrequest_rounds`` over the run) against
 the in-process figure for the same requests; whether the served text equals in-process ``generate``.
 
@@ -57,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=None,
                    help="clients (default 1 4 16; with --openai 1 4 16 64)")
     p.add_argument("--requests", type=int, default=None, help="requests per level (default 16; with --openai 64)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="with --openai: rounds of both paths per level, interleaved (the first path alternating); "
+                        "ratios are the median over rounds (default 3)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

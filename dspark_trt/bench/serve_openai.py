@@ -2,13 +2,22 @@
 
 The deployment runs in a child process (as ``dspark serve`` would: its own interpreter, so the benchmark's
 clients do not share a GIL with the front end); both kinds of client run here on one event loop. At each
-concurrency level the OpenAI round and the gRPC round send the same requests, one after the other, the
-order alternating between levels so that neither always runs on a warmer machine.
+concurrency level the OpenAI round and the gRPC round send the same requests, one after the other, ``--rounds``
+times (default 3), the path that goes first alternating round by round (ABBA), so that neither always runs on
+a warmer machine; a ratio is the median of its rounds' ratios. The OpenAI clients keep their connections
+(one pool, keep-alive: each response is read to its end) as an SDK client does, and every round starts with
+one open per client (``_measured``): a round measures serving, not connection set-up.
+
+What each round cost, per request (Linux ``/proc``): CPU ms of this process (the load generator: every
+client's HTTP, TLS and JSON work is counted here, on the same cores as the server), of the deployment's child
+(supervisor + front end) and of its descendants (tritonserver + the model's stub); the model's mean batch
+(its ``dspark_batch_size`` metric) and the connections the clients opened.
 
 ``--secure``: a second deployment child with an API key and HTTPS (a self-signed certificate made for the run);
 the rounds then compare the two front ends, plain and secured, on the same requests (issue 45's goal: the key
-check and TLS cost at most 5 % of tokens/s at 16 clients). The run also checks that the secured front end
-refuses a request without the key, one with a wrong key, and plain HTTP.
+check and TLS cost at most 5 % of tokens/s at 16 clients); the CPU shares say where a difference comes from.
+The run also checks that the secured front end refuses a request without the key, one with a wrong key, and
+plain HTTP.
 """
 
 from __future__ import annotations
@@ -26,14 +35,20 @@ from .serve_load import prompts as load_prompts
 __all__ = ["run_openai", "acceptance_from_metrics", "self_signed_certificate"]
 
 
+def _delta(before: dict, after: dict, name: str, model: str) -> float:
+    """The change of metric ``name`` between two scrapes (``client.scrape_metrics``), summed over the model's
+    instances."""
+    def total(samples):
+        return sum(v for (n, labels), v in samples.items() if n == name and dict(labels).get("model") == model)
+
+    return total(after) - total(before)
+
+
 def acceptance_from_metrics(before: dict, after: dict, model: str = "dspark") -> float | None:
     """``1 + Δaccepted / Δrequest_rounds`` between two scrapes (``client.scrape_metrics``), summed over the
     model's instances; None when no round ran."""
-    def total(samples, name):
-        return sum(v for (n, labels), v in samples.items() if n == name and dict(labels).get("model") == model)
-
-    rounds = total(after, "dspark_request_rounds_total") - total(before, "dspark_request_rounds_total")
-    accepted = total(after, "dspark_accepted_tokens_total") - total(before, "dspark_accepted_tokens_total")
+    rounds = _delta(before, after, "dspark_request_rounds_total", model)
+    accepted = _delta(before, after, "dspark_accepted_tokens_total", model)
     return 1.0 + accepted / rounds if rounds else None
 
 
@@ -119,9 +134,8 @@ def self_signed_certificate(directory: Path) -> tuple[str, str]:
     return str(key_file), str(cert_file)
 
 
-def _peak_memory_mib(pid: int) -> dict | None:
-    """Peak resident memory (VmHWM, MiB) of process ``pid`` (the deployment child: supervisor + front end) and
-    the sum of its and all its descendants' peaks (tritonserver, the model's stub); None off Linux."""
+def _process_tree(pid: int) -> set[int] | None:
+    """``pid`` and all its descendants now (Linux ``/proc``); None off Linux or when ``pid`` is gone."""
     proc = Path("/proc")
     if not (proc / str(pid)).is_dir():
         return None
@@ -136,6 +150,36 @@ def _peak_memory_mib(pid: int) -> dict | None:
     while frontier:
         frontier = [p for p, pp in parent.items() if pp in frontier and p not in tree]
         tree.update(frontier)
+    return tree
+
+
+def _cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """CPU seconds (user + system, all threads) of process ``pid`` (the deployment child: supervisor + front end)
+    and summed over its descendants (tritonserver, the model's stub); None off Linux."""
+    import os
+
+    tree = _process_tree(pid)
+    if tree is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(p):
+        try:  # /proc/PID/stat after "(comm)": state ppid ... utime (14th field) stime (15th)
+            fields = (Path("/proc") / str(p) / "stat").read_text().rpartition(")")[2].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    return cpu(pid), sum(cpu(p) for p in tree - {pid})
+
+
+def _peak_memory_mib(pid: int) -> dict | None:
+    """Peak resident memory (VmHWM, MiB) of process ``pid`` (the deployment child: supervisor + front end) and
+    the sum of its and all its descendants' peaks (tritonserver, the model's stub); None off Linux."""
+    proc = Path("/proc")
+    tree = _process_tree(pid)
+    if tree is None:
+        return None
 
     def hwm(p):
         try:
@@ -152,18 +196,19 @@ async def _openai_request(session, url: str, payload: dict, headers: dict | None
     """One streamed /v1/completions request: time to first text, latency, tokens, text (``headers``: e.g. the
     API key; ``ssl``: the context that trusts an HTTPS front end's certificate)."""
     start = time.perf_counter()
-    first = None
+    first = end = None
     pieces, tokens = [], 0
     async with session.post(f"{url}/completions", json=payload, headers=headers, ssl=ssl) as r:
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
-        async for raw in r.content:
-            line = raw.strip()
-            if not line.startswith(b"data: "):
+        async for raw in r.content:  # to the body's end, past [DONE]: a response read to its end lets the
+            line = raw.strip()       # connection go back to the pool (keep-alive), as the openai client does
+            if end is not None or not line.startswith(b"data: "):
                 continue
             data = line[len(b"data: "):]
             if data == b"[DONE]":
-                break
+                end = time.perf_counter()
+                continue
             event = json.loads(data)
             if "error" in event:
                 raise RuntimeError(event["error"]["message"])
@@ -172,7 +217,7 @@ async def _openai_request(session, url: str, payload: dict, headers: dict | None
                 pieces.append(event["choices"][0]["text"])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-    end = time.perf_counter()
+    end = end or time.perf_counter()
     return {"ttft": (first or end) - start, "latency": end - start, "tokens": tokens, "text": "".join(pieces)}
 
 
@@ -236,13 +281,45 @@ async def _refusals(session, secure: dict, payload: dict) -> dict:
             "plain_http": await status(url.replace("https://", "http://", 1), None, True)}
 
 
-async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]], args, metrics: list,
+async def _measured(kind: str, clients: int, work: list, warm: list, send, deployment: dict, model: str,
+                    opened: list, counts: dict) -> dict:
+    """``_level`` and what it cost, per request: CPU ms of this process (the clients), of the deployment's child
+    (supervisor + front end: ``deployment["pid"]``) and of its descendants (tritonserver + the model's stub);
+    from the model's metrics its mean batch and acceptance length (``counts`` sums the request-rounds and the
+    accepted drafts); the connections the clients opened (``opened[0]`` counts them).
+
+    First, unmeasured, ``clients`` one-token requests (``warm``) at once: every client has its connection open
+    (a pool's idle ones close after 15 s, while the other path's rounds run), so that the round measures
+    serving over kept connections, not their set-up (``connections_opened`` shows any that still happen)."""
+    from ..serving.client import scrape_metrics
+
+    await _level(kind, clients, warm[:clients], send)
+    m0 = scrape_metrics(deployment["metrics"], "dspark_")  # outside the CPU window: Triton answers it
+    cpu0, own0, opened0 = _cpu_seconds(deployment["pid"]), time.process_time(), opened[0]
+    row = await _level(kind, clients, work, send)
+    cpu1, own1 = _cpu_seconds(deployment["pid"]), time.process_time()
+    m1 = scrape_metrics(deployment["metrics"], "dspark_")
+    n = row["requests"]
+    rounds = _delta(m0, m1, "dspark_batch_size_count", model)
+    row["batch_mean"] = _delta(m0, m1, "dspark_batch_size_sum", model) / rounds if rounds else None
+    row["acceptance"] = acceptance_from_metrics(m0, m1, model)
+    counts["request_rounds"] += _delta(m0, m1, "dspark_request_rounds_total", model)
+    counts["accepted"] += _delta(m0, m1, "dspark_accepted_tokens_total", model)
+    row["connections_opened"] = opened[0] - opened0
+    row["cpu_ms_per_request"] = {"clients": 1000 * (own1 - own0) / n}
+    if cpu0 is not None and cpu1 is not None:
+        row["cpu_ms_per_request"].update(front_end=1000 * (cpu1[0] - cpu0[0]) / n,
+                                         model=1000 * (cpu1[1] - cpu0[1]) / n)
+    return row
+
+
+async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]], args, counts: dict,
                      secure: dict | None = None) -> list[dict]:
-    """Both paths at every level (the OpenAI front end and Triton's gRPC, or with ``secure`` the plain and the
-    secured front ends); ``metrics`` gets the scrapes before and after the measured rounds."""
+    """Both paths at every level, ``args.rounds`` times, interleaved (the OpenAI front end and Triton's gRPC, or
+    with ``secure`` the plain and the secured front ends); ``counts`` sums the measured rounds' request-rounds
+    and accepted drafts (both deployments')."""
     import aiohttp
 
-    from ..serving.client import scrape_metrics
     from ..serving.triton_stream import TritonStreamClient, generate_inputs
 
     name = info["model"]
@@ -250,26 +327,37 @@ async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]]
                  "seed": 0, "stream": True, "stream_options": {"include_usage": True}} for p in prompts]
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    opened = [0]  # connections the OpenAI clients opened (each a TCP + for HTTPS a TLS handshake)
+
+    async def count(*_):
+        opened[0] += 1
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(count)
+    plain = {"pid": info["pid"], "metrics": info["metrics"]}
     rows = []
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[trace]) as session:
         grpc = None if secure else TritonStreamClient(info["grpc"], name)
         try:
-            paths = {"openai": (payloads, lambda p: _openai_request(session, info["openai"], p))}
+            warm = [{**p, "max_tokens": 1} for p in payloads]
+            paths = {"openai": (payloads, warm, lambda p: _openai_request(session, info["openai"], p), plain)}
             if secure:
                 key = {"Authorization": f"Bearer {secure['key']}"}
-                paths["openai_secure"] = (payloads, lambda p: _openai_request(session, secure["openai"], p, key,
-                                                                             secure["tls"]))
+                paths["openai_secure"] = (payloads, warm, lambda p: _openai_request(
+                    session, secure["openai"], p, key, secure["tls"]), secure["deployment"])
             else:
                 tensors = [generate_inputs(ids, args.max_tokens, temperature=args.temperature, seed=0)
                            for ids in prompt_ids]
-                paths["grpc"] = (tensors, lambda t: _grpc_request(grpc, t))
-            for kind, (work, send) in paths.items():  # warm-up, every path
+                warm_tensors = [generate_inputs(ids, 1, temperature=args.temperature, seed=0) for ids in prompt_ids]
+                paths["grpc"] = (tensors, warm_tensors, lambda t: _grpc_request(grpc, t), plain)
+            for kind, (work, _, send, _) in paths.items():  # warm-up, every path
                 await _level(kind, 2, work[:2], send)
-            metrics[0] = scrape_metrics(info["metrics"], "dspark_")  # after the warm-up: the run repeats one set
             order = list(paths.items())
             for k, clients in enumerate(args.concurrency):
-                for kind, (work, send) in (order if k % 2 == 0 else order[::-1]):
-                    rows.append(await _level(kind, clients, work, send))
+                for r in range(args.rounds):  # ABBA: the path that goes first alternates round by round
+                    for kind, (work, warm, send, deployment) in (order if (k + r) % 2 == 0 else order[::-1]):
+                        row = await _measured(kind, clients, work, warm, send, deployment, name, opened, counts)
+                        rows.append({"round": r, **row})
             if secure:
                 secure["refusals"] = await _refusals(session, secure, payloads[0])
         finally:
@@ -277,8 +365,23 @@ async def _benchmark(info: dict, prompts: list[str], prompt_ids: list[list[int]]
                 await asyncio.gather(*_CLOSING, return_exceptions=True)
             if grpc is not None:
                 await grpc.close()
-    metrics[1] = scrape_metrics(info["metrics"], "dspark_")
     return rows
+
+
+def _pairs(rows: list[dict], base: str, other: str) -> dict:
+    """``{clients: [(base row, other row) for each round]}``: the two paths' rows of one level and round."""
+    by = {(r["clients"], r["round"], r["path"]): r for r in rows}
+    out: dict = {}
+    for (clients, round_, path), row in by.items():
+        if path == base:
+            out.setdefault(clients, []).append((row, by[(clients, round_, other)]))
+    return out
+
+
+def _median_cost(rows: list[dict]) -> dict:
+    """Median over rounds of each CPU share (ms per request)."""
+    keys = rows[0]["cpu_ms_per_request"]
+    return {k: statistics.median(r["cpu_ms_per_request"][k] for r in rows) for k in keys}
 
 
 def _in_process(repository: str, model: str, prompts: list[str], args) -> tuple[list[str], float]:
@@ -310,6 +413,9 @@ def run_openai(args: argparse.Namespace) -> int:
 
     concurrency = args.concurrency or [1, 4, 16, 64]
     args.concurrency = concurrency
+    args.rounds = getattr(args, "rounds", None) or 3
+    if args.rounds < 1:
+        raise DSparkTrtError(f"--rounds must be at least 1, got {args.rounds}")
     requests = args.requests or 64
     secure_run = getattr(args, "secure", False)
     if secure_run:
@@ -344,12 +450,15 @@ def run_openai(args: argparse.Namespace) -> int:
         child = _Child(child_source, options)
         children.append(child)
         info = child.start(timeout=900)
+        info["pid"] = child.process.pid
         if secure_run:  # the same deployment with a key (handed to the child in memory, not argv) and HTTPS
             key_file, cert_file = self_signed_certificate(Path(scratch.name))
             secure = {"key": secrets.token_urlsafe(24), "tls": ssl.create_default_context(cafile=cert_file)}
             children.append(_Child(child_source, dataclasses.replace(
                 options, api_keys=(secure["key"],), ssl_keyfile=key_file, ssl_certfile=cert_file)))
-            secure["openai"] = children[1].start(timeout=900)["openai"]
+            started = children[1].start(timeout=900)
+            secure["openai"] = started["openai"]
+            secure["deployment"] = {"pid": children[1].process.pid, "metrics": started["metrics"]}
         from ..runtime.decoder import load_tokenizer
         from ..serving.deployment import frontend_config
 
@@ -358,48 +467,61 @@ def run_openai(args: argparse.Namespace) -> int:
         if tokenizer is None:
             raise DSparkTrtError("the served model has no tokenizer; the OpenAI benchmark sends text prompts")
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        metrics = [{}, {}]
-        rows = asyncio.run(_benchmark(info, prompts, prompt_ids, args, metrics, secure))
+        counts = {"request_rounds": 0.0, "accepted": 0.0}
+        rows = asyncio.run(_benchmark(info, prompts, prompt_ids, args, counts, secure))
         memory = {name: _peak_memory_mib(c.process.pid) for name, c in zip(("openai", "openai_secure"), children)}
-        before, after = metrics
         texts, in_process_acceptance = _in_process(info["repository"], info["model"], prompts, args)
     finally:
         for c in children:
             c.stop()
         scratch.cleanup()
     # every level and path sends the same requests: the acceptance over the run is that of one set of them
-    served_acceptance = acceptance_from_metrics(before, after, info["model"])
+    served_acceptance = 1.0 + counts["accepted"] / counts["request_rounds"] if counts["request_rounds"] else None
     served = [(r["text"] if "text" in r else tokenizer.decode(r["ids"], skip_special_tokens=False), i)
               for row in rows for i, r in enumerate(row["results"])]
     equal = sum(text == texts[i] for text, i in served)
-    by = {(r["clients"], r["path"]): r for r in rows}
     other = "openai_secure" if secure else "grpc"
-    ratios = {c: by[(c, "openai")]["tokens_per_second"] / by[(c, other)]["tokens_per_second"] for c in concurrency}
-    if secure:  # secured / plain; and the answers of the two front ends, level by level
-        ratios = {c: 1 / v for c, v in ratios.items()}
-        same = {c: [sum(a["text"] == b["text"] for a, b in zip(by[(c, "openai")]["results"],
-                                                             by[(c, "openai_secure")]["results"])), requests]
-                for c in concurrency}
+    base, over = ("openai", other) if secure else (other, "openai")  # the ratio: over / base tokens/s
+    pairs = _pairs(rows, base, over)
+    per_round = {c: [o["tokens_per_second"] / b["tokens_per_second"] for b, o in pairs[c]] for c in concurrency}
+    ratios = {c: statistics.median(v) for c, v in per_round.items()}
+    cost = {c: {path: _median_cost([r for r in rows if r["clients"] == c and r["path"] == path])
+                for path in ("openai", other)} for c in concurrency}
+    if secure:  # the answers of the two front ends, level by level, over all rounds
+        same = {c: [sum(a["text"] == b["text"] for bb, oo in pairs[c] for a, b in zip(bb["results"], oo["results"])),
+                    requests * args.rounds] for c in concurrency}
     for r in rows:
         r.pop("results")
+    key = "secure_over_plain" if secure else "openai_over_grpc"
     report = {"source": str(source), "max_tokens": args.max_tokens, "temperature": args.temperature,
-              "requests": requests, "rows": rows, ("secure_over_plain" if secure else "openai_over_grpc"): ratios,
-              "acceptance_metrics": served_acceptance, "acceptance_in_process": in_process_acceptance,
-              "served_equal_to_in_process": [equal, len(served)], "peak_memory": memory}
+              "requests": requests, "rounds": args.rounds, "rows": rows, key: ratios, f"{key}_rounds": per_round,
+              "cpu_ms_per_request": cost, "acceptance_metrics": served_acceptance,
+              "acceptance_in_process": in_process_acceptance, "served_equal_to_in_process": [equal, len(served)],
+              "peak_memory": memory}
     if secure:
         report["secure_equal_to_plain"] = same
         report["secure_refusals"] = secure["refusals"]
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{requests} requests × max_tokens {args.max_tokens}, temperature {args.temperature}, source {source}")
-    print("| clients | path | tokens | wall s | tokens/s | TTFT p50 ms | TTFT p99 ms | latency p50 s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"{requests} requests × max_tokens {args.max_tokens}, temperature {args.temperature}, {args.rounds} "
+          f"interleaved round(s) per level, source {source}")
+    print("| clients | round | path | wall s | tokens/s | TTFT p50 ms | TTFT p99 ms | latency p50 s | mean batch | "
+          "connections opened | CPU ms/request: clients, front end, model |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['clients']} | {r['path']} | {r['tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | "
-              f"{r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['latency_p50_s']:.3f} |")
+        c = r["cpu_ms_per_request"]
+        batch = "n/a" if r["batch_mean"] is None else f"{r['batch_mean']:.1f}"
+        print(f"| {r['clients']} | {r['round']} | {r['path']} | {r['seconds']:.2f} | {r['tokens_per_second']:.1f} | "
+              f"{r['ttft_p50_ms']:.0f} | {r['ttft_p99_ms']:.0f} | {r['latency_p50_s']:.3f} | {batch} | "
+              f"{r['connections_opened']} | " + ", ".join(f"{v:.2f}" for v in c.values()) + " |")
     title = "secured (API key + HTTPS) / plain front end" if secure else "OpenAI front end / Triton gRPC"
-    print(f"{title} tokens/s: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in ratios.items()))
+    print(f"{title} tokens/s, median over rounds: " + ", ".join(
+        f"{c} clients {v:.2f}x ({' '.join(f'{x:.2f}' for x in per_round[c])})" for c, v in ratios.items()))
+    for c, paths in cost.items():
+        print(f"CPU ms per request at {c} clients (median over rounds): " + "; ".join(
+            f"{path} " + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in shares.items())
+            for path, shares in paths.items()))
     for name, m in memory.items():
         if m:
             print(f"peak memory, {name} deployment: {m['child_mib']:.0f} MiB front end + supervisor, "

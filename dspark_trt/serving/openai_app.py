@@ -4,8 +4,8 @@ It holds no decoding logic. Each request is checked (``openai_protocol``), its p
 target's tokenizer (chat: the tokenizer's chat template, ``add_generation_prompt=True``), and sent to the
 Triton model over its own gRPC stream (``triton_stream``) as token ids; the model's streamed text pieces
 become the answer (``stream: true``: server-sent events, one per decoding round, ending in
-``data: [DONE]``). The answer's text never includes the prompt (``echo: true`` on /v1/completions
-prepends it).
+``data: [DONE]``; events ready at the same moment share one write). The answer's text never includes the
+prompt (``echo: true`` on /v1/completions prepends it).
 
     GET  /health/live           200 while the process and its front end run (a restarting model included)
     GET  /health/ready          200 when the model is ready and the server is not draining, else 503 (the reason)
@@ -471,15 +471,22 @@ class _App:
         return "".join(texts), count, piece.final
 
     async def _events(self, job: _Job, first: Piece, req, rid: str, chat: bool, prompt_len: int, echo: str | None):
-        """Server-sent events of one streamed answer; the generator closing early cancels the request."""
+        """Server-sent events of one streamed answer, encoded; the generator closing early cancels the request.
+
+        Events ready at the same moment go out as one chunk (one write to the socket, one TLS record): the role
+        chunk with the first text, pieces that queued up while the previous chunk was being sent, and the last
+        text with its usage chunk and ``[DONE]``. The bytes of the stream are the same as one event a chunk."""
+        from sse_starlette.event import ServerSentEvent
+
         name, created = self.config.name, int(time.time())
-        dump = lambda obj: json.dumps(obj, separators=(",", ":"))  # noqa: E731
+        event = lambda obj: ServerSentEvent(json.dumps(obj, separators=(",", ":")), sep="\n").encode()  # noqa: E731
+        ready: list[bytes] = []  # encoded events not sent yet
         count = 0
         try:
             if chat:
-                yield {"data": dump(oa.chat_chunk(rid, name, created, {"role": "assistant", "content": ""}))}
+                ready.append(event(oa.chat_chunk(rid, name, created, {"role": "assistant", "content": ""})))
             elif echo:
-                yield {"data": dump(oa.completion_chunk(rid, name, created, echo))}
+                ready.append(event(oa.completion_chunk(rid, name, created, echo)))
             piece = first
             while True:
                 count += len(piece.ids)
@@ -489,21 +496,25 @@ class _App:
                 if piece.text or final is not None:
                     if chat:
                         delta = {"content": piece.text} if piece.text else {}
-                        yield {"data": dump(oa.chat_chunk(rid, name, created, delta, reason, stats))}
+                        ready.append(event(oa.chat_chunk(rid, name, created, delta, reason, stats)))
                     else:
-                        yield {"data": dump(oa.completion_chunk(rid, name, created, piece.text, reason, stats))}
+                        ready.append(event(oa.completion_chunk(rid, name, created, piece.text, reason, stats)))
                 if final is not None:
                     break
+                if job.queue.empty() and ready:  # nothing more to add now: send what is ready, then wait
+                    yield b"".join(ready)
+                    ready = []
                 piece = await job.next()
             if req.include_usage:
                 prompt_tokens = final.prompt_tokens if final.prompt_tokens is not None else prompt_len
                 obj = "chat.completion.chunk" if chat else "text_completion"
-                yield {"data": dump(oa.usage_chunk(rid, name, created, obj, oa.usage(prompt_tokens, count), stats))}
+                ready.append(event(oa.usage_chunk(rid, name, created, obj, oa.usage(prompt_tokens, count), stats)))
         except TritonRequestError as e:
-            yield {"data": dump(_from_triton(e).body())}
+            ready.append(event(_from_triton(e).body()))
         finally:
             job.close()  # also when the client left: the generator is closed, the Triton request cancelled
-        yield {"data": "[DONE]"}  # reached only when the answer ended (or failed) with the client still there
+        # reached only when the answer ended (or failed) with the client still there
+        yield b"".join(ready) + ServerSentEvent("[DONE]", sep="\n").encode()
 
 
 async def _disconnected(request) -> None:

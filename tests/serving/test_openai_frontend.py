@@ -155,6 +155,48 @@ def test_streamed_chunks_concatenate_to_the_answer(client, decoder):
     assert stream[-1].choices[0].finish_reason == answer.choices[0].finish_reason
 
 
+def test_events_ready_together_go_out_in_one_chunk(served, decoder):
+    """The stream's bytes are server-sent events, one per round, each ``data: JSON`` and a blank line, ending in
+    ``data: [DONE]``; events ready at the same moment share one HTTP chunk (one write, one TLS record): the chat's
+    role with its first text, and the last text with the usage and [DONE]."""
+    import aiohttp
+
+    messages = [{"role": "user", "content": "The verifier"}]
+    text, ids = alone(decoder, chat_prompt(decoder, messages), 24)
+    body = {"model": "dspark", "messages": messages, "max_tokens": 24, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+    async def chunks():
+        out, part = [], b""
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{served.frontend.url}/chat/completions", json=body) as r:
+                assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+                async for data, end_of_chunk in r.content.iter_chunks():  # HTTP chunked-encoding boundaries
+                    part += data
+                    if end_of_chunk and part:
+                        out.append(part)
+                        part = b""
+        return out + ([part] if part else [])
+
+    received = asyncio.run(chunks())
+    stream = b"".join(received)
+    events = [e for e in stream.split(b"\n\n")]
+    assert events[-1] == b"" and all(e.startswith(b"data: ") and b"\n" not in e for e in events[:-1])
+    events = [e[len(b"data: "):] for e in events[:-1]]
+    assert events[-1] == b"[DONE]"
+    chunks_ = [json.loads(e) for e in events[:-1]]
+    assert chunks_[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks_ if c["choices"]) == text
+    assert chunks_[-1]["choices"] == [] and chunks_[-1]["usage"]["completion_tokens"] == len(ids)
+    texts = [c for c in chunks_[1:-1] if c["choices"][0]["delta"].get("content")]
+    assert len(texts) >= 2 and len(received) < len(events)  # several rounds, fewer writes than events
+    first = [json.loads(e[len(b"data: "):]) for e in received[0].split(b"\n\n")[:-1]]
+    assert len(first) >= 2 and first[1]["choices"][0]["delta"]["content"]  # the role and the first text together
+    last = received[-1].split(b"\n\n")[:-1]
+    assert last[-1] == b"data: [DONE]" and len(last) >= 3  # the last round's text, the usage and [DONE] together
+    assert json.loads(last[-3][len(b"data: "):])["choices"][0]["finish_reason"] is not None
+
+
 def test_stop_cuts_exactly(client, decoder):
     prompt = PROMPTS[0]
     text, _ = alone(decoder, prompt, 48)
