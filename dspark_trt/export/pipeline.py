@@ -321,27 +321,30 @@ class TargetForExport:
         return section
 
     def _gemma4(self, export_dir: Path) -> dict:
-        """A Gemma-4 text target: its own graph (per-type K/V, sliding layers by position), built in memory."""
+        """A Gemma-4 text target: its own graph (per-type K/V, sliding layers by position), built in memory in the
+        export dtype; fp16 first passes the activation range check (as every target)."""
         from ..artifact.layout import TARGET_ONNX, TOKENIZER_DIR
         from ..artifact.manifest import graph_io
-        from ..errors import DSparkTrtError
+        from ..loader import resolve_dtype
         from .gemma4_target_onnx import export_gemma4_target_onnx, gemma4_section, validate_gemma4_target_onnx
         from .target_onnx import copy_tokenizer, load_target_model, new_target_section
 
-        if self.dtype != "fp32":
-            raise DSparkTrtError(f"a Gemma-4 target is exported in fp32 only for now (its validation against "
-                                 f"transformers is fp32); pass --dtype fp32, or --skip-target (asked: {self.dtype})")
-        import torch
+        model = load_target_model(self.target_dir, resolve_dtype(self.dtype))
+        fp16_range = None
+        if self.dtype == "fp16":  # massive activations: refuse a target that overflows (target_precision.py)
+            from .target_precision import check_target_fp16
 
-        model = load_target_model(self.target_dir, torch.float32)
+            fp16_range = check_target_fp16(model)
         path = export_gemma4_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
-        report = validate_gemma4_target_onnx(path, model, self.config.target_layer_ids).lines() if self.validate \
-            else None
+        report = validate_gemma4_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines() \
+            if self.validate else None
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
         section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
                                      dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
                                      max_context=self.max_context, validation=report)
         section.update(gemma4_section(model, self.config.target_layer_ids))
+        if fp16_range is not None:
+            section["fp16_range"] = fp16_range
         return section
 
 
