@@ -103,7 +103,10 @@ def export_gemma4_target_onnx(model, target_layer_ids: Sequence[int], out_path: 
 
 
 def gemma4_section(model, layer_ids: Sequence[int]) -> dict:
-    """What the manifest's target section adds for a Gemma-4 graph: its K/V interface and per-type cache shapes."""
+    """What the manifest's target section adds for a Gemma-4 graph: its K/V interface, per-type cache shapes and
+    ``ring``, the sliding layers' cache per request that the runtimes keep (window − 1 + their rollback headroom)
+    and the TensorRT profile fixes ``W`` to."""
+    from ..runtime.targets.gemma4 import RING_HEADROOM as RUNTIME_HEADROOM
     from .gemma4_target_graph import KV_INTERFACE, Gemma4TargetGraph
 
     graph = Gemma4TargetGraph(model, layer_ids)
@@ -112,7 +115,7 @@ def gemma4_section(model, layer_ids: Sequence[int]) -> dict:
     return {"kv_interface": KV_INTERFACE, "gemma4": {
         "sliding_window": graph.window, "stored_layers": graph.stored, "global_layers": glob, "sliding_layers": slid,
         "global_kv": list(graph.kv_shape[glob[0]]), "sliding_kv": list(graph.kv_shape[slid[0]]),
-        "final_logit_softcapping": graph.softcap}}
+        "final_logit_softcapping": graph.softcap, "ring": graph.window - 1 + RUNTIME_HEADROOM}}
 
 
 class _Ring:

@@ -188,7 +188,8 @@ class EnginesForExport:
             config = self.config
             if graph == "target":
                 onnx_file = target["onnx"]
-                config = target_build_config(config, int(target["max_context"]))
+                ring = (target.get("gemma4") or {}).get("ring")  # a Gemma-4 graph: W is the runtime's ring
+                config = target_build_config(config, int(target["max_context"]), ring=ring)
             else:
                 onnx_file = self.manifest["graphs"][graph]["file"]
             if graph == "draft" and flavor == "tensorrt" and self.manifest.get("plugin_graph"):
@@ -230,14 +231,18 @@ def _profile_record(shapes: dict) -> dict:
 VERIFY_TOKENS = 16
 
 
-def target_build_config(config: EngineBuildConfig, max_context: int,
-                        verify_tokens: int = VERIFY_TOKENS) -> EngineBuildConfig:
+def target_build_config(config: EngineBuildConfig, max_context: int, verify_tokens: int = VERIFY_TOKENS, *,
+                        ring: int | None = None) -> EngineBuildConfig:
     """The target engine's build: profile 0 for prefill (Q up to a prefill chunk) and profile 1 for verify rounds
     (Q and K ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole chunk
-    (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin."""
+    (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin.
+    ``ring``: a Gemma-4 graph's sliding-layer caches are that many slots per request, whatever the context
+    (the manifest's ``target.gemma4.ring``): ``W`` is fixed to it."""
     from .target_onnx import target_dynamic_ranges
 
     ranges = target_dynamic_ranges(int(max_context))
+    if ring is not None:
+        ranges["W"] = (int(ring),) * 3
     lo, opt, hi = ranges["Q"]
     small = min(hi, verify_tokens)
     extra = ({"Q": (lo, min(opt, small), small), "K": (lo, min(opt, small), small)},) if small < hi else ()
