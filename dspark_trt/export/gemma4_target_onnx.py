@@ -105,7 +105,7 @@ def export_gemma4_target_onnx(model, target_layer_ids: Sequence[int], out_path: 
 def gemma4_section(model, layer_ids: Sequence[int]) -> dict:
     """What the manifest's target section adds for a Gemma-4 graph: its K/V interface, per-type cache shapes and
     ``ring``, the sliding layers' cache per request that the runtimes keep (window − 1 + their rollback headroom)
-    and the TensorRT profile fixes ``W`` to."""
+    and the TensorRT profile optimizes ``W`` for (its maximum)."""
     from ..runtime.targets.gemma4 import RING_HEADROOM as RUNTIME_HEADROOM
     from .gemma4_target_graph import KV_INTERFACE, Gemma4TargetGraph
 

@@ -237,12 +237,13 @@ def target_build_config(config: EngineBuildConfig, max_context: int, verify_toke
     (Q and K ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole chunk
     (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin.
     ``ring``: a Gemma-4 graph's sliding-layer caches are that many slots per request, whatever the context
-    (the manifest's ``target.gemma4.ring``): ``W`` is fixed to it."""
+    (the manifest's ``target.gemma4.ring``): ``W`` is profiled up to it, optimized for it (1 … ring: a profile
+    with W fixed, min = max, fails TensorRT-RTX 1.x's build in Myelin, ``CHECK(is_const())``)."""
     from .target_onnx import target_dynamic_ranges
 
     ranges = target_dynamic_ranges(int(max_context))
     if ring is not None:
-        ranges["W"] = (int(ring),) * 3
+        ranges["W"] = (1, int(ring), int(ring))
     lo, opt, hi = ranges["Q"]
     small = min(hi, verify_tokens)
     extra = ({"Q": (lo, min(opt, small), small), "K": (lo, min(opt, small), small)},) if small < hi else ()

@@ -73,8 +73,9 @@ def test_rtx_parses_and_builds_the_gated_and_rnn_draft_graphs(pair_name, op, top
 
 @pytest.mark.slow  # three engines of the Gemma-4 export
 def test_rtx_builds_the_gemma4_target_engine_for_the_runtimes_ring(gemma4_export, tmp_path):
-    """``dspark build-engine`` on a Gemma-4 export (TensorRT-RTX, no GPU): the target engine's profiles fix ``W`` to
-    the ring the runtime binds (``gemma4.ring``: window 8 − 1 + 64), so ``Gemma4TensorRTTarget`` takes it."""
+    """``dspark build-engine`` on a Gemma-4 export (TensorRT-RTX, no GPU): the target engine's profiles take ``W`` up
+    to the ring the runtime binds (``gemma4.ring``: window 8 − 1 + 64, the optimum), so ``Gemma4TensorRTTarget``
+    takes it."""
     import shutil
 
     from dspark_trt.export.pipeline import build_engines
@@ -85,6 +86,6 @@ def test_rtx_builds_the_gemma4_target_engine_for_the_runtimes_ring(gemma4_export
     entry = manifest["engines"]["target.tensorrt-rtx"]
     gemma4 = manifest["target"]["gemma4"]
     assert (export / entry["file"]).stat().st_size > 0 and gemma4["ring"] == 71
-    assert entry["build"]["dynamic_ranges"]["W"] == [71, 71, 71]
+    assert entry["build"]["dynamic_ranges"]["W"] == [1, 71, 71]
     assert all(p["window_positions"]["max"][1] == 71 for p in entry["profiles"])
     check_ring_profile(entry, gemma4)

@@ -36,7 +36,7 @@ FILLS = {"attention_mask": (1, 0), "window_positions": (-1, -1)}
 
 def ring_size(gemma4: Mapping) -> int:
     """Slots of the sliding layers' ring per request: the manifest's ``ring`` (what the export's engine profile
-    fixes ``W`` to), else window − 1 + ``RING_HEADROOM``."""
+    is optimized for: ``W`` = the ring), else window − 1 + ``RING_HEADROOM``."""
     return int(gemma4.get("ring") or int(gemma4["sliding_window"]) - 1 + RING_HEADROOM)
 
 

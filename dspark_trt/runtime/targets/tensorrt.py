@@ -18,7 +18,7 @@ verify rounds on it. The engine's I/O is checked against the manifest's ``target
 
 ``Gemma4TensorRTTarget`` binds a Gemma-4 target graph the same way over its two caches (``targets/gemma4.py``):
 the global layers' ``KVCache`` (capacity ``P``) and the sliding layers' ``RingCache`` (``W`` = the manifest's
-``gemma4.ring`` slots per request, fixed: the engine profile is built for it), both bound by address, with
+``gemma4.ring`` slots per request, whatever the context: the engine profile reaches it), both bound by address, with
 ``window_positions`` [B, W] fed per call (padded requests: −1, an empty ring); ``TensorRTTarget.from_export``
 picks it for a Gemma-4 export.
 

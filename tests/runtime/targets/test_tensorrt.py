@@ -103,7 +103,7 @@ def test_the_gemma4_engine_profile_fixes_w_to_the_runtimes_ring():
 
     gemma4 = {"sliding_window": 1024, "ring": 1087}
     cfg = target_build_config(EngineBuildConfig("tensorrt", max_batch_size=4), 256, ring=1087)
-    assert all(r["W"] == (1087, 1087, 1087) for r in cfg.profile_ranges)  # prefill and verify profiles
+    assert all(r["W"] == (1, 1087, 1087) for r in cfg.profile_ranges)  # prefill and verify profiles
     assert cfg.dynamic_ranges["P"] == (1, 256, 256)  # the global layers' capacity still follows the context
     check_ring_profile({"build": cfg.describe()}, gemma4)
     old = target_build_config(EngineBuildConfig("tensorrt", max_batch_size=4), 256)  # W profiled as P (≤ 256)
