@@ -22,7 +22,7 @@ the global layers' ``KVCache`` (capacity ``P``) and the sliding layers' ``RingCa
 ``window_positions`` [B, W] fed per call (padded requests: −1, an empty ring); ``TensorRTTarget.from_export``
 picks it for a Gemma-4 export.
 
-Pure, CPU-tested: ``cache_rows``, ``step_plan``, ``mask_symbol``, ``profile_new_tokens``, ``gemma4_specs``,
+Pure, CPU-tested: ``cache_rows``, ``step_plan``, ``mask_symbol``, ``profile_new_tokens``, ``gemma4_binding``,
 ``check_ring_profile`` (the Gemma-4 binding is run through onnxruntime in ``tests/runtime/targets``). Without
 full TensorRT or a GPU, constructing either is a one-line refusal (CLI exit 1).
 """
@@ -43,7 +43,7 @@ from .gemma4 import FILLS, Gemma4Storage, cache_names, check_verify_length, grap
 from ..tensorrt_engine import engine_entry, require_tensorrt
 
 __all__ = ["TensorRTTarget", "Gemma4TensorRTTarget", "target_fills", "mask_symbol", "cache_rows", "step_plan",
-           "profile_new_tokens", "gemma4_specs", "check_ring_profile", "TORCH_DTYPES"]
+           "profile_new_tokens", "gemma4_binding", "gemma4_specs", "check_ring_profile", "TORCH_DTYPES"]
 
 #: padding of the target graph's inputs: (padded requests, padded past slots)
 TARGET_FILLS = {"attention_mask": (1, 0)}
@@ -253,15 +253,21 @@ class TensorRTTarget(ExportedTarget):
 
 
 # -- Gemma-4 ---------------------------------------------------------------------------------------------
+def gemma4_binding(tensors, gemma4: Mapping, Q: int) -> dict:
+    """``TensorRTGraph``'s binding options for a Gemma-4 target graph's I/O ``tensors`` scoring ``Q`` new tokens:
+    context ``P`` (the global caches and the mask's first part), ``W`` = the ring, every cache input bound,
+    ``FILLS`` for padded requests."""
+    names = cache_names(gemma4)
+    return {"context_dim": "P", "fills": FILLS, "context_plus": {"attention_mask": (mask_symbol(tensors), Q)},
+            "fixed": {"Q": Q, "K": Q, "W": ring_size(gemma4)}, "bound": [n for group in names for n in group]}
+
+
 def gemma4_specs(tensors, gemma4: Mapping, Q: int):
-    """The graph runner's input specs for a Gemma-4 target graph's I/O ``tensors`` scoring ``Q`` new tokens: batch
-    ``B``, context ``P`` (the global caches and the mask's first part), ``W`` fixed to the ring, every cache input
-    bound, ``FILLS`` for padded requests."""
+    """The graph runner's input specs that ``gemma4_binding`` gives (batch ``B``)."""
     from ..tensorrt_engine import input_specs
 
-    names = cache_names(gemma4)
-    return input_specs(tensors, "B", "P", FILLS, {"attention_mask": (mask_symbol(tensors), Q)},
-                       {"Q": Q, "K": Q, "W": ring_size(gemma4)}, bound=[n for group in names for n in group])
+    b = gemma4_binding(tensors, gemma4, Q)
+    return input_specs(tensors, "B", b["context_dim"], b["fills"], b["context_plus"], b["fixed"], b["bound"])
 
 
 def check_ring_profile(entry: Mapping, gemma4: Mapping) -> None:
@@ -304,13 +310,10 @@ class Gemma4TensorRTTarget(Gemma4Storage, TensorRTTarget):
 
         key = Q if Q <= self._max_graph_tokens and K in (None, Q) else 0
         if key not in self._graphs:
-            bound: Sequence[str] = [n for group in self._names for n in group]
             self._graphs[key] = TensorRTGraph(
-                self._engine, self._tensors, context_dim="P", max_batch=self._max_batch,
-                max_context=capacity_bucket(int(self.max_context or 8192)), fills=FILLS, role="target",
-                graphs=self._graph_mode, device=self.device, bucketed=key != 0,
-                context_plus={"attention_mask": (self._mask_symbol, Q)},
-                fixed={"Q": Q, "K": Q, "W": ring_size(self._gemma4)}, bound=bound)
+                self._engine, self._tensors, max_batch=self._max_batch,
+                max_context=capacity_bucket(int(self.max_context or 8192)), role="target", graphs=self._graph_mode,
+                device=self.device, bucketed=key != 0, **gemma4_binding(self._tensors, self._gemma4, Q))
         return self._graphs[key]
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
