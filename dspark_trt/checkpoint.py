@@ -50,6 +50,23 @@ LAYER_TENSORS = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
+#: a Gemma-4 draft layer's (DeepSpec's Gemma4DSparkModel): no v_proj with attention_k_eq_v, v_norm has no weight
+GEMMA4_LAYER_TENSORS = (
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "post_attention_layernorm.weight",
+    "pre_feedforward_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "post_feedforward_layernorm.weight",
+    "layer_scalar",
+)
 
 
 class SafetensorsCheckpoint:
@@ -185,6 +202,8 @@ def expected_tensors(config: DSparkConfig) -> dict[str, TensorSpec]:
         "mlp.down_proj.weight": (d, c.intermediate_size),
     }
     assert tuple(per_layer) == LAYER_TENSORS
+    if c.layer_family == "gemma4":
+        per_layer = _gemma4_layer(per_layer, d, c.attention_k_eq_v)
     for i in range(c.num_hidden_layers):
         for name, shape in per_layer.items():
             shapes[f"layers.{i}.{name}"] = TensorSpec(shape)
@@ -193,6 +212,18 @@ def expected_tensors(config: DSparkConfig) -> dict[str, TensorSpec]:
         shapes["confidence_head.proj.bias"] = TensorSpec((1,), optional="confidence")
     shapes["d2t"] = TensorSpec((c.draft_vocab_size,), optional=None if c.has_reduced_vocab else "identity")
     return shapes
+
+
+def _gemma4_layer(qwen3: dict[str, tuple[int, ...]], d: int, k_eq_v: bool) -> dict[str, tuple[int, ...]]:
+    """A Gemma-4 draft layer's tensors: the Qwen3 layer's (at D = global_head_dim), the two feed-forward norms and
+    ``layer_scalar``; no ``v_proj`` with ``attention_k_eq_v``."""
+    shapes = {**qwen3, "pre_feedforward_layernorm.weight": (d,), "post_feedforward_layernorm.weight": (d,),
+              "layer_scalar": (1,)}
+    if k_eq_v:
+        del shapes["self_attn.v_proj.weight"]
+    out = {name: shapes[name] for name in GEMMA4_LAYER_TENSORS if name in shapes}
+    assert len(out) == len(shapes)
+    return out
 
 
 def markov_head_tensors(config: DSparkConfig) -> dict[str, TensorSpec]:
@@ -267,6 +298,8 @@ def check_checkpoint(
         elif name.startswith(("markov_head.gate_proj.", "markov_head.joint_proj.")):
             hint = (f" (config.json has markov_head_type={config.markov_head_type!r}; a "
                     f"{'gated' if 'gate_proj' in name else 'rnn'} head's tensor: fix markov_head_type)")
+        elif name.endswith(".self_attn.v_proj.weight") and config.attention_k_eq_v:
+            hint = " (config.json has attention_k_eq_v=true: V is the k_proj output)"
         elif name.startswith("layers."):
             hint = f" (config.json has num_hidden_layers={config.num_hidden_layers})"
         violations.append(f"unexpected tensor {name}{hint}")

@@ -21,6 +21,13 @@ the block slots up to its own (causal). Keys follow transformers' ``Qwen3Config`
 (default false) switches windows on, ``sliding_window`` (default 4096) is ``W``, and ``layer_types`` defaults
 to ``sliding_attention`` from layer ``max_window_layers`` (default 28) on.
 
+Draft layer families (``layer_family``): ``qwen3`` (every format above) and ``gemma4``, DeepSpec's
+``Gemma4DSparkModel`` (``architectures: ["Gemma4DSparkModel"]``: the Gemma-4 target's text config overridden,
+``deepspec/modeling/dspark/gemma4/``): Gemma-4 layers at the target's ``global_head_dim`` (q/k norms, an unscaled v
+norm, sandwich norms, ``layer_scalar``, GELU-tanh MLP, attention scale 1), proportional RoPE
+(``rope_parameters["full_attention"]``), embeddings × √d and soft-capped logits; every layer full attention,
+bidirectional in the block (docs/checkpoints.md, "The Gemma-4 drafter").
+
 Block layout (§3.4): ``block_size`` is the number of query slots per request, as both ecosystems name
 it. With ``sample_from_anchor`` (anchor-first, DeepSeek) every slot is a prediction, so the drafter
 proposes ``N = block_size`` tokens; without it (bonus-anchor) slot 0 only carries the anchor and
@@ -44,6 +51,11 @@ __all__ = ["DSparkConfig", "hf_hidden_state_indices", "deepseek_ids_from_capture
 #: "vanilla" bias W2·W1[d]; "gated" W2·(σ(G·[h ; W1[d]] + b) ⊙ W1[d]); "rnn" W2·tanh(o) from a GRU-style state
 SUPPORTED_MARKOV_HEADS = ("vanilla", "gated", "rnn")
 SUPPORTED_HIDDEN_ACTS = ("silu",)
+#: draft layer families: Qwen3 decoder layers, or DeepSpec's Gemma-4 draft layers (module docstring)
+LAYER_FAMILIES = ("qwen3", "gemma4")
+GEMMA4_HIDDEN_ACTS = ("gelu_pytorch_tanh",)  # Gemma4TextConfig's hidden_activation (GELU, tanh approximation)
+#: transformers' Gemma4TextConfig default for a full_attention layer's RoPE, used where rope_parameters is absent
+GEMMA4_FULL_ATTENTION_ROPE = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 QWEN3_SLIDING_WINDOW = 4096  # transformers' Qwen3Config defaults, used where a key is absent
 QWEN3_MAX_WINDOW_LAYERS = 28
@@ -79,13 +91,13 @@ class DSparkConfig:
     # -- vocabulary -------------------------------------------------------------------------------
     vocab_size: int  # V: target (input) vocabulary; W1 and embed_tokens rows
     draft_vocab_size: int  # V_d: LM-head (output) vocabulary; W2 and lm_head rows
-    # -- draft backbone (Qwen3 decoder layers) ----------------------------------------------------
+    # -- draft backbone (Qwen3 or Gemma-4 decoder layers: layer_family) ---------------------------
     hidden_size: int  # d
     intermediate_size: int
     num_hidden_layers: int  # draft decoder layers L_d
     num_attention_heads: int
     num_key_value_heads: int
-    head_dim: int
+    head_dim: int  # D of the draft layers (a Gemma-4 drafter's: the target's global_head_dim)
     rms_norm_eps: float
     rope_theta: float
     # -- DSpark -----------------------------------------------------------------------------------
@@ -107,13 +119,20 @@ class DSparkConfig:
     layer_types: tuple[str, ...] = ()  # per draft layer; () = all "full_attention"
     sliding_window: int | None = None  # W of sliding_attention layers; None = windows off (they attend fully)
     sliding_window_non_causal: bool = False  # sliding layers bidirectional (True) or causal in the block
+    # -- layer family (module docstring); the defaults are Qwen3's ------------------------------------
+    layer_family: Literal["qwen3", "gemma4"] = "qwen3"
+    partial_rotary_factor: float = 1.0  # rotated share of D (proportional RoPE: the rest keeps its values)
+    final_logit_softcapping: float | None = None  # cap: base logits cap · tanh(lm_head(H) / cap)
+    attention_k_eq_v: bool = False  # Gemma-4 K = V projection (no v_proj; V = v_norm(k_proj(h)))
 
     def __post_init__(self) -> None:
         if not self.layer_types:
             object.__setattr__(self, "layer_types", ("full_attention",) * int(self.num_hidden_layers))
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_family not in LAYER_FAMILIES:
+            raise DSparkTrtError(f"layer_family {self.layer_family!r} is not one of {list(LAYER_FAMILIES)}")
         unsupported = _attention_problem(self.hidden_act, self.layer_types, self.num_hidden_layers,
-                                         self.sliding_window)
+                                         self.sliding_window, self.layer_family)
         if unsupported:
             raise DSparkTrtError(unsupported)
         if self.markov_head_type not in SUPPORTED_MARKOV_HEADS:
@@ -144,6 +163,14 @@ class DSparkConfig:
                             f"{self.draft_vocab_size}]")
         if self.draft_markov_topm and self.markov_head_type != "vanilla":
             problems.append(self.union_refusal(f"draft_markov_topm {self.draft_markov_topm}", "set it to 0"))
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            problems.append(f"partial_rotary_factor {self.partial_rotary_factor} must be in (0, 1]")
+        if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
+            problems.append(f"final_logit_softcapping {self.final_logit_softcapping} must be positive (or null: off)")
+        if self.layer_family == "qwen3" and (self.partial_rotary_factor != 1.0 or self.attention_k_eq_v
+                                             or self.final_logit_softcapping is not None):
+            problems.append("partial_rotary_factor, attention_k_eq_v and final_logit_softcapping are Gemma-4 draft "
+                            "layer features (layer_family 'gemma4')")
         if problems:
             raise DSparkTrtError("invalid DSpark config: " + "; ".join(problems))
 
@@ -195,6 +222,12 @@ class DSparkConfig:
         return all(self.layer_attention(i) == (None, False) for i in range(self.num_hidden_layers))
 
     @property
+    def embed_scale(self) -> float | None:
+        """What the draft block's token embeddings are multiplied by: √d for Gemma-4 (cast to the model dtype
+        first, as transformers' ``Gemma4TextScaledWordEmbedding``), None (no scaling) for Qwen3."""
+        return float(self.hidden_size) ** 0.5 if self.layer_family == "gemma4" else None
+
+    @property
     def confidence_input_size(self) -> int:
         return self.hidden_size + (self.markov_rank if self.confidence_head_with_markov else 0)
 
@@ -203,6 +236,9 @@ class DSparkConfig:
         fields = dataclasses.asdict(self)
         if not fields["draft_markov_topm"]:  # added later: configs without a union keep their digest
             del fields["draft_markov_topm"]
+        for name, default in _LATER_DEFAULTS.items():  # the same for the Gemma-4 fields at Qwen3's values
+            if fields[name] == default:
+                del fields[name]
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -242,17 +278,18 @@ class DSparkConfig:
             return _from_speculators(raw, where)
         archs = raw.get("architectures") or []
         if "Gemma4DSparkModel" in archs:
-            raise DSparkTrtError(
-                f"{where}: a Gemma-4 DSpark drafter (Gemma4DSparkModel: Gemma-4 draft layers with q/k/v norms, "
-                f"sandwich norms, proportional RoPE at global_head_dim, unscaled attention, GELU-tanh MLP, scaled "
-                f"embeddings and logit soft-capping) is not supported; dspark-trt runs Qwen3-layer drafters only"
-            )
+            return _from_gemma4(raw, where)
         if any("DSpark" in a for a in archs) or "target_layer_ids" in raw or "dspark_target_layer_ids" in raw:
             return _from_deepseek(raw, where)
         raise DSparkTrtError(
             f"{where}: not a DSpark config (expected architectures ['Qwen3DSparkModel'] with target_layer_ids, "
             f"or speculators_model_type 'dspark'); point at the drafter directory, not the target"
         )
+
+
+#: fields added after the first exports, with the value that leaves a config's digest as it was
+_LATER_DEFAULTS = {"layer_family": "qwen3", "partial_rotary_factor": 1.0, "final_logit_softcapping": None,
+                   "attention_k_eq_v": False}
 
 
 def _require(raw: dict[str, Any], key: str, where: str) -> Any:
@@ -291,9 +328,16 @@ def _backbone_fields(layer: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def _attention_problem(hidden_act: str, layer_types: tuple[str, ...], num_layers: int,
-                       window: int | None) -> str | None:
+                       window: int | None, family: str = "qwen3") -> str | None:
     """The one-line refusal of an attention/MLP variant dspark-trt cannot run, or None."""
-    if hidden_act not in SUPPORTED_HIDDEN_ACTS:
+    if family == "gemma4":
+        if hidden_act not in GEMMA4_HIDDEN_ACTS:
+            return (f"hidden_activation {hidden_act!r} is not supported: dspark-trt implements the GELU-tanh MLP of "
+                    f"Gemma-4 draft layers ({GEMMA4_HIDDEN_ACTS[0]!r})")
+        if set(layer_types) - {"full_attention"} or window is not None:
+            return (f"layer_types {sorted(set(layer_types))} are not all 'full_attention': a Gemma-4 DSpark drafter's "
+                    f"layers attend to the whole context (DeepSpec writes full_attention for every draft layer)")
+    elif hidden_act not in SUPPORTED_HIDDEN_ACTS:
         return (f"hidden_act {hidden_act!r} is not supported: dspark-trt implements the silu MLP of Qwen3 draft "
                 f"layers; use a drafter trained with hidden_act 'silu'")
     bad = sorted({t for t in layer_types if t not in SUPPORTED_LAYER_TYPES})
@@ -398,4 +442,82 @@ def _from_speculators(raw: dict[str, Any], where: str) -> DSparkConfig:
         draft_markov_topm=int(raw.get("draft_markov_topm") or 0),
         source_format="speculators",
         **_attention_fields(layer, raw.get("sliding_window_non_causal"), where + ":transformer_layer_config"),
+    )
+
+
+def _gemma4_rope(raw: dict[str, Any], where: str) -> tuple[float, float]:
+    """(θ, partial rotary factor) of a Gemma-4 drafter: every draft layer uses the target's ``full_attention`` RoPE
+    (DeepSpec builds ``Gemma4TextRotaryEmbedding`` for ``layer_type="full_attention"``) at ``global_head_dim``."""
+    params = raw.get("rope_parameters") or {}
+    full = params.get("full_attention") if isinstance(params, dict) else None
+    if full is None:
+        full = GEMMA4_FULL_ATTENTION_ROPE
+    if not isinstance(full, dict):
+        raise DSparkTrtError(f"{where}: rope_parameters['full_attention'] must be an object, got {full!r}")
+    rope_type = full.get("rope_type", "default")
+    if rope_type not in ("proportional", "default"):
+        raise DSparkTrtError(f"{where}: rope_type {rope_type!r} of the full_attention layers is not supported; "
+                             f"dspark-trt implements Gemma-4's proportional and default RoPE")
+    if float(full.get("factor", 1.0)) != 1.0:
+        raise DSparkTrtError(f"{where}: a RoPE factor of {full['factor']} in rope_parameters['full_attention'] is not "
+                             f"supported; dspark-trt implements proportional RoPE with factor 1 (Gemma-4's)")
+    factor = float(full.get("partial_rotary_factor", 1.0)) if rope_type == "proportional" else 1.0
+    return float(full.get("rope_theta", 1_000_000.0)), factor
+
+
+def _from_gemma4(raw: dict[str, Any], where: str) -> DSparkConfig:
+    """DeepSpec's ``Gemma4DSparkModel`` config (the target's Gemma-4 text config overridden by
+    ``deepspec/modeling/dspark/gemma4/config.py: build_draft_config``)."""
+    if raw.get("enable_moe_block"):
+        raise DSparkTrtError(f"{where}: a Gemma-4 drafter with MoE blocks (enable_moe_block) is not supported (nor "
+                             f"by DeepSpec's Gemma4DSparkModel); use a dense drafter")
+    if int(raw.get("hidden_size_per_layer_input") or 0):
+        raise DSparkTrtError(f"{where}: a Gemma-4 drafter with per-layer inputs (hidden_size_per_layer_input "
+                             f"{raw['hidden_size_per_layer_input']}) is not supported (nor by DeepSpec's "
+                             f"Gemma4DSparkModel)")
+    if raw.get("use_double_wide_mlp") and int(raw.get("num_kv_shared_layers") or 0):
+        raise DSparkTrtError(f"{where}: use_double_wide_mlp with num_kv_shared_layers > 0 would widen some draft "
+                             f"layers' MLP in transformers' Gemma4TextMLP; dspark-trt does not implement that")
+    k_eq_v = bool(raw.get("attention_k_eq_v", False))
+    backbone = _backbone_fields({**raw, "rope_theta": None, "rope_parameters": None, "rope_scaling": None}, where)
+    backbone["head_dim"] = int(_require(raw, "global_head_dim", where))
+    if k_eq_v:
+        backbone["num_key_value_heads"] = int(_require(raw, "num_global_key_value_heads", where))
+    theta, factor = _gemma4_rope(raw, where)
+    backbone["rope_theta"] = theta
+    ids = _require(raw, "target_layer_ids", where)
+    vocab = int(_require(raw, "vocab_size", where))
+    cap = raw.get("final_logit_softcapping")
+    num_layers = backbone["num_hidden_layers"]
+    types = raw.get("layer_types") or ["full_attention"] * num_layers
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise DSparkTrtError(f"{where}: layer_types must be a list of strings, got {types!r}")
+    hidden_act = raw.get("hidden_activation") or raw.get("hidden_act") or GEMMA4_HIDDEN_ACTS[0]
+    problem = _attention_problem(hidden_act, tuple(types), num_layers, None, "gemma4")
+    if problem:
+        raise DSparkTrtError(f"{where}: {problem}")
+    markov_rank = int(_require(raw, "markov_rank", where))
+    return DSparkConfig(
+        vocab_size=vocab,
+        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+        **backbone,
+        block_size=int(_require(raw, "block_size", where)),
+        mask_token_id=int(_require(raw, "mask_token_id", where)),
+        target_layer_ids=tuple(int(i) for i in ids),
+        num_target_layers=None if raw.get("num_target_layers") is None else int(raw["num_target_layers"]),
+        markov_rank=markov_rank,
+        markov_head_type=_markov_head_type(raw, where),
+        enable_confidence_head=bool(raw.get("enable_confidence_head", True)),
+        confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", True)),
+        logit_scale=float(raw.get("logit_scale", 1.0)),
+        sample_from_anchor=True,  # DeepSpec: every slot predicts (anchor-first)
+        draft_topk=_draft_topk(raw),
+        draft_markov_topm=int(raw.get("draft_markov_topm") or 0),
+        source_format="deepseek",
+        hidden_act=hidden_act,
+        layer_types=tuple(types),
+        layer_family="gemma4",
+        partial_rotary_factor=factor,
+        final_logit_softcapping=None if cap is None else float(cap),
+        attention_k_eq_v=k_eq_v,
     )

@@ -238,3 +238,67 @@ def test_recorded_verifier_too_shallow_for_the_taps_is_refused(speculators_pair,
     path = edited(speculators_pair, tmp_path, config=taps_and_verifier)
     with pytest.raises(DSparkTrtError, match=r"target_layer_ids \[1, 2, 6\] are invalid for this 6-layer target"):
         load_drafter(path)
+
+
+# -- DeepSpec's Gemma-4 drafter ----------------------------------------------------------------------------------
+GEMMA_NARROW = dict(hidden_size=64, intermediate_size=96, head_dim=16, global_head_dim=32, num_attention_heads=4,
+                    num_key_value_heads=2, sliding_window=8)
+
+
+@pytest.fixture(scope="module")
+def gemma_pair(tmp_path_factory):
+    from dspark_trt.synthetic import write_preset
+
+    return write_preset("dspark_gemma4_12b_block7", tmp_path_factory.mktemp("gemma") / "pair", with_target=True,
+                        layers=2, target_layers=6, vocab=600, dtype="fp32", **GEMMA_NARROW)
+
+
+def test_the_gemma4_contract_is_gemma4dsparkmodels_state_dict():
+    """At the release's shapes: the preset's tensor list (DeepSpec's module, layer by layer) == the contract."""
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.synthetic.presets import drafter_tensor_shapes, get_preset
+
+    p = get_preset("dspark_gemma4_12b_block7")
+    spec = expected_tensors(DSparkConfig.from_dict(p.config_json("bf16")))
+    assert {n: s.shape for n, s in spec.items() if n != "d2t"} == drafter_tensor_shapes(p, "deepseek")
+    assert spec["layers.0.self_attn.q_norm.weight"].shape == (512,)  # global_head_dim, not the sliding 256
+
+
+def test_a_gemma4_drafter_loads_and_its_state_is_the_contract(gemma_pair):
+    model = load_drafter(gemma_pair.drafter, target_dir=gemma_pair.target)
+    assert model.config.layer_family == "gemma4" and model.config.head_dim == 32
+    assert set(model.state_dict()) == set(expected_tensors(model.config))
+    assert type(model.layers[1]).__name__ == "Gemma4DraftLayer"
+
+
+def test_gemma4_tensors_at_the_sliding_head_size_are_named(gemma_pair, tmp_path):
+    def sliding(state):
+        state["layers.1.self_attn.k_norm.weight"] = torch.ones(16)
+        del state["layers.0.layer_scalar"]
+
+    message = violation(edited(gemma_pair, tmp_path, tensors=sliding), gemma_pair.target)
+    assert "layers.1.self_attn.k_norm.weight has shape [16], expected [32]" in message
+    assert "missing tensor layers.0.layer_scalar" in message and "\n" not in message
+
+
+def test_a_k_eq_v_gemma4_drafter_has_no_v_proj(gemma_pair, tmp_path):
+    def k_eq_v(raw):
+        raw.update(attention_k_eq_v=True, num_global_key_value_heads=2)
+
+    message = violation(edited(gemma_pair, tmp_path, config=k_eq_v), gemma_pair.target)
+    assert "unexpected tensor layers.0.self_attn.v_proj.weight (config.json has attention_k_eq_v=true" in message
+
+
+def test_a_gemma4_drafter_without_its_frozen_copies_reads_the_tied_target(gemma_pair, tmp_path):
+    """DeepSpec copies embed_tokens and lm_head from the target (tied: one table); absent, both come from the
+    target's model.embed_tokens.weight."""
+    from safetensors import safe_open
+
+    def drop(state):
+        del state["embed_tokens.weight"], state["lm_head.weight"]
+
+    model = load_drafter(edited(gemma_pair, tmp_path, tensors=drop), target_dir=gemma_pair.target)
+    with safe_open(str(next(gemma_pair.target.glob("*.safetensors"))), "pt") as f:
+        table = f.get_tensor("model.embed_tokens.weight")
+        assert "lm_head.weight" not in f.keys()
+    assert torch.equal(model.lm_head.weight, table) and torch.equal(model.embed_tokens.weight, table)

@@ -169,8 +169,11 @@ def test_draft_markov_topm_is_read_and_absent_means_zero():
     a = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
     assert a.draft_markov_topm == 0
     assert DSparkConfig.from_dict({**QWEN3_8B_DSPARK, "draft_markov_topm": 32}).draft_markov_topm == 32
-    # the field came later: a config without a union keeps the digest it had before (export manifests)
-    before = {k: v for k, v in dataclasses.asdict(a).items() if k != "draft_markov_topm"}
+    # the field came later: a config without a union keeps the digest it had before (export manifests); so did the
+    # Gemma-4 layer fields, which a Qwen3 drafter leaves at their defaults
+    later = ("draft_markov_topm", "layer_family", "partial_rotary_factor", "final_logit_softcapping",
+             "attention_k_eq_v")
+    before = {k: v for k, v in dataclasses.asdict(a).items() if k not in later}
     assert a.digest() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
 
 
@@ -264,3 +267,69 @@ def test_hidden_act_default_and_direct_construction():
     with pytest.raises(DSparkTrtError, match="layer_types lists 2 layers"):
         c.replace(layer_types=("full_attention",) * 2)
     assert c.digest() != c.replace(layer_types=("sliding_attention",) * 5, sliding_window=8).digest()
+
+
+# -- DeepSpec's Gemma-4 drafter (Gemma4DSparkModel) -------------------------------------------------------------
+def gemma4_drafter_config(**changes) -> dict:
+    """DeepSpec's ``build_draft_config`` output for the 12B preset (the target's text config, overridden)."""
+    from dspark_trt.synthetic.presets import get_preset
+
+    raw = get_preset("dspark_gemma4_12b_block7").config_json("bf16")
+    raw.update(changes)
+    return raw
+
+
+def test_a_gemma4_drafter_config_normalises_to_its_draft_layers():
+    c = DSparkConfig.from_dict(gemma4_drafter_config())
+    assert c.layer_family == "gemma4" and c.hidden_act == "gelu_pytorch_tanh"
+    assert (c.head_dim, c.num_attention_heads, c.num_key_value_heads) == (512, 16, 8)  # global_head_dim, not 256
+    assert (c.rope_theta, c.partial_rotary_factor) == (1_000_000.0, 0.25)  # the full_attention RoPE, proportional
+    assert c.final_logit_softcapping == 30.0 and c.embed_scale == 3840 ** 0.5
+    assert (c.block_size, c.num_draft_tokens, c.mask_token_id, c.markov_rank) == (7, 7, 4, 256)
+    assert c.target_layer_ids == (5, 17, 29, 41, 46) and c.num_target_layers == 48
+    assert c.confidence_head_with_markov and c.bidirectional_full_attention and c.context_window is None
+    assert c.digest() != DSparkConfig.from_dict(gemma4_drafter_config(final_logit_softcapping=None)).digest()
+
+
+def test_a_qwen3_config_keeps_qwen3s_scale_and_refuses_gemma4_features():
+    c = DSparkConfig.from_dict(QWEN3_8B_DSPARK)
+    assert c.layer_family == "qwen3" and c.embed_scale is None
+    with pytest.raises(DSparkTrtError, match="Gemma-4 draft layer features"):
+        c.replace(final_logit_softcapping=30.0)
+
+
+def test_gemma4_k_eq_v_reads_the_global_kv_heads():
+    c = DSparkConfig.from_dict(gemma4_drafter_config(attention_k_eq_v=True, num_global_key_value_heads=2))
+    assert c.attention_k_eq_v and c.num_key_value_heads == 2
+    with pytest.raises(DSparkTrtError, match="num_global_key_value_heads"):
+        DSparkConfig.from_dict(gemma4_drafter_config(attention_k_eq_v=True, num_global_key_value_heads=None))
+
+
+def test_gemma4_rope_defaults_to_transformers_full_attention_rope():
+    raw = gemma4_drafter_config()
+    del raw["rope_parameters"]
+    c = DSparkConfig.from_dict(raw)
+    assert (c.rope_theta, c.partial_rotary_factor) == (1_000_000.0, 0.25)
+    c = DSparkConfig.from_dict(gemma4_drafter_config(rope_parameters={"full_attention": {
+        "rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}}))
+    assert (c.rope_theta, c.partial_rotary_factor) == (5e5, 1.0)  # default RoPE turns every pair
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(enable_moe_block=True), "MoE blocks"),
+    (dict(hidden_size_per_layer_input=256), "per-layer inputs"),
+    (dict(layer_types=["full_attention", "sliding_attention", "full_attention", "full_attention",
+                       "full_attention"]), "not all 'full_attention'"),
+    (dict(hidden_activation="relu"), "GELU-tanh"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6}}), "rope_type 'yarn'"),
+    (dict(rope_parameters={"full_attention": {"rope_type": "proportional", "factor": 8.0}}), "RoPE factor"),
+    (dict(use_double_wide_mlp=True, num_kv_shared_layers=2), "use_double_wide_mlp"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(global_head_dim=None), "global_head_dim"),
+    (dict(final_logit_softcapping=-1.0), "final_logit_softcapping"),
+], ids=["moe", "per-layer-inputs", "sliding", "relu", "yarn", "rope-factor", "double-wide", "bias", "no-global-head",
+        "negative-cap"])
+def test_unsupported_gemma4_drafters_are_refused_in_one_line(changes, words):
+    with pytest.raises(DSparkTrtError) as e:
+        DSparkConfig.from_dict(gemma4_drafter_config(**changes), where="config.json")
+    assert words in str(e.value) and "\n" not in str(e.value)

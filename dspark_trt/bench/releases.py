@@ -1,17 +1,21 @@
 """The release matrix, end to end: each drafter preset's pair written, loaded, exported, validated, decoded greedily
 (speculative == the target alone) and built into a TensorRT-RTX engine; pass/fail, peak memory and time per release.
 
-  dspark bench releases                        every drafter preset, and the Gemma-4 target with a Qwen3-layer
-                                               drafter of its width, at the tiny size (docs/checkpoints.md's table)
+  dspark bench releases                        every drafter preset with its target (the Gemma-4 drafter with
+                                               the Gemma-4 target) at the tiny size (docs/checkpoints.md's table)
   dspark bench releases --size reduced         full widths and vocabulary, one draft layer, the least target depth
   dspark bench releases --preset speculators_glm5_block8 --json
 
 Each release runs in a subprocess of its own, so its peak resident memory is its own (``ru_maxrss``). A release
 whose feature dspark-trt lacks is a one-line ``refused`` row naming the feature, never a traceback. Sizes:
 
-  tiny      hidden 64, 4 / 2 heads of 16, one draft layer, the least target depth that keeps the taps, V 600
+  tiny      hidden 64, 4 / 2 heads of 16 (a Gemma-4 drafter's at global_head_dim 32, its target's window 8), one
+            draft layer, the least target depth that keeps the taps, V 600
   reduced   the preset's widths and vocabulary, one draft layer, the same target depth
-  full      the preset itself (a Qwen3-8B pair needs ~21 GB on disk and more in memory: not on a 24 GB machine)
+  full      the drafter preset itself (every layer, width and vocabulary) with its target at full width and
+            vocabulary, cut to ``--target-layers`` (default: the least depth that keeps the taps; a whole 8B-class
+            target does not fit beside it on a 24 GB machine). Each step runs in a process of its own, so the row
+            gives each step's peak: the export's and the engine build's are the drafter's with that target.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["SIZES", "release_depth", "run_release", "greedy_equal", "add_arguments", "run"]
+__all__ = ["SIZES", "STEPS", "release_depth", "run_release", "greedy_equal", "add_arguments", "run"]
 
 TINY = dict(hidden_size=64, intermediate_size=96, head_dim=16, num_attention_heads=4, num_key_value_heads=2)
 TINY_GEMMA4 = dict(TINY, global_head_dim=32, sliding_window=8)
@@ -35,21 +39,25 @@ STEPS = ("write", "load", "export+validate", "greedy == target", "engine")
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5]]
 
 
-def release_depth(preset, size: str) -> dict:
-    """``write_preset`` options of ``size``: the draft layers, target depth, vocabulary and widths."""
-    if size == "full":
-        return {}
-    if preset.kind == "target":  # the Gemma-4 target row: 6 layers (5 sliding, 1 global)
-        out = {"target_layers": 6}
-        if size == "tiny":
-            out.update(vocab=600, **TINY_GEMMA4)
-        return out
+def release_depth(preset, size: str, *, target_layers: int | None = None) -> dict:
+    """``write_preset`` options of ``size``: the draft layers, target depth, vocabulary and widths.
+
+    ``target_layers`` overrides the target's depth (default: the least depth that keeps the drafter's taps);
+    ``full`` keeps the drafter whole and cuts only the target."""
     taps = len(preset.target_layer_ids)
-    out = {"layers": 1, "target_layers": taps + 1}
+    out = {"target_layers": target_layers or taps + 1}
+    if size == "full":
+        return out
+    out["layers"] = 1
     if size == "tiny":
         out["vocab"] = 600
-        out.update(TINY_GEMMA4 if type(preset).__name__.startswith("Gemma4") else TINY)
+        out.update(TINY_GEMMA4 if is_gemma4(preset) else TINY)
     return out
+
+
+def is_gemma4(preset) -> bool:
+    """A Gemma-4 pair (DeepSpec's Gemma4DSparkModel with its Gemma-4 target): exported in fp32 (the target's)."""
+    return type(preset).__name__.startswith("Gemma4")
 
 
 def _one_line(e: BaseException) -> str:
@@ -57,91 +65,97 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-#: the Gemma-4 target's row: its taps for a 1-layer stand-in drafter (DeepSpec's Gemma-4 drafter is refused)
-GEMMA4_TARGET_TAPS = 3
-
-
-def _target_with_standin_drafter(preset, out: Path, depth: dict):
-    """``preset`` (a Gemma-4 target) written at ``depth`` with a Qwen3-layer DeepSeek drafter of its width and
-    vocabulary tapping 3 of its layers: the target's export, validation and runtime run as with any drafter."""
-    import dataclasses
-    from types import SimpleNamespace
-
-    from ..synthetic.preset_checkpoint import write_preset
-    from ..synthetic.presets import get_preset, scaled, spread_layer_ids
-
-    layers = depth.get("target_layers", preset.num_hidden_layers)
-    shape = {k: v for k, v in depth.items() if k not in ("layers", "target_layers")}
-    target = write_preset(preset, out / "target", layers=layers, dtype="fp32", force=True, **shape)
-    width = {k: shape.get(k, getattr(preset, k)) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                                                            "num_key_value_heads", "head_dim")}
-    drafter = scaled(get_preset("dspark_qwen3_8b_block7"), layers=1, target_layers=layers,
-                     vocab=shape.get("vocab", preset.vocab_size), **width)
-    drafter = dataclasses.replace(drafter, target_layer_ids=spread_layer_ids(GEMMA4_TARGET_TAPS, layers))
-    written = write_preset(drafter, out / "drafter", dtype="fp32", force=True)
-    return SimpleNamespace(drafter=written.path, target=target.path)
-
-
-def greedy_equal(export_dir: str | Path) -> tuple[bool, float]:
+def greedy_equal(export_dir: str | Path, *, low_memory: bool = False) -> tuple[bool, float]:
     """Greedy speculative decoding from an export (onnxruntime) == the target alone on ``PROMPTS``; accepted
-    drafts per round."""
+    drafts per round. ``low_memory``: onnxruntime's low-memory sessions (weights memory-mapped, cast per run)."""
     from ..runtime import SpeculativeDecoder
 
-    dec = SpeculativeDecoder.from_export(export_dir)
+    dec = SpeculativeDecoder.from_export(export_dir, low_memory=low_memory)
     spec = dec.generate(PROMPTS, 16, eos_token_id=[])
     alone = dec.generate(PROMPTS, 16, eos_token_id=[], draft=False)
     return spec.tokens == alone.tokens, round(spec.stats.accepted / max(1, spec.stats.rounds), 2)
 
 
-def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str = "auto") -> dict:
-    """One release in this process: the row of the table (status, the step reached, seconds, the depth run)."""
+def _pair_paths(work: Path):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(drafter=work / "ckpt" / "drafter", target=work / "ckpt" / "target")
+
+
+def _write(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
+    from ..synthetic.preset_checkpoint import write_preset
+
+    write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16", force=True,
+                 **depth)
+
+
+def _load(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
+    from ..loader import load_drafter
+
+    out = _pair_paths(work)
+    load_drafter(out.drafter, target_dir=out.target, dtype="fp32" if size == "tiny" else "bf16")  # as written
+
+
+def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
+    from ..errors import DSparkTrtError
+    from ..export.pipeline import ExportOptions, export_model
+
+    out = _pair_paths(work)
+    dtype = "fp32" if size == "tiny" or is_gemma4(preset) else "bf16"  # Gemma-4: bf16 not yet run at size
+    result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
+                                                                      max_context=256),
+                          target_dir=out.target, force=True)
+    bad = [line for line in (result.manifest.get("validation") or []) + (result.manifest["target"].get(
+        "validation") or []) if line.strip().startswith(("FAIL", "fail"))]
+    if bad:
+        raise DSparkTrtError(f"validation failed: {bad[0].strip()}")
+
+
+def _greedy(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
+    from ..errors import DSparkTrtError
+
+    same, row["accepted_per_round"] = greedy_equal(work / "export", low_memory=size != "tiny")
+    if not same:
+        raise DSparkTrtError("greedy speculative decoding differs from the target alone")
+
+
+def _engine(preset, name: str, work: Path, size: str, depth: dict, row: dict, engine: str = "auto") -> None:
+    from ..export.pipeline import ExportOptions, build_engines
+
+    manifest = build_engines(work / "export", engine=engine, options=ExportOptions(max_context=256))
+    row["engine"] = ", ".join(sorted(manifest.get("engines") or {})) or "none built"
+
+
+STEP_FUNCTIONS = dict(zip(STEPS, (_write, _load, _export, _greedy, _engine)))
+
+
+def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str = "auto",
+                steps: tuple[str, ...] | None = None, target_layers: int | None = None) -> dict:
+    """One release in this process: the row of the table (status, the step reached, seconds, the depth run).
+
+    ``steps``: a subset of ``STEPS`` to run, in order, on what earlier steps left in ``work`` (the per-step
+    processes of ``--size full``); default: all of them (the engine step unless ``engine`` is ``"none"``)."""
     import torch
 
     from ..errors import DSparkTrtError
-    from ..export.pipeline import ExportOptions, export_model
-    from ..loader import load_drafter
-    from ..synthetic.preset_checkpoint import write_preset
     from ..synthetic.presets import get_preset
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     preset = get_preset(name)
-    depth = release_depth(preset, size)
+    depth = release_depth(preset, size, target_layers=target_layers)
     work = Path(work)
     row = {"preset": name, "size": size, "depth": depth, "status": "pass", "step": None, "detail": "", "steps": {}}
+    if steps is None:
+        steps = STEPS if engine != "none" else STEPS[:-1]
     start = time.perf_counter()
-    step = STEPS[0]
+    step = steps[0]
     try:
-        t = time.perf_counter()
-        if preset.kind == "target":  # the Gemma-4 target, with a Qwen3-layer drafter of its width
-            out = _target_with_standin_drafter(preset, work / "ckpt", depth)
-        else:
-            out = write_preset(name, work / "ckpt", with_target=True, dtype="fp32" if size == "tiny" else "bf16",
-                               force=True, **depth)
-        row["steps"][step] = round(time.perf_counter() - t, 1)
-        step, t = STEPS[1], time.perf_counter()
-        load_drafter(out.drafter, target_dir=out.target, dtype="fp32")
-        row["steps"][step] = round(time.perf_counter() - t, 1)
-        step, t = STEPS[2], time.perf_counter()
-        dtype = "fp32" if size == "tiny" or preset.kind == "target" else "bf16"  # Gemma-4 targets: fp32
-        result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
-                                                                          max_context=256),
-                              target_dir=out.target, force=True)
-        bad = [line for line in (result.manifest.get("validation") or []) + (result.manifest["target"].get(
-            "validation") or []) if line.strip().startswith(("FAIL", "fail"))]
-        if bad:
-            raise DSparkTrtError(f"validation failed: {bad[0].strip()}")
-        row["steps"][step] = round(time.perf_counter() - t, 1)
-        step, t = STEPS[3], time.perf_counter()
-        same, row["accepted_per_round"] = greedy_equal(work / "export")
-        if not same:
-            raise DSparkTrtError("greedy speculative decoding differs from the target alone")
-        row["steps"][step] = round(time.perf_counter() - t, 1)
-        if engine != "none":
-            step, t = STEPS[4], time.perf_counter()
-            from ..export.pipeline import build_engines
-
-            manifest = build_engines(work / "export", engine=engine, options=ExportOptions(max_context=256))
-            row["engine"] = ", ".join(sorted(manifest.get("engines") or {})) or "none built"
+        for step in steps:
+            t = time.perf_counter()
+            if step == "engine":
+                _engine(preset, name, work, size, depth, row, engine=engine)
+            else:
+                STEP_FUNCTIONS[step](preset, name, work, size, depth, row)
             row["steps"][step] = round(time.perf_counter() - t, 1)
     except DSparkTrtError as e:
         detail = str(e).splitlines()[0]
@@ -153,17 +167,25 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
     return row
 
 
-def _child(name: str, size: str, engine: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as work:
-        row = run_release(name, work, size, engine=engine)
-    row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+def _peak_rss_mb() -> int:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _child(name: str, size: str, engine: str, *, work: str | None = None, step: str | None = None,
+           target_layers: int | None = None) -> dict:
+    if work is not None:  # one step of a --size full row, on the row's work directory
+        row = run_release(name, work, size, engine=engine, steps=(step,), target_layers=target_layers)
+    else:
+        with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as tmp:
+            row = run_release(name, tmp, size, engine=engine, target_layers=target_layers)
+    row["peak_rss_mb"] = _peak_rss_mb()
     return row
 
 
 def drafter_presets() -> list[str]:
     from ..synthetic.presets import PRESETS
 
-    return [n for n, p in PRESETS.items() if p.kind == "drafter"] + ["gemma4_12b"]
+    return [n for n, p in PRESETS.items() if p.kind == "drafter"]
 
 
 def table(rows: list[dict]) -> str:
@@ -175,6 +197,8 @@ def table(rows: list[dict]) -> str:
         depth = f"{r['size']} ({d.get('layers', 'all')} / {d.get('target_layers', 'all')})"
         result = r["status"] if r["status"] == "pass" else f"{r['status']} at {r['step']}"
         note = r["detail"] or (f"accepted/round {r.get('accepted_per_round')}; engine: {r.get('engine', '-')}")
+        if r.get("step_peak_rss_mb"):
+            note += "; peak MB per step: " + ", ".join(f"{k} {v}" for k, v in r["step_peak_rss_mb"].items())
         lines.append(f"| `{r['preset']}` | {depth} | {result} | {r.get('peak_rss_mb', '?')} MB | {r['seconds']} s | "
                      f"{note} |")
     return "\n".join(lines)
@@ -183,27 +207,69 @@ def table(rows: list[dict]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", action="append", default=None, help="a drafter preset (repeatable; default: all)")
     p.add_argument("--size", choices=SIZES, default="tiny", help="tiny (default), reduced or full (see above)")
+    p.add_argument("--target-layers", type=int, default=None,
+                   help="the target's depth (default: the least that keeps the drafter's taps)")
     p.add_argument("--engine", default="auto", help="engine flavor for the build step: auto | tensorrt-rtx | none")
+    p.add_argument("--per-step", action="store_true",
+                   help="each step in a process of its own: each step's peak memory (always with --size full)")
     p.add_argument("--json", action="store_true", help="one JSON object per release")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_step", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_work", default=None, help=argparse.SUPPRESS)
+
+
+def _run_child(name: str, args: argparse.Namespace, *extra: str) -> dict:
+    cmd = [sys.executable, "-m", "dspark_trt.cli.main", "bench", "releases", "--_child", name, "--size", args.size,
+           "--engine", args.engine, *extra]
+    if args.target_layers:
+        cmd += ["--target-layers", str(args.target_layers)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    last = (proc.stdout.strip().splitlines() or [""])[-1]
+    try:
+        return json.loads(last)
+    except json.JSONDecodeError:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"preset": name, "size": args.size, "depth": {}, "status": "fail", "step": "?", "seconds": 0,
+                "steps": {}, "detail": f"exit {proc.returncode}: {err}"}
+
+
+def _stepwise_row(name: str, args: argparse.Namespace) -> dict:
+    """A row whose steps each run in a child process of their own, on one work directory: each step's peak."""
+    steps = STEPS if args.engine != "none" else STEPS[:-1]
+    row: dict = {}
+    with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as work:
+        for step in steps:
+            part = _run_child(name, args, "--_step", step, "--_work", work)
+            if not row:
+                row = {**part, "steps": {}, "step_peak_rss_mb": {}, "seconds": 0.0}
+            row["steps"].update(part.get("steps", {}))
+            row["step_peak_rss_mb"][step] = part.get("peak_rss_mb")
+            row["seconds"] = round(row["seconds"] + part.get("seconds", 0), 1)
+            row["peak_rss_mb"] = max(v or 0 for v in row["step_peak_rss_mb"].values())
+            for key in ("accepted_per_round", "engine"):
+                if key in part:
+                    row[key] = part[key]
+            if part["status"] != "pass":
+                row.update(status=part["status"], step=part.get("step", step), detail=part.get("detail", ""))
+                break
+    return row
 
 
 def run(args: argparse.Namespace) -> int:
     if args._child:
-        print(json.dumps(_child(args._child, args.size, args.engine)))
+        print(json.dumps(_child(args._child, args.size, args.engine, work=args._work, step=args._step,
+                                target_layers=args.target_layers)))
         return 0
+    from ..errors import DSparkTrtError
+    from ..synthetic.presets import get_preset
+
+    targets = [n for n in args.preset or () if get_preset(n).kind != "drafter"]
+    if targets:
+        raise DSparkTrtError(f"{targets[0]} is a target preset: bench releases runs drafter presets, each with its "
+                             f"target (the Gemma-4 target: --preset dspark_gemma4_12b_block7)")
     rows = []
     for name in args.preset or drafter_presets():
-        cmd = [sys.executable, "-m", "dspark_trt.cli.main", "bench", "releases", "--_child", name, "--size", args.size,
-               "--engine", args.engine]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        last = (proc.stdout.strip().splitlines() or [""])[-1]
-        try:
-            row = json.loads(last)
-        except json.JSONDecodeError:
-            err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            row = {"preset": name, "size": args.size, "depth": {}, "status": "fail", "step": "?", "seconds": 0,
-                   "detail": f"exit {proc.returncode}: {err}"}
+        row = _stepwise_row(name, args) if args.size == "full" or args.per_step else _run_child(name, args)
         rows.append(row)
         print(json.dumps(row) if args.json else f"{name}: {row['status']} ({row['seconds']} s) {row['detail']}",
               flush=True)

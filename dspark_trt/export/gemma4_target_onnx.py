@@ -169,8 +169,8 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     new K/V within ``gemma4_tolerance(dtype)`` (fp32 elementwise; fp16/bf16 the rounding tolerance per row, n = the
     layers a value has passed; a bf16 or fp16 graph runs as its fp32 emulation twin, op by op as PyTorch rounds:
     ``runtime/ort_session.py``). ``dtype``: the export's (default: the model's)."""
-    from ..config import hf_hidden_state_indices
     from ..runtime.ort_session import OrtGraph
+    from ..taps import LayerTaps
     from .gemma4_target_graph import Gemma4TargetGraph
     from .validate_target import _compare
 
@@ -184,13 +184,14 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     ids = torch.randint(0, int(model.config.vocab_size), (1, T), generator=gen)
     before = model.config._attn_implementation
     model.config._attn_implementation = "eager"
+    taps_of = LayerTaps(layer_ids, graph.num_layers)  # the last layer tapped before the final norm, as the graph
     try:
-        with torch.no_grad():
+        with torch.no_grad(), taps_of.capture(model):
             ref = model(ids, output_hidden_states=True, use_cache=True)
     finally:
         model.config._attn_implementation = before
     cache = ref.past_key_values
-    idx = hf_hidden_state_indices(layer_ids)
+    all_taps = taps_of.select(ref.hidden_states)  # [1, T, m·d]
     tol = gemma4_tolerance(dtype)
     tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
     logit_depths = [graph.num_layers + 1]  # every layer, then the lm_head
@@ -212,7 +213,7 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
         kg, vg, ks, vs = (out[k].float() for k in ("new_key_global", "new_value_global", "new_key_sliding",
                                                    "new_value_sliding"))
         label = "verify" if n == len(chunks) - 1 else f"prefill chunk {n + 1}"
-        ref_taps = torch.cat([ref.hidden_states[k][:, a:b] for k in idx], -1)
+        ref_taps = all_taps[:, a:b]
         report.checks += [_compare(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref.logits[:, a:b].float(), tol,
                                    logit_depths),
                           _compare(f"{label} taps [Q={Q}, m·d]", taps.float(), ref_taps.float(), tol, tap_depths)]

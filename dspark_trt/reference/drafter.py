@@ -5,7 +5,7 @@ One round for a batch of independent requests, each with ``p`` context tokens (t
 
     context_kv(taps, positions)      taps [B, T, m·d] → per-layer K/V [L, B, T, H_kv, D]     (once per token)
     block_hidden(anchor, K, V, p)    query block → final-normed hidden H [B, N, d]
-    base_logits(H)                   U = s · lm_head(H)                [B, N, V_d]
+    base_logits(H)                   U = s · lm_head(H) (Gemma-4: soft-capped)   [B, N, V_d]
     draft(...)                       U → Markov walk → tokens, candidates, confidence
 
 Layouts (§3.4): anchor-first (``sample_from_anchor``) feeds ``[a, M × (N-1)]`` at positions
@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from ..config import DSparkConfig
+from .gemma4_layers import Gemma4DraftLayer, Gemma4RMSNorm
 from .layers import DSparkDecoderLayer, RMSNorm, block_attention_mask
 from .markov import MarkovWalkResult, markov_union_table, select_candidates, walk_candidates
 from .markov_heads import HeadFeatures, head_features, rnn_initial_state
 
-__all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead", "context_length", "layer_context"]
+__all__ = ["DSparkDrafter", "MarkovHead", "ConfidenceHead", "context_length", "layer_context", "draft_layer"]
 
 
 def context_length(ctx: torch.Tensor | Sequence[torch.Tensor]) -> int:
@@ -67,19 +68,33 @@ class ConfidenceHead(nn.Module):
         self.proj = nn.Linear(in_features, 1, bias=True)
 
 
+def draft_layer(c: DSparkConfig) -> nn.Module:
+    """One draft layer of ``c.layer_family``: a Qwen3 layer (``layers.py``) or a Gemma-4 one (``gemma4_layers.py``)."""
+    if c.layer_family == "gemma4":
+        return Gemma4DraftLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                                c.head_dim, c.rms_norm_eps, c.rope_theta, c.partial_rotary_factor, c.attention_k_eq_v)
+    return DSparkDecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                              c.head_dim, c.rms_norm_eps, c.rope_theta)
+
+
+def family_norm(c: DSparkConfig) -> nn.Module:
+    """The drafter-level RMSNorm (``hidden_norm``, ``norm``) of ``c.layer_family``."""
+    return Gemma4RMSNorm(c.hidden_size, c.rms_norm_eps) if c.layer_family == "gemma4" else RMSNorm(c.hidden_size,
+                                                                                                  c.rms_norm_eps)
+
+
 class DSparkDrafter(nn.Module):
+    """The drafter; its draft layers, norms, embedding scale and logit soft-cap follow ``config.layer_family``
+    (Qwen3, or DeepSpec's Gemma-4: ``reference/gemma4_layers.py``); the heads and the walk are shared."""
+
     def __init__(self, config: DSparkConfig):
         super().__init__()
         c = self.config = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.fc = nn.Linear(c.num_taps * c.hidden_size, c.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(
-            DSparkDecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                               c.head_dim, c.rms_norm_eps, c.rope_theta)
-            for _ in range(c.num_hidden_layers)
-        )
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = family_norm(c)
+        self.layers = nn.ModuleList(draft_layer(c) for _ in range(c.num_hidden_layers))
+        self.norm = family_norm(c)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.markov_head = MarkovHead(c.vocab_size, c.draft_vocab_size, c.markov_rank, c.markov_head_type,
                                       c.hidden_size)
@@ -101,6 +116,15 @@ class DSparkDrafter(nn.Module):
         h = h.to(self.embed_tokens.weight.dtype)  # normed: RMS ~1, safe in fp16
         kv = [layer.self_attn.key_value(h, positions) for layer in self.layers]
         return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings of the block [B, Q] → [B, Q, d]; a Gemma-4 drafter's × √d, the scale first cast to the
+        model dtype (``Gemma4TextScaledWordEmbedding``: √3840 is 62.0 in bf16)."""
+        x = self.embed_tokens(ids)
+        scale = self.config.embed_scale
+        if scale is None:
+            return x
+        return x * torch.tensor(scale, dtype=torch.float32).to(x.dtype)
 
     def block_ids(self, anchor: torch.Tensor, ctx_len: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Query block ids [B, Q] = [a, M, …, M] and positions [B, Q] = p, p+1, … (Q = block_size)."""
@@ -128,7 +152,7 @@ class DSparkDrafter(nn.Module):
         sequence of per-layer heads-first tensors (the exported draft graph's ``ctx_key_<l>`` inputs)."""
         Q, T = ids.shape[1], context_length(ctx_k)
         masks: dict[tuple[int | None, bool], torch.Tensor] = {}  # [B, Q or 1, T+Q] per attention pattern
-        x = self.embed_tokens(ids)  # [B, Q, d]
+        x = self.embed(ids)  # [B, Q, d]
         for i, layer in enumerate(self.layers):
             pattern = self.config.layer_attention(i)
             if pattern not in masks:
@@ -172,8 +196,14 @@ class DSparkDrafter(nn.Module):
         return head_features(head.head_type, self.prediction_slots(states), proj.weight, proj.bias, state0=state0)
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """U = s · lm_head(H): [B, N, d] → [B, N, V_d] in the module dtype."""
-        return self.lm_head(hidden) * self.config.logit_scale
+        """U = s · lm_head(H): [B, N, d] → [B, N, V_d] in the module dtype; with ``final_logit_softcapping`` cap
+        (Gemma-4) U = s · cap · tanh(lm_head(H) / cap), DeepSpec's ``compute_logits``: the Markov bias is added to
+        the capped logits, as DeepSpec's head adds it."""
+        logits = self.lm_head(hidden)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits * self.config.logit_scale
 
     def confidence_parts(self, hidden: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Split c_j = σ(w_h·H_j + b + w_e·W1[d_j]): returns (w_h·H + b [B, N] fp32, w_e [r]) or (None, None)."""

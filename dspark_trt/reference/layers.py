@@ -30,9 +30,15 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin [..., D] for integer positions [...] (default RoPE, rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                rotary_factor: float = 1.0):
+    """cos, sin [..., D] for integer positions [...] (rotate-half layout). ``rotary_factor`` 1: default RoPE; below
+    1: transformers' *proportional* RoPE (Gemma-4's full-attention layers): the first ``int(f·D // 2)`` frequencies
+    ``θ^(-2i/D)`` (over D, not the rotated width), the rest 0, so those channel pairs keep their values."""
+    angles = int(rotary_factor * head_dim // 2)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64, device=positions.device).float() / head_dim))
+    if angles < head_dim // 2:  # proportional: the pairs past the rotated share do not turn
+        inv_freq = torch.cat((inv_freq, inv_freq.new_zeros(head_dim // 2 - angles)))
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [..., D/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [..., D]
     return emb.cos().to(dtype), emb.sin().to(dtype)

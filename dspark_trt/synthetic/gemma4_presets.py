@@ -5,8 +5,8 @@
     DSPARK_GEMMA4_12B_BLOCK7   Gemma4DSparkModel (DeepSpec deepspec/modeling/dspark/gemma4): Gemma-4 draft layers
 
 What is established and what stands in is in docs/checkpoints.md ("The release matrix"). dspark-trt writes both
-(``dspark make-checkpoint``); it does not run them: the drafter and the target export are refused in one line each
-(``config.py``, ``export/target_graph.py``).
+(``dspark make-checkpoint``) and runs them: the drafter's Gemma-4 layers are ``reference/gemma4_layers.py``, the
+target's graph ``export/gemma4_target_graph.py``.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ GEMMA4_12B = Gemma4TargetPreset(
 DSPARK_GEMMA4_12B_BLOCK7 = Gemma4DrafterPreset(
     name="dspark_gemma4_12b_block7", hub_id="deepseek-ai/dspark_gemma4_12b_block7",
     description="DeepSeek's DSpark drafter for Gemma-4-12B (Gemma4DSparkModel: Gemma-4 layers): 5 layers, rank 256, "
-                "block 7, taps 5/17/29/41/46, mask 4 — written, refused on load",
+                "block 7, taps 5/17/29/41/46, mask 4",
     target=GEMMA4_12B, num_hidden_layers=5, markov_rank=256, block_size=7, target_layer_ids=(5, 17, 29, 41, 46),
     mask_token_id=4,
 )

@@ -1,7 +1,7 @@
 """Release presets at tiny width through ``dspark bench releases``' runner: written, loaded, exported with the target,
-validated, and greedy speculative decoding from the export == the target alone. Two exports, for the graph features
-the matrix adds: block 5 tapping the target's last layers, and speculators' block 8 with causal sliding windows. The
-other Qwen3 presets run the same graphs at other widths (their contract and loading: tests/synthetic/
+validated, and greedy speculative decoding from the export == the target alone. Three exports, for the graph features
+the matrix adds: block 5 tapping the target's last layers, speculators' block 8 with causal sliding windows, and
+DeepSpec's Gemma-4 drafter with its Gemma-4 target. The other Qwen3 presets run the same graphs at other widths (their contract and loading: tests/synthetic/
 test_release_matrix.py; all of them end to end: ``dspark bench releases``, docs/checkpoints.md)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dspark_trt.bench.releases import greedy_equal, run_release
 
 pytestmark = [pytest.mark.onnx, pytest.mark.usefixtures("one_thread")]
 
-EXPORTED = ["dspark_block5_taps40_42", "speculators_glm5_block8"]
+EXPORTED = ["dspark_block5_taps40_42", "speculators_glm5_block8", "dspark_gemma4_12b_block7"]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,15 @@ def test_a_broken_verifier_fails_the_greedy_check(works, monkeypatch):
     assert not greedy_equal(work / "export")[0]
 
 
-def test_the_gemma4_release_is_a_one_line_refusal_row(tmp_path):
-    row = run_release("dspark_gemma4_12b_block7", tmp_path, "tiny", engine="none")
-    assert (row["status"], row["step"]) == ("refused", "load")
-    assert "Gemma4DSparkModel" in row["detail"] and "\n" not in row["detail"]
+def test_a_target_preset_is_refused_in_one_line():
+    """The Gemma-4 target runs in its drafter's row; naming it alone is a one-line error, before any subprocess."""
+    import argparse
+
+    from dspark_trt.bench.releases import add_arguments, run
+    from dspark_trt.errors import DSparkTrtError
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(DSparkTrtError) as e:
+        run(p.parse_args(["--preset", "gemma4_12b"]))
+    assert "target preset" in str(e.value) and "dspark_gemma4_12b_block7" in str(e.value)

@@ -39,6 +39,8 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         export_dir: an export directory (``artifact.ExportDir``: its manifest and ``onnx/`` graphs).
         providers (*optional*, defaults to CPU): onnxruntime execution providers.
         threads (*optional*): intra-op threads per session.
+        low_memory (*optional*): ``OrtGraph``'s low-memory sessions (no arena, no prepacked copies; a bf16 export's
+            weights stay memory-mapped and are cast per run): slower rounds, about the export's size in memory.
 
     Example:
         >>> with OnnxRuntimeDrafterBackend.from_pretrained("drafter/", target_dir="target/", topk=16) as b:
@@ -49,12 +51,12 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
     name = "onnxruntime"
 
     def __init__(self, export_dir: str | Path, *, providers: list[str] | None = None, threads: int | None = None,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, low_memory: bool = False):
         if device is not None and torch.device(device).type != "cpu" and providers is None:
             raise DSparkTrtError(f"the onnxruntime drafter backend runs on the CPU here (device {device!r} asked); "
                                  f"pass providers=[...] for another onnxruntime execution provider, or use the "
                                  f"torch/tensorrt backend on GPUs")
-        self._providers, self._threads = providers, threads
+        self._providers, self._threads, self._low_memory = providers, threads, low_memory
         self._rebuild = None  # (checkpoint, options) when built by from_pretrained: other top-k values export on demand
         self._graphs: dict | None = None
         self._load(Path(export_dir))
@@ -138,7 +140,7 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         if self._graphs is None:
             from ...artifact.drafter_io import check_draft_interface
 
-            graphs = {name: OrtGraph(file, providers=self._providers, threads=self._threads)
+            graphs = {name: OrtGraph(file, providers=self._providers, threads=self._threads, low_memory=self._low_memory)
                       for name, file in self._files.items()}
             check_draft_interface(graphs["draft"].inputs, str(self.export_dir))  # older stacked ctx_k: re-export
             self._graphs = graphs

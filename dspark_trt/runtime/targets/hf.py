@@ -44,6 +44,11 @@ class HFTarget(SlotTarget):
         self.vocab_size = int(cfg.vocab_size)
         self.hidden_size = int(cfg.hidden_size)
         self.num_layers = int(cfg.num_hidden_layers)
+        if "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+            raise DSparkTrtError(
+                f"this {type(model).__name__} target has sliding-window layers, whose transformers cache HFTarget "
+                f"cannot roll back past the window; export it with the drafter (dspark-export DRAFTER --target DIR "
+                f"--dtype fp32) and run the export (dspark generate --export OUT, SpeculativeDecoder.from_export)")
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.eos_token_ids = _eos_ids(model)

@@ -198,3 +198,22 @@ def test_reduced_draft_vocabulary_carries_d2t_and_decodes_losslessly(small_vocab
     spec = dec.generate(prompts, max_new_tokens=10, topk=8, eos_token_id=[])
     alone = dec.generate(prompts, max_new_tokens=10, eos_token_id=[], draft=False)
     assert spec.tokens == alone.tokens and spec.stats.drafted > 0
+
+
+def test_low_memory_sessions_draft_what_the_default_sessions_draft(tiny_pair, onnx_export):
+    """``low_memory=True`` (no arena, no prepacked weights, no constant folding: a bf16 export's weights cast per run)
+    drafts the same tokens and candidate logits as the default sessions, round after round, on the bf16 export."""
+    from dspark_trt.runtime.drafters.onnxruntime import OnnxRuntimeDrafterBackend
+
+    export = onnx_export(tiny_pair, "bf16", 16)
+    drafter = reference(tiny_pair)
+    temperature = torch.tensor([0.0, 1.0, 0.6])
+    runs = []
+    for low_memory in (False, True):
+        with OnnxRuntimeDrafterBackend(export, low_memory=low_memory) as backend:
+            assert backend.dtype == torch.bfloat16
+            assert all(g.emulated_bf16 for g in backend._graphs.values())
+            runs.append(simulate(backend, drafter, 3, B=3, topk=16, temperature=temperature))
+    for default, low in zip(*runs):
+        assert torch.equal(default.tokens, low.tokens)
+        torch.testing.assert_close(default.cand_logits, low.cand_logits, atol=0, rtol=0)

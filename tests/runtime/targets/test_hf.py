@@ -131,3 +131,15 @@ def test_llama_family_target(tmp_path):
 def test_missing_target_dir_is_a_one_line_error(tmp_path):
     with pytest.raises(DSparkTrtError, match="no config.json in target directory"):
         HFTarget.from_pretrained(tmp_path)
+
+
+def test_a_sliding_window_target_is_refused_in_one_line(tmp_path):
+    """A Gemma-4 target (5 sliding : 1 global) runs from an export; HFTarget cannot roll its sliding cache back."""
+    from dspark_trt.synthetic import write_preset
+
+    target = write_preset("gemma4_12b", tmp_path / "gemma4", layers=6, vocab=600, dtype="fp32", hidden_size=64,
+                          intermediate_size=96, head_dim=16, global_head_dim=32, num_attention_heads=4,
+                          num_key_value_heads=2, sliding_window=8)
+    with pytest.raises(DSparkTrtError) as e:
+        HFTarget.from_pretrained(target.path, dtype="fp32", device="cpu")
+    assert "sliding-window layers" in str(e.value) and "--export" in str(e.value) and "\n" not in str(e.value)

@@ -1,0 +1,36 @@
+"""``dspark bench releases``' sizes and its per-step processes (the end-to-end rows at tiny width:
+tests/export/test_release_exports.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dspark_trt.bench import releases
+from dspark_trt.synthetic.presets import get_preset
+
+
+def test_full_keeps_the_drafter_whole_and_cuts_only_the_target():
+    preset = get_preset("dspark_qwen3_14b_block7")
+    assert releases.release_depth(preset, "full") == {"target_layers": len(preset.target_layer_ids) + 1}
+    assert releases.release_depth(preset, "full", target_layers=12) == {"target_layers": 12}
+    reduced = releases.release_depth(preset, "reduced", target_layers=12)
+    assert reduced == {"target_layers": 12, "layers": 1}
+    assert releases.release_depth(preset, "tiny")["vocab"] == 600
+
+
+def _args(**kw) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    releases.add_arguments(p)
+    return p.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+
+
+@pytest.mark.parametrize("target_layers", [2])
+def test_a_step_that_fails_in_its_own_process_ends_the_row_there(target_layers):
+    """Three taps cannot be spread over a 2-layer target: the write step's process refuses in one line, and the
+    row stops there with that step's own peak."""
+    row = releases._stepwise_row("dspark_block5_taps40_42", _args(target_layers=target_layers, engine="none"))
+    assert (row["status"], row["step"]) == ("refused", "write"), row
+    assert list(row["step_peak_rss_mb"]) == ["write"] and row["step_peak_rss_mb"]["write"] > 0
+    assert "tapped layers" in row["detail"] and "\n" not in row["detail"]
