@@ -318,6 +318,42 @@ def llama_dense_export(tmp_path_factory, speculators_llama_pair):
     return export_once(tmp_path_factory, "export-llama-dense-fp32", speculators_llama_pair, topk="off", dtype="fp32")
 
 
+# -- a tiny Gemma-4 target (6 layers: 5 sliding of window 8, 1 global) with a Qwen3-layer drafter of its width -----
+#: the Gemma-4 widths of the tests: hidden 64, head_dim 16 (sliding), global_head_dim 32, window 8
+GEMMA4_WIDTHS = dict(hidden_size=64, intermediate_size=96, head_dim=16, global_head_dim=32, num_attention_heads=4,
+                     num_key_value_heads=2, sliding_window=8)
+#: the stand-in drafter's taps of the 6-layer target
+GEMMA4_TAPS = (1, 3, 4)
+
+
+def write_gemma4_pair(out) -> None:
+    """``out/target``: the ``gemma4_12b`` preset at ``GEMMA4_WIDTHS`` (vocabulary 600); ``out/drafter``: a 1-layer
+    Qwen3-layer DeepSeek drafter of its width tapping ``GEMMA4_TAPS`` (DeepSpec's Gemma-4 drafter has Gemma-4 layers,
+    another worktree's job; ``bench/releases.py`` pairs the target the same way)."""
+    import dataclasses
+
+    from dspark_trt.synthetic.preset_checkpoint import write_preset
+    from dspark_trt.synthetic.presets import get_preset, scaled
+
+    write_preset("gemma4_12b", out / "target", layers=6, vocab=600, dtype="fp32", **GEMMA4_WIDTHS)
+    drafter = scaled(get_preset("dspark_qwen3_8b_block7"), layers=1, target_layers=6, vocab=600,
+                     **{k: v for k, v in GEMMA4_WIDTHS.items() if k not in ("global_head_dim", "sliding_window")})
+    write_preset(dataclasses.replace(drafter, target_layer_ids=GEMMA4_TAPS), out / "drafter", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def gemma4_pair(tmp_path_factory):
+    """The tiny Gemma-4 target and its stand-in drafter (``write_gemma4_pair``), shared by xdist workers."""
+    return build_once(tmp_path_factory, "gemma4-pair", write_gemma4_pair)
+
+
+@pytest.fixture(scope="session")
+def gemma4_export(tmp_path_factory, gemma4_pair):
+    """The Gemma-4 pair through dspark-export: top-k 8, fp32, max context 256, the target validated."""
+    return export_once(tmp_path_factory, "export-gemma4-topk8-fp32", gemma4_pair, topk=8, dtype="fp32",
+                       max_context=256)
+
+
 # -- the SmolLM2 walk-through, run once: tests/test_example_smollm2.py reads its output, tests/models its export ---
 #: the path, not the quality: a 3-step drafter on 8 tokens per prompt, no prompt bank, 2 held-out prompts benchmarked
 WALKTHROUGH_ARGS = ("--steps", "3", "--new-tokens", "8", "--bank-prompts", "0", "--heldout", "2")

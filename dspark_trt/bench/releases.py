@@ -101,7 +101,7 @@ def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) ->
     from ..export.pipeline import ExportOptions, export_model
 
     out = _pair_paths(work)
-    dtype = "fp32" if size == "tiny" or is_gemma4(preset) else "bf16"  # Gemma-4 targets export in fp32 only
+    dtype = "fp32" if size == "tiny" or is_gemma4(preset) else "bf16"  # Gemma-4: bf16 not yet run at size
     result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
                                                                       max_context=256),
                           target_dir=out.target, force=True)

@@ -13,7 +13,8 @@ its cache, so its graph has an I/O of its own (``KV_INTERFACE``)::
                        [B, H_g, P, D_g]        global (full_attention) layers
                        [B, H_s, W, D_s]        sliding_attention layers (their window only)
     →
-    logits             [B, K, V]       fp32    final_logit_softcapping applied: cap · tanh(logits / cap)
+    logits             [B, K, V]       fp32    final_logit_softcapping applied: cap · tanh(logits / cap), in the
+                                               model dtype (each step rounded, as transformers), then fp32
     taps               [B, Q, m·d]             the drafter's target_layer_ids, before the final norm
     new_key_global / new_value_global   [L_g, B, H_g, Q, D_g]   the new slots of the storing global layers
     new_key_sliding / new_value_sliding [L_s, B, H_s, Q, D_s]   the same for the storing sliding layers
@@ -101,6 +102,22 @@ def window_bias(window_positions: torch.Tensor, position_ids: torch.Tensor, new_
     return bias_past, bias_new
 
 
+def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    """``x · factor`` as PyTorch computes a tensor times a Python float: in fp32, the factor unrounded, then one
+    rounding to ``x``'s dtype (an exported ``x * factor`` would round the factor to bf16 first: 2^-0.5 → 0.70703)."""
+    return (x.float() * factor).to(x.dtype)
+
+
+def project_per_layer_inputs(decoder, inputs_embeds: torch.Tensor, per_layer_inputs: torch.Tensor) -> torch.Tensor:
+    """transformers' ``Gemma4TextModel.project_per_layer_inputs`` (``[B, Q, L, d_ple]``) with its two Python-float
+    scales applied by ``scale``, so that a bf16 graph rounds where transformers does."""
+    projection = scale(decoder.per_layer_model_projection(inputs_embeds), decoder.per_layer_model_projection_scale)
+    projection = projection.reshape(*inputs_embeds.shape[:-1], decoder.config.num_hidden_layers,
+                                    decoder.hidden_size_per_layer_input)
+    projection = decoder.per_layer_projection_norm(projection)
+    return scale(projection + per_layer_inputs, decoder.per_layer_input_scale)
+
+
 class Gemma4TargetGraph(torch.nn.Module):
     """``forward(input_ids, position_ids, attention_mask, window_positions, logits_index, past_keys, past_values)``
     (``past_*``: one tensor per storing layer, in layer order) → logits, taps, new K/V per layer type."""
@@ -152,7 +169,7 @@ class Gemma4TargetGraph(torch.nn.Module):
         hidden = decoder.embed_tokens(input_ids)  # × √d inside
         per_layer = None
         if decoder.hidden_size_per_layer_input:
-            per_layer = decoder.project_per_layer_inputs(hidden, decoder.get_per_layer_inputs(input_ids, hidden))
+            per_layer = project_per_layer_inputs(decoder, hidden, decoder.get_per_layer_inputs(input_ids, hidden))
         rope = {t: decoder.rotary_emb(hidden, position_ids, t) for t in sorted(set(self.layer_types))}
         states, new = [hidden], {}
         shared: dict = {}
@@ -169,9 +186,11 @@ class Gemma4TargetGraph(torch.nn.Module):
                 if i not in self.reuse_of:
                     new[i] = kv
         rows = logits_index.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-        logits = self.model.lm_head(decoder.norm(hidden.gather(1, rows))).float()  # [B, K, V]
-        if self.softcap is not None:
-            logits = torch.tanh(logits / float(self.softcap)) * float(self.softcap)
+        logits = self.model.lm_head(decoder.norm(hidden.gather(1, rows)))  # [B, K, V] model dtype
+        if self.softcap is not None:  # each step rounded to the model dtype, as transformers' Gemma4ForCausalLM
+            cap = float(self.softcap)
+            logits = scale(torch.tanh((logits.float() / cap).to(logits.dtype)), cap)
+        logits = logits.float()  # [B, K, V] fp32
         taps = self.taps.select_states(states)
         glob = [i for i in self.stored if self.layer_types[i] == "full_attention"]
         slid = [i for i in self.stored if self.layer_types[i] == "sliding_attention"]

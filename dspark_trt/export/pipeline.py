@@ -188,7 +188,8 @@ class EnginesForExport:
             config = self.config
             if graph == "target":
                 onnx_file = target["onnx"]
-                config = target_build_config(config, int(target["max_context"]))
+                ring = (target.get("gemma4") or {}).get("ring")  # a Gemma-4 graph: W is the runtime's ring
+                config = target_build_config(config, int(target["max_context"]), ring=ring)
             else:
                 onnx_file = self.manifest["graphs"][graph]["file"]
             if graph == "draft" and flavor == "tensorrt" and self.manifest.get("plugin_graph"):
@@ -230,14 +231,19 @@ def _profile_record(shapes: dict) -> dict:
 VERIFY_TOKENS = 16
 
 
-def target_build_config(config: EngineBuildConfig, max_context: int,
-                        verify_tokens: int = VERIFY_TOKENS) -> EngineBuildConfig:
+def target_build_config(config: EngineBuildConfig, max_context: int, verify_tokens: int = VERIFY_TOKENS, *,
+                        ring: int | None = None) -> EngineBuildConfig:
     """The target engine's build: profile 0 for prefill (Q up to a prefill chunk) and profile 1 for verify rounds
     (Q and K ≤ ``verify_tokens``), whose activation memory is sized for a few new tokens instead of a whole chunk
-    (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin."""
+    (the runtime picks it for every verify round: ``runtime.tensorrt_engine.choose_profile``). No plugin.
+    ``ring``: a Gemma-4 graph's sliding-layer caches are that many slots per request, whatever the context
+    (the manifest's ``target.gemma4.ring``): ``W`` is profiled up to it, optimized for it (1 … ring: a profile
+    with W fixed, min = max, fails TensorRT-RTX 1.x's build in Myelin, ``CHECK(is_const())``)."""
     from .target_onnx import target_dynamic_ranges
 
     ranges = target_dynamic_ranges(int(max_context))
+    if ring is not None:
+        ranges["W"] = (1, int(ring), int(ring))
     lo, opt, hi = ranges["Q"]
     small = min(hi, verify_tokens)
     extra = ({"Q": (lo, min(opt, small), small), "K": (lo, min(opt, small), small)},) if small < hi else ()
@@ -321,27 +327,30 @@ class TargetForExport:
         return section
 
     def _gemma4(self, export_dir: Path) -> dict:
-        """A Gemma-4 text target: its own graph (per-type K/V, sliding layers by position), built in memory."""
+        """A Gemma-4 text target: its own graph (per-type K/V, sliding layers by position), built in memory in the
+        export dtype; fp16 first passes the activation range check (as every target)."""
         from ..artifact.layout import TARGET_ONNX, TOKENIZER_DIR
         from ..artifact.manifest import graph_io
-        from ..errors import DSparkTrtError
+        from ..loader import resolve_dtype
         from .gemma4_target_onnx import export_gemma4_target_onnx, gemma4_section, validate_gemma4_target_onnx
         from .target_onnx import copy_tokenizer, load_target_model, new_target_section
 
-        if self.dtype != "fp32":
-            raise DSparkTrtError(f"a Gemma-4 target is exported in fp32 only for now (its validation against "
-                                 f"transformers is fp32); pass --dtype fp32, or --skip-target (asked: {self.dtype})")
-        import torch
+        model = load_target_model(self.target_dir, resolve_dtype(self.dtype))
+        fp16_range = None
+        if self.dtype == "fp16":  # massive activations: refuse a target that overflows (target_precision.py)
+            from .target_precision import check_target_fp16
 
-        model = load_target_model(self.target_dir, torch.float32)
+            fp16_range = check_target_fp16(model)
         path = export_gemma4_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
-        report = validate_gemma4_target_onnx(path, model, self.config.target_layer_ids).lines() if self.validate \
-            else None
+        report = validate_gemma4_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines() \
+            if self.validate else None
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
         section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
                                      dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
                                      max_context=self.max_context, validation=report)
         section.update(gemma4_section(model, self.config.target_layer_ids))
+        if fp16_range is not None:
+            section["fp16_range"] = fp16_range
         return section
 
 

@@ -254,7 +254,8 @@ def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new:
                           max_new: int = MAX_NEW_TOKENS) -> dict:
     """Engine profile of the target graph: Q (new tokens) and K (rows with logits) 1 … a prefill chunk, P (the
     cache capacity the graph reads) 1 … the capacity bucket of ``max_context`` (``kv_capacity.capacity_bucket``),
-    S = P + Q; W (a Gemma-4 graph's sliding-layer caches) as P."""
+    S = P + Q; W (a Gemma-4 graph's sliding-layer caches) as P unless ``target_build_config`` fixes it to the
+    runtime's ring."""
     from ..artifact.kv_capacity import capacity_bucket
 
     q_max = min(max_new, max_context)
@@ -262,4 +263,4 @@ def target_dynamic_ranges(max_context: int, *, opt_context: int = 1024, opt_new:
     q_opt = min(opt_new, q_max)
     return {"Q": (1, q_opt, q_max), "K": (1, q_opt, q_max), "P": (1, p_opt, p_max),
             "S": (2, p_opt + q_opt, p_max + q_max),
-            "W": (1, p_opt, p_max)}  # a Gemma-4 graph's sliding caches (the runtime keeps them at P's capacity)
+            "W": (1, p_opt, p_max)}  # a Gemma-4 graph's sliding caches (an export fixes them to its ring)

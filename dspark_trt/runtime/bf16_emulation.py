@@ -24,8 +24,12 @@ from __future__ import annotations
 __all__ = ["emulate_bf16"]
 
 
-def emulate_bf16(model, *, initializer=None):
+def emulate_bf16(model, *, initializer=None, half: str = "bf16"):
     """Return the fp32 bf16-emulation twin of ``model`` (an ``onnx.ModelProto``; not modified).
+
+    ``half="fp16"``: the same for an fp16 graph (every fp16 result rounded to fp16 as PyTorch's CPU fp16 ops
+    round): onnxruntime's CPU provider runs fp16 graphs by casting most ops to fp32 and dropping the roundings
+    between them, so only the twin reproduces an fp16 reference op by op (the Gemma-4 target's validation uses it).
 
     ``initializer``: how to turn one of the graph's initializers into the twin's (default: bf16 → fp32 in
     memory, or for a bf16 weight kept in external data, a ``Cast`` node reading it as it lies on disk); ``export/bf16_emulation.py: main`` passes one that converts a weight from external data and writes it to the twin's, one
@@ -35,15 +39,18 @@ def emulate_bf16(model, *, initializer=None):
     import onnx.inliner
     from onnx import helper, numpy_helper
 
-    BF16, F32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
+    if half not in ("bf16", "fp16"):
+        raise ValueError(f"half must be 'bf16' or 'fp16', not {half!r}")
+    HALF = onnx.TensorProto.BFLOAT16 if half == "bf16" else onnx.TensorProto.FLOAT16  # the emulated dtype
+    F32 = onnx.TensorProto.FLOAT
     twin = onnx.inliner.inline_local_functions(model)
     twin = onnx.shape_inference.infer_shapes(twin, data_prop=False)
     graph = twin.graph
 
     def to_fp32(tensor):
-        if tensor.data_type != BF16:
+        if tensor.data_type != HALF:
             return tensor
-        array = numpy_helper.to_array(tensor).astype(np.float32)  # ml_dtypes bf16 → fp32, exact
+        array = numpy_helper.to_array(tensor).astype(np.float32)  # bf16 (ml_dtypes) or fp16 → fp32, exact
         return numpy_helper.from_array(array, tensor.name)
 
     types = {v.name: v.type.tensor_type.elem_type for v in
@@ -53,14 +60,15 @@ def emulate_bf16(model, *, initializer=None):
         if initializer is not None:
             graph.initializer[i].CopyFrom(initializer(init))
             continue
-        if init.data_type == BF16 and init.data_location == onnx.TensorProto.EXTERNAL and not init.raw_data:
+        if init.data_type == HALF and init.data_location == onnx.TensorProto.EXTERNAL and not init.raw_data:
             name = init.name
-            graph.initializer[i].name = name + "__bf16"  # read as it lies on disk, cast once per run
-            casts.append(helper.make_node("Cast", [name + "__bf16"], [name], to=F32, name=name + "/bf16_to_fp32"))
+            graph.initializer[i].name = name + f"__{half}"  # read as it lies on disk, cast once per run
+            casts.append(helper.make_node("Cast", [name + f"__{half}"], [name], to=F32,
+                                          name=name + f"/{half}_to_fp32"))
             continue
         graph.initializer[i].CopyFrom(to_fp32(init))
     for value in list(graph.input) + list(graph.output) + list(graph.value_info):
-        if value.type.tensor_type.elem_type == BF16:
+        if value.type.tensor_type.elem_type == HALF:
             value.type.tensor_type.elem_type = F32
 
     nodes = list(casts)
@@ -69,19 +77,20 @@ def emulate_bf16(model, *, initializer=None):
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 attr.t.CopyFrom(to_fp32(attr.t))
-            elif attr.name == "to" and attr.i == BF16:  # Cast(to=bf16): compute fp32, then round
+            elif attr.name == "to" and attr.i == HALF:  # Cast(to=bf16): compute fp32, then round
                 attr.i = F32
         if node.op_type == "Constant":
             nodes.append(node)
             continue
         for idx, out in enumerate(node.output):
-            if out and types.get(out) == BF16:
+            if out and types.get(out) == HALF:
                 node.output[idx] = out + "__fp32"
                 rounded.append(out)
         nodes.append(node)
-        for out in rounded:  # round to bf16 precision and keep computing in fp32
-            nodes.append(helper.make_node("Cast", [out + "__fp32"], [out + "__bf16"], to=BF16, name=out + "/to_bf16"))
-            nodes.append(helper.make_node("Cast", [out + "__bf16"], [out], to=F32, name=out + "/from_bf16"))
+        for out in rounded:  # round to bf16 (fp16) precision and keep computing in fp32
+            low = out + f"__{half}"
+            nodes.append(helper.make_node("Cast", [out + "__fp32"], [low], to=HALF, name=out + f"/to_{half}"))
+            nodes.append(helper.make_node("Cast", [low], [out], to=F32, name=out + f"/from_{half}"))
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.value_info[:]  # stale (renamed values); onnxruntime infers its own

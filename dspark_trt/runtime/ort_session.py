@@ -4,7 +4,8 @@
 CPU provider has no bf16 arithmetic kernels (``MatMul``/``Mul`` are not implemented for bfloat16), so a graph
 with bf16 tensors runs on CPU as its fp32 **bf16-emulation twin** (``export/bf16_emulation.py``: every bf16
 result rounded to bf16, the way PyTorch's CPU bf16 ops round). Its bf16 inputs and outputs are fed and
-returned as ``torch.bfloat16`` all the same.
+returned as ``torch.bfloat16`` all the same. ``emulate_fp16=True`` does the same for an fp16 graph (onnxruntime's
+own fp16 casts most ops to fp32 and drops the roundings between them): to compare it with PyTorch op by op.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ def model_proto(model):
     return ir.to_proto(model)
 
 
-def _has_bf16(proto) -> bool:
+def _has_half(proto, half: str = "bf16") -> bool:
+    """Does the graph hold ``half`` ("bf16" | "fp16") tensors (I/O, values or weights)?"""
     import onnx
 
-    bf16 = onnx.TensorProto.BFLOAT16
+    kind = onnx.TensorProto.BFLOAT16 if half == "bf16" else onnx.TensorProto.FLOAT16
     values = list(proto.graph.input) + list(proto.graph.output) + list(proto.graph.value_info)
-    return (any(v.type.tensor_type.elem_type == bf16 for v in values)
-            or any(t.data_type == bf16 for t in proto.graph.initializer))
+    return (any(v.type.tensor_type.elem_type == kind for v in values)
+            or any(t.data_type == kind for t in proto.graph.initializer))
 
 
 def _has_external(proto) -> bool:
@@ -72,10 +74,13 @@ class OrtGraph:
         threads (*optional*): intra-op threads (onnxruntime's default when None).
         low_memory (*optional*): no memory arena, no prepacked weight copies, no constant folding (weights in
             external data stay memory-mapped, a bf16 twin casts them per run): for validating graphs at size.
+        emulate_fp16 (*optional*): run an fp16 graph as its fp32 fp16-emulation twin too (every fp16 result
+            rounded like PyTorch's CPU fp16 ops; onnxruntime's own fp16 drops roundings): to compare it with an
+            fp16 reference op by op.
     """
 
     def __init__(self, model, *, providers: list[str] | None = None, threads: int | None = None,
-                 low_memory: bool = False):
+                 low_memory: bool = False, emulate_fp16: bool = False):
         import onnxruntime as ort
 
         self.providers = providers or ["CPUExecutionProvider"]
@@ -94,15 +99,17 @@ class OrtGraph:
             disabled = ["ConstantFolding"]
         cpu_only = self.providers == ["CPUExecutionProvider"]
         source, proto = (str(model), None) if isinstance(model, (str, Path)) else (None, model_proto(model))
-        self._bf16_outputs: set[str] = set()
-        self.emulated_bf16 = False
+        self._half_outputs: set[str] = set()  # outputs returned in ``_half_dtype`` (the twin rounded them already)
+        self._half_dtype = torch.bfloat16
+        self.emulated_bf16 = self.emulated_fp16 = False
         if cpu_only:
             import onnx
 
+            halves = ("bf16", "fp16") if emulate_fp16 else ("bf16",)
             if proto is None:  # types only: the weights stay on disk unless there is bf16 to emulate
                 proto = load_graph_only(source)
                 try:
-                    if not _has_bf16(proto):
+                    if not any(_has_half(proto, h) for h in halves):
                         proto = None
                     elif not _has_external(proto):  # small: emulate in memory
                         proto = model_proto(source)
@@ -110,13 +117,16 @@ class OrtGraph:
                     first = (str(e).splitlines() or [type(e).__name__])[0]
                     raise DSparkTrtError(f"cannot read {source} ({first or type(e).__name__}); the file is damaged "
                                          f"or incomplete: re-export it") from None
-            if proto is not None and _has_bf16(proto):
+            half = next((h for h in halves if proto is not None and _has_half(proto, h)), None)
+            if half is not None:
                 from .bf16_emulation import emulate_bf16
 
-                bf16 = onnx.TensorProto.BFLOAT16
-                self._bf16_outputs = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type == bf16}
-                proto, self.emulated_bf16 = emulate_bf16(proto), True
-                log.debug("bf16 graph on onnxruntime CPU: running its fp32 bf16-emulation twin")
+                kind = onnx.TensorProto.BFLOAT16 if half == "bf16" else onnx.TensorProto.FLOAT16
+                self._half_outputs = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type == kind}
+                self._half_dtype = torch.bfloat16 if half == "bf16" else torch.float16
+                proto, self.emulated_bf16 = emulate_bf16(proto, half=half), half == "bf16"
+                self.emulated_fp16 = half == "fp16"
+                log.debug("%s graph on onnxruntime CPU: running its fp32 %s-emulation twin", half, half)
                 if source is not None and _has_external(proto):  # weights on disk: the twin beside them
                     if low_memory:  # keep the per-run bf16 → fp32 casts (else folded into an fp32 copy, faster)
                         disabled = ["ConstantFolding"]
@@ -124,7 +134,7 @@ class OrtGraph:
                         source = twin = _twin_beside(proto, Path(source))
                         proto = None
                     except OSError:  # a read-only export directory: the twin with its weights, in memory
-                        proto = emulate_bf16(model_proto(source))
+                        proto = emulate_bf16(model_proto(source), half=half)
         try:
             self.session = ort.InferenceSession(source if proto is None else proto.SerializeToString(), options,
                                                 providers=self.providers, disabled_optimizers=disabled)
@@ -153,7 +163,7 @@ class OrtGraph:
         result = {}
         for name, array in zip(self.output_names, outputs):
             t = torch.from_numpy(array)
-            if name in self._bf16_outputs:
-                t = t.to(torch.bfloat16)  # exact: the twin rounded it to bf16 already
+            if name in self._half_outputs:
+                t = t.to(self._half_dtype)  # exact: the twin rounded it to bf16 (fp16) already
             result[name] = t
         return result

@@ -109,7 +109,7 @@ def test_a_reference_without_a_gemma4_feature_fails_validation(gemma_pair, gemma
 
 
 def test_the_drafter_alone_exports_and_validates_in_bf16(gemma_pair):
-    """--skip-target: the drafter graphs in bf16 (the target exports in fp32 only), validated through the bf16
+    """--skip-target: the drafter graphs in bf16 (without the target), validated through the bf16
     emulation twin within bf16's tolerance; √64 = 8 scales the embeddings exactly in bf16 too."""
     from dspark_trt.export.pipeline import ExportOptions, export_model
 

@@ -1,10 +1,9 @@
 """The Gemma-4 text target: its graph == transformers (logits, taps, new K/V) at prompts longer than the sliding
-window, with KV sharing and per-layer inputs; through dspark-export (validated against transformers, the sliding
-layers fed only their ring) and the runtime: greedy speculative == the target alone == transformers' generate."""
+window, with KV sharing and per-layer inputs; in bf16/fp16 it rounds where transformers rounds; through
+dspark-export in fp32, bf16 and fp16 (validated against transformers in that dtype, the sliding layers fed only
+their ring) and the runtime: greedy speculative == the target alone (== transformers' generate in fp32)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -12,10 +11,6 @@ import torch
 from dspark_trt.errors import DSparkTrtError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-GEMMA = dict(hidden_size=64, intermediate_size=96, head_dim=16, global_head_dim=32, num_attention_heads=4,
-             num_key_value_heads=2, sliding_window=8)
-
 
 def tiny_gemma4(**overrides):
     import transformers
@@ -93,42 +88,26 @@ def test_a_graph_that_ignores_the_window_differs(monkeypatch):
         graph_matches_transformers(dict())
 
 
-@pytest.fixture(scope="module")
-def gemma_export(tmp_path_factory):
-    """A tiny Gemma-4 target (6 layers, window 8) and a Qwen3-layer drafter of its width, through dspark-export."""
-    from dspark_trt.export.pipeline import ExportOptions, export_model
-    from dspark_trt.synthetic.preset_checkpoint import write_preset
-    from dspark_trt.synthetic.presets import get_preset, scaled
-
-    work = tmp_path_factory.mktemp("gemma4")
-    write_preset("gemma4_12b", work / "target", layers=6, vocab=600, dtype="fp32", **GEMMA)
-    drafter = scaled(get_preset("dspark_qwen3_8b_block7"), layers=1, target_layers=6, vocab=600,
-                     **{k: v for k, v in GEMMA.items() if k not in ("global_head_dim", "sliding_window")})
-    write_preset(dataclasses.replace(drafter, target_layer_ids=(1, 3, 4)), work / "drafter", dtype="fp32")
-    result = export_model(work / "drafter", work / "export", ExportOptions(topk=8, dtype="fp32", engine="none",
-                                                                           max_context=256), target_dir=work / "target")
-    return work, result
-
-
 @pytest.mark.onnx
-def test_the_export_is_validated_against_transformers_past_the_window(gemma_export):
-    _, result = gemma_export
-    target = result.manifest["target"]
+def test_the_export_is_validated_against_transformers_past_the_window(gemma4_export):
+    from dspark_trt.artifact.export_dir import read_manifest
+
+    target = read_manifest(gemma4_export)["target"]
     assert target["kv_interface"] == "gemma4-windowed-v1" and target["architecture"] == "Gemma4ForCausalLM"
     assert target["gemma4"]["global_layers"] == [5] and target["gemma4"]["sliding_layers"] == [0, 1, 2, 3, 4]
+    assert target["gemma4"]["ring"] == 8 - 1 + 64  # the sliding layers' cache per request (runtime, engine profile)
     lines = target["validation"]
     assert "sliding window 8" in lines[0] and all(line.strip().startswith("ok") for line in lines[1:])
     assert any("held only their ring" in line for line in lines)
 
 
 @pytest.mark.onnx
-def test_greedy_speculative_equals_the_target_alone_and_transformers(gemma_export):
+def test_greedy_speculative_equals_the_target_alone_and_transformers(gemma4_export, gemma4_pair):
     import transformers
 
     from dspark_trt.runtime import SpeculativeDecoder
 
-    work, _ = gemma_export
-    dec = SpeculativeDecoder.from_export(work / "export")
+    dec = SpeculativeDecoder.from_export(gemma4_export)
     assert type(dec.target).__name__ == "Gemma4OnnxRuntimeTarget"
     gen = torch.Generator().manual_seed(3)
     # 150 tokens: longer than the window (8) and the sliding layers' ring (71); a padded batch of three
@@ -138,39 +117,116 @@ def test_greedy_speculative_equals_the_target_alone_and_transformers(gemma_expor
     assert spec.tokens == alone.tokens and spec.stats.rounds >= 5  # rounds that roll rejected tokens back
     ring = dec.target.cache.slid
     assert ring.k.shape[3] == ring.ring == 8 - 1 + 64 < 150  # the sliding layers hold their ring, not the context
-    model = transformers.AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gemma4_pair.target, dtype=torch.float32)
     for p, got in zip(prompts, alone.tokens):
         out = model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert out[0, len(p):].tolist() == got
 
 
 @pytest.mark.onnx
-def test_the_validation_fails_against_another_window(gemma_export):
+def test_the_validation_fails_against_another_window(gemma4_export, gemma4_pair):
     import transformers
 
     from dspark_trt.export.gemma4_target_onnx import validate_gemma4_target_onnx
 
-    work, _ = gemma_export
-    model = transformers.AutoModelForCausalLM.from_pretrained(work / "target", dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gemma4_pair.target, dtype=torch.float32)
     model.config.sliding_window = 12  # the reference attends further back than the exported graph (8)
-    report = validate_gemma4_target_onnx(work / "export" / "onnx" / "target.onnx", model, [1, 3, 4],
+    report = validate_gemma4_target_onnx(gemma4_export / "onnx" / "target.onnx", model, [1, 3, 4],
                                          raise_on_failure=False)
     assert not report.ok
 
 
-def test_half_precision_gemma4_targets_and_moe_are_refused_in_one_line(tmp_path):
-    from dspark_trt.export.pipeline import TargetForExport
+def test_moe_and_multimodal_gemma4_targets_are_refused_in_one_line():
     from dspark_trt.export.target_graph import check_architecture
 
-    target = TargetForExport(None, tmp_path, {"architectures": ["Gemma4ForCausalLM"]}, dtype="bf16", max_context=64,
-                             validate=True)
-    with pytest.raises(DSparkTrtError) as e:
-        target(tmp_path)
-    assert "fp32 only" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(DSparkTrtError, match="MoE"):
+    with pytest.raises(DSparkTrtError, match="MoE") as e:
         check_architecture({"architectures": ["Gemma4ForCausalLM"], "enable_moe_block": True})
+    assert "\n" not in str(e.value) and "--skip-target" in str(e.value)
     with pytest.raises(DSparkTrtError, match="multimodal Gemma-4"):
         check_architecture({"architectures": ["Gemma4ForConditionalGeneration"]})
+
+
+# -- half precision ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_half_precision_graph_rounds_where_transformers_does(dtype, monkeypatch):
+    """Without a past (a first prefill chunk, where the graph's attention is transformers' own) the bf16/fp16
+    graph gives transformers' logits and taps bit for bit: the √d embedding scale, the per-layer inputs' two
+    scales and the logit soft-capping round in the model dtype where transformers rounds. Rounding a scale to the
+    model dtype first (as a plain exported ``x * 2**-0.5`` would) breaks it (the test can fail)."""
+    import dspark_trt.export.gemma4_target_graph as g
+
+    def graph_vs_transformers():
+        model = tiny_gemma4(sliding_window=8, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+                            layer_types=LAYERS).to(dtype)
+        model.config._attn_implementation = "eager"
+        ids = torch.randint(0, 300, (1, 11), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            ref = model(ids, output_hidden_states=True)
+        graph = g.Gemma4TargetGraph(model, [1, 2, 4])
+        empty = [torch.zeros(1, graph.kv_shape[i][0], 1, graph.kv_shape[i][1], dtype=dtype) for i in graph.stored]
+        mask = torch.cat([torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, 11, dtype=torch.int64)], 1)
+        with torch.no_grad():
+            logits, taps, *_ = graph(ids, torch.arange(11)[None], mask, -torch.ones(1, 1, dtype=torch.int64),
+                                     torch.arange(11)[None], empty, [e.clone() for e in empty])
+        ref_taps = torch.cat([ref.hidden_states[k] for k in (2, 3, 5)], -1)
+        assert ref.logits.dtype == dtype and ref.logits.abs().max() < 30.0  # transformers soft-caps in the dtype
+        return torch.equal(logits, ref.logits.float()) and torch.equal(taps, ref_taps)
+
+    assert graph_vs_transformers()
+    monkeypatch.setattr(g, "scale", lambda x, factor: x * torch.tensor(factor, dtype=x.dtype))
+    assert not graph_vs_transformers()
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp16"])
+def half_export(request, gemma4_pair, tmp_path_factory):
+    """The Gemma-4 pair through dspark-export in bf16 / fp16 (the target validated against transformers in it)."""
+    from dspark_trt.export.pipeline import ExportOptions, export_model
+
+    out = tmp_path_factory.mktemp(f"gemma4-{request.param}") / "export"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = export_model(gemma4_pair.drafter, out, ExportOptions(topk=8, dtype=request.param, engine="none",
+                                                                      max_context=256), target_dir=gemma4_pair.target)
+    finally:
+        torch.set_num_threads(before)
+    return request.param, out, result.manifest
+
+
+@pytest.mark.onnx
+@pytest.mark.slow  # one export per dtype (~1 min each on 2 cores)
+def test_a_half_precision_export_is_validated_and_decodes_as_the_target_alone(half_export, gemma4_pair):
+    """bf16/fp16: the target graph in that dtype (K/V and taps too), validated against transformers in it past the
+    window (the graph as its fp32 emulation twin); greedy speculative decoding from the export == the target
+    alone for prompts longer than the window and the ring; a graph read with taps one layer off fails the same
+    validation, and so does a reference attending over another window."""
+    import transformers
+
+    from dspark_trt.export.gemma4_target_onnx import GEMMA4_ROW_RMS, validate_gemma4_target_onnx
+    from dspark_trt.runtime import SpeculativeDecoder
+
+    dtype, out, manifest = half_export
+    target = manifest["target"]
+    lines = target["validation"]
+    assert target["dtype"] == dtype and f"({dtype}:" in lines[0] and f"rms|Δ| ≤ {GEMMA4_ROW_RMS:g}·u·√n" in lines[0]
+    assert all(line.strip().startswith("ok") for line in lines[1:]), lines
+    past = next(t for t in target["io"]["inputs"] if t["name"] == "past_key_0")
+    assert past["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    assert ("fp16_range" in target) == (dtype == "fp16")
+
+    dec = SpeculativeDecoder.from_export(out)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 600, (n,), generator=gen).tolist() for n in (90, 13, 2)]
+    spec = dec.generate(prompts, 8, eos_token_id=[])
+    assert spec.tokens == dec.generate(prompts, 8, eos_token_id=[], draft=False).tokens and spec.stats.rounds >= 4
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    model = transformers.AutoModelForCausalLM.from_pretrained(gemma4_pair.target, dtype=torch_dtype)
+    path = out / "onnx" / "target.onnx"
+    shifted = validate_gemma4_target_onnx(path, model, [0, 2, 3], raise_on_failure=False)  # the graph taps 1, 3, 4
+    assert not shifted.ok and all(c.ok for c in shifted.checks if "taps" not in c.name)
+    model.config.sliding_window = 12
+    assert not validate_gemma4_target_onnx(path, model, [1, 3, 4], raise_on_failure=False).ok
 
 
 def test_the_ring_keeps_each_requests_last_tokens_past_its_padding():
@@ -186,4 +242,9 @@ def test_the_ring_keeps_each_requests_last_tokens_past_its_padding():
     assert sorted(ring.pos[0].tolist()) == [6, 7, 8, 9] and sorted(ring.pos[1].tolist()) == [-1, 0, 1, 2]
     assert torch.equal(ring.k[0, :, 0, :, 0], ring.pos.clamp_min(0).float() * (ring.pos >= 0))
     assert ring.positions(torch.tensor([8, 2]))[0].tolist().count(-1) == 2  # slots at/after the first new token
+    ring.ensure(3)  # a padded bucket of rows (TensorRT): an empty row after the running ones
+    assert ring.pos[2].tolist() == [-1] * 4 and ring.positions(torch.tensor([8, 2])).shape == (2, 4)
+    kept = ring.pos[0].clone()
+    ring.ensure(1)  # a smaller bucket: the first row kept, as the global cache keeps it
+    assert ring.batch == 1 and torch.equal(ring.pos[0], kept) and ring.k.is_contiguous()
 

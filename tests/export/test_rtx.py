@@ -69,3 +69,23 @@ def test_rtx_parses_and_builds_the_gated_and_rnn_draft_graphs(pair_name, op, top
     assert ops == ([op] if topk == 16 else [])
     layers, size = parse_and_build(path)
     assert layers > 100 and size > 0
+
+
+@pytest.mark.slow  # three engines of the Gemma-4 export
+def test_rtx_builds_the_gemma4_target_engine_for_the_runtimes_ring(gemma4_export, tmp_path):
+    """``dspark build-engine`` on a Gemma-4 export (TensorRT-RTX, no GPU): the target engine's profiles take ``W`` up
+    to the ring the runtime binds (``gemma4.ring``: window 8 − 1 + 64, the optimum), so ``Gemma4TensorRTTarget``
+    takes it."""
+    import shutil
+
+    from dspark_trt.export.pipeline import build_engines
+    from dspark_trt.runtime.targets.tensorrt import check_ring_profile
+
+    export = shutil.copytree(gemma4_export, tmp_path / "export")
+    manifest = build_engines(export, engine="tensorrt-rtx")
+    entry = manifest["engines"]["target.tensorrt-rtx"]
+    gemma4 = manifest["target"]["gemma4"]
+    assert (export / entry["file"]).stat().st_size > 0 and gemma4["ring"] == 71
+    assert entry["build"]["dynamic_ranges"]["W"] == [1, 71, 71]
+    assert all(p["window_positions"]["max"][1] == 71 for p in entry["profiles"])
+    check_ring_profile(entry, gemma4)

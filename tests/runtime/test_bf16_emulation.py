@@ -84,3 +84,24 @@ def test_plain_fp32_twin_would_not_match():
     onnx.checker.check_model(twin)
     out = OrtGraph(twin).run({"x": x.float()})["y"].to(torch.bfloat16)
     assert int(ulps_apart(out, block(x)[0]).max()) > 1
+
+
+def test_the_fp16_twin_rounds_as_torch_where_onnxruntimes_own_fp16_does_not():
+    """``emulate_fp16=True``: an fp16 graph as its fp32 twin rounds every fp16 result as PyTorch's CPU fp16 ops
+    do (the Gemma-4 target's fp16 validation compares op by op with transformers); onnxruntime's own fp16 run
+    casts ops to fp32 and drops roundings between them, so it differs from torch (the twin is what matches)."""
+    from dspark_trt.runtime.ort_session import OrtGraph
+    from dspark_trt.torch_to_onnx import torch_onnx_export
+
+    block = Block().to(torch.float16)
+    x = torch.randn(64, 37, generator=torch.Generator().manual_seed(1)).to(torch.float16)
+    proto = torch_onnx_export(block, (x,), input_names=["x"], output_names=["y", "s"]).model_proto
+    y_ref, s_ref = block(x)
+    twin = OrtGraph(proto, emulate_fp16=True)
+    assert twin.emulated_fp16 and not twin.emulated_bf16 and twin.input_dtype("x") == torch.float32
+    out = twin.run({"x": x})
+    assert out["y"].dtype == torch.float16 and torch.equal(out["y"], y_ref)  # bit for bit
+    torch.testing.assert_close(out["s"], s_ref, atol=1e-4, rtol=1e-4)
+    native = OrtGraph(proto)
+    assert not native.emulated_fp16 and native.input_dtype("x") == torch.float16
+    assert not torch.equal(native.run({"x": x})["y"], y_ref)

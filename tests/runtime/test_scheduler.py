@@ -360,3 +360,31 @@ def test_gated_and_rnn_drafters_in_a_mixed_batch_give_each_request_its_tokens_al
                                         topk=topk, eos_token_id=None).tokens[0], f"request {i}"
     for i in (0, 2, 4):  # the greedy ones are the target's own greedy text
         assert handles[i].tokens == alone(dec, prompts[i], budgets[i], draft=False)
+
+
+@pytest.mark.onnx
+@pytest.mark.slow  # the Gemma-4 export (shared with tests/export/test_gemma4_target.py)
+def test_a_gemma4_target_serves_requests_joining_and_leaving_as_alone(gemma4_export):
+    """In-flight batching over a Gemma-4 export (``Gemma4OnnxRuntimeTarget``: global slots + each request's ring
+    of the sliding layers): requests join the running batch after rounds (the rings and global slots of the
+    running rows are kept, the new rows' appended) and leave it when done; prompts past the window (8) and the
+    ring (71); greedy and sampled, each request's tokens == generate alone."""
+    dec = SpeculativeDecoder.from_export(gemma4_export, threads=1)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 600, (n,), generator=gen).tolist() for n in (80, 3, 12, 30, 1)]
+    settings = [(0.0, 0), (1.0, 4), (0.0, 0), (0.0, 0), (1.0, 7)]
+    budgets = [12, 5, 16, 9, 14]
+    sched = RequestScheduler(dec)
+    submit = lambda i: sched.submit(prompts[i], budgets[i], temperature=settings[i][0], seed=settings[i][1],  # noqa
+                                    eos_token_id=[])
+    handles = [submit(0), submit(1)]
+    for _ in range(2):
+        assert sched.step()
+    handles += [submit(2), submit(3)]
+    for _ in range(4):  # request 1 (5 tokens) leaves meanwhile
+        sched.step()
+    handles.append(submit(4))
+    sched.run_until_idle()
+    assert sched.stats.finished == 5 and sched.stats.max_batch >= 3
+    for i, h in enumerate(handles):
+        assert h.tokens == alone(dec, prompts[i], budgets[i], *settings[i], eos=[]), f"request {i}"

@@ -4,7 +4,8 @@ One server per module: model ``dspark`` = the embedded pair's export (byte token
 model ``tiny`` = the random tiny pair's export (top-k 16, token ids only), two instances, written with ``copy``
 (the repository holds the export; its source is deleted and the model directory moved before the server
 starts), model ``busy`` = the same export with one batch row and ``max_queue`` 1, model ``rnn`` = an RNN-Markov-head
-export (bonus-anchor, reduced draft vocabulary). The server runs with the
+export (bonus-anchor, reduced draft vocabulary), model ``gemma4`` = a Gemma-4 target export (sliding layers holding
+a ring, a Qwen3-layer stand-in drafter). The server runs with the
 testing fault ``DSPARK_TRT_FAULT_POSITION=FAULT_AT`` (rounds of a request at that position or beyond raise;
 every other test stays far below it). The server runs PyTriton's
 bundled tritonserver from the managed server venv (built once, cached under ``$DSPARK_TRT_CACHE``; a few
@@ -35,16 +36,17 @@ TEXTS = ["Speculative decoding", "A small drafter", "The target model checks", "
 
 
 @pytest.fixture(scope="module")
-def decoders(embedded_export, qwen3_topk_export, rnn_topk_export):
+def decoders(embedded_export, qwen3_topk_export, rnn_topk_export, gemma4_export):
     """In-process decoders for the exports, as the server builds them."""
     from dspark_trt.runtime import SpeculativeDecoder
 
     return {name: SpeculativeDecoder.from_export(path, backend="onnxruntime", device="cpu", threads=1)
-            for name, path in (("dspark", embedded_export), ("tiny", qwen3_topk_export), ("rnn", rnn_topk_export))}
+            for name, path in (("dspark", embedded_export), ("tiny", qwen3_topk_export), ("rnn", rnn_topk_export),
+                               ("gemma4", gemma4_export))}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, embedded_export, qwen3_topk_export, rnn_topk_export):
+def server(tmp_path_factory, embedded_export, qwen3_topk_export, rnn_topk_export, gemma4_export):
     import os
 
     from dspark_trt.serving.repository import write_model_repository
@@ -63,6 +65,8 @@ def server(tmp_path_factory, embedded_export, qwen3_topk_export, rnn_topk_export
     shutil.move(str(busy / "busy"), str(repo / "busy"))
     rnn = write_model_repository(root / "rnn", export_dir=rnn_topk_export, threads=1, model_name="rnn")
     shutil.move(str(rnn / "rnn"), str(repo / "rnn"))  # an RNN Markov head (issue 42): DSparkTopKMarkovRNN
+    gemma4 = write_model_repository(root / "gemma4", export_dir=gemma4_export, threads=1, model_name="gemma4")
+    shutil.move(str(gemma4 / "gemma4"), str(repo / "gemma4"))  # a Gemma-4 target (issue 46): windowed ring caches
     log = root / "tritonserver.log"
     srv = TritonServer(repo, log_file=log)
     start = time.perf_counter()
@@ -89,7 +93,7 @@ def test_both_repositories_load_and_are_ready(server):
 
     client = httpclient.InferenceServerClient(server.endpoints.http)
     assert client.is_server_ready()
-    for model, instances in (("dspark", 1), ("tiny", 2), ("busy", 1), ("rnn", 1)):
+    for model, instances in (("dspark", 1), ("tiny", 2), ("busy", 1), ("rnn", 1), ("gemma4", 1)):
         assert client.is_model_ready(model)
         config = client.get_model_config(model)
         assert config["model_transaction_policy"]["decoupled"] is True
@@ -154,6 +158,30 @@ def test_an_rnn_head_model_serves_concurrent_requests_as_generate_alone(server, 
     for (ids, temperature, seed), answer in zip(cases, answers):
         assert isinstance(answer, Answer), answer
         assert answer.ids == alone(decoders, "rnn", ids, 12, temperature, seed)[0]
+
+
+def test_a_gemma4_model_serves_concurrent_greedy_requests_as_generate_alone(server, decoders):
+    """A Gemma-4 target export (5 sliding layers of window 8, each request's ring 71 tokens, 1 global layer) in a
+    real Triton model: two waves of greedy requests on two gRPC streams, the second sent while the first decodes
+    (so its requests join the running batch between rounds: joined rings and global slots, finished rows
+    dropped), prompts shorter and longer than the window and the ring; each answer == generate alone."""
+    rng = random.Random(11)
+    V = decoders["gemma4"].target.vocab_size
+    waves = [[(90, 48), (5, 60), (17, 40)], [(1, 16), (40, 12), (9, 18)]]
+    cases = [[([rng.randrange(V) for _ in range(n)], m) for n, m in wave] for wave in waves]
+
+    def send(w):
+        time.sleep(0.2 * w)
+        return grpc_generate(server.endpoints.grpc, "gemma4", [request_inputs(ids, m) for ids, m in cases[w]])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        answers = [a for wave in pool.map(send, range(2)) for a in wave]
+    for (ids, max_tokens), answer in zip([c for wave in cases for c in wave], answers):
+        assert isinstance(answer, Answer), answer
+        assert answer.ids == alone(decoders, "gemma4", ids, max_tokens)[0]
+        assert answer.finish_reason in ("length", "stop")
+    assert max(a.batch_size for a in answers) > 1  # in-flight batching happened
+    print(f"gemma4 batch sizes seen: {[a.batch_size for a in answers]}")
 
 
 def test_streaming_arrives_in_order_and_concatenates_to_the_answer(server, decoders):

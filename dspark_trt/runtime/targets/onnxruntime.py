@@ -19,6 +19,7 @@ import torch
 from ...errors import DSparkTrtError
 from .base import TargetOutput
 from .exported import PREFILL_CHUNK, ExportedTarget, capacity_mask
+from .gemma4 import Gemma4Storage
 
 __all__ = ["OnnxRuntimeTarget", "Gemma4OnnxRuntimeTarget"]
 
@@ -152,27 +153,30 @@ def _past_names(inputs, num_layers: int, where) -> tuple[list[str], list[str]]:
     return keys, values
 
 
-class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
+class Gemma4OnnxRuntimeTarget(Gemma4Storage, OnnxRuntimeTarget):
     """An exported Gemma-4 text target (``export/gemma4_target_graph.py``) as a DSpark ``Target`` (CPU tensors).
 
     The graph takes the global and the sliding layers' caches (two shapes) and ``window_positions``, each sliding
     slot's position. The global layers keep every slot (``KVCache``, the slot layout of every exported target);
     the sliding layers keep a ring of their last window − 1 + ``RING_HEADROOM`` tokens per request
-    (``targets/gemma4.py``), so their memory does not grow with the context."""
+    (``targets/gemma4.py``, whose cache I/O the TensorRT target shares), so their memory does not grow with the
+    context."""
 
     def __init__(self, onnx_path: str | Path, *, gemma4: dict, hidden_size: int, vocab_size: int,
                  layer_ids: Sequence[int], dtype: str = "fp32", eos_token_ids: Sequence[int] = (),
                  providers: list[str] | None = None, threads: int | None = None, compact_ratio: float = 2.0,
                  max_context: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK, low_memory: bool = False):
         from ..ort_session import OrtGraph
+        from .gemma4 import cache_names, new_caches
 
         self.onnx_path = Path(onnx_path)
         if not self.onnx_path.is_file():
             raise DSparkTrtError(f"{self.onnx_path} is missing; re-run dspark-export with --target DIR")
+        if dtype not in _TORCH_DTYPES:
+            raise DSparkTrtError(f"unknown target dtype {dtype!r}: use fp32, fp16 or bf16")
         self.graph = OrtGraph(self.onnx_path, providers=providers, threads=threads, low_memory=low_memory)
-        self._glob, self._slid = list(gemma4["global_layers"]), list(gemma4["sliding_layers"])
-        names = [f"past_{kind}_{i}" for kind in ("key", "value") for i in self._glob + self._slid]
-        missing = sorted(set(names) - set(self.graph.inputs))
+        self._names = cache_names(gemma4)
+        missing = sorted({n for names in self._names for n in names} - set(self.graph.inputs))
         if missing or "window_positions" not in self.graph.inputs:
             raise DSparkTrtError(f"{self.onnx_path} is not the Gemma-4 target graph its manifest describes (missing "
                                  f"{(missing or ['window_positions'])[0]}); re-export the target")
@@ -181,30 +185,15 @@ class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
                             hidden_size=hidden_size, vocab_size=vocab_size, layer_ids=layer_ids,
                             dtype=_TORCH_DTYPES[dtype], eos_token_ids=eos_token_ids, device=torch.device("cpu"),
                             compact_ratio=compact_ratio, max_context=max_context, prefill_chunk=prefill_chunk,
-                            cache_dtype=self.graph.input_dtype(f"past_key_{self._glob[0]}"))
+                            cache_dtype=self.graph.input_dtype(self._names[0][0]))
         self._gemma4 = dict(gemma4)
-        self.cache = self._new_cache(self.cache.dtype)
-
-    def _new_cache(self, dtype: torch.dtype):
-        from .gemma4 import RING_HEADROOM, TypeCaches
-
-        g = self._gemma4
-        return TypeCaches(glob=(len(self._glob), *g["global_kv"]), slid=(len(self._slid), *g["sliding_kv"]),
-                          ring=int(g["sliding_window"]) - 1 + RING_HEADROOM, dtype=dtype, device=self.device)
-
-    def _storage(self):
-        return self.cache.snapshot()
-
-    def _join_rows(self, old, old_slots: int, slots: int) -> None:
-        self.cache.join(old, old_slots, self.valid.shape[1])
+        self.cache = new_caches(self._gemma4, self.cache.dtype, self.device)  # the dtype the session reads
 
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, *, with_taps: bool = True) -> TargetOutput:
-        from .gemma4 import RING_HEADROOM
+        from .gemma4 import check_verify_length
 
-        if tokens.shape[1] > RING_HEADROOM:
-            raise DSparkTrtError(f"a Gemma-4 target verifies at most {RING_HEADROOM} tokens per round (its sliding "
-                                 f"layers' ring rolls back that many); got {tokens.shape[1]}")
+        check_verify_length(tokens.shape[1])
         return super().verify(tokens, with_taps=with_taps)
 
     @classmethod
@@ -215,34 +204,20 @@ class Gemma4OnnxRuntimeTarget(OnnxRuntimeTarget):
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
              headroom: int = 0):
+        from .gemma4 import graph_feeds, write_new
+
         B, Q = ids.shape
         S = mask.shape[1] - Q
         if self.max_context is not None and S + Q > self.max_context:
             raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
                                  f"export again with a larger --max-context")
         self.cache.reserve(B, max(S, 1), used=S)
-        gk, gv = self.cache.glob.layers()
-        sk, sv = self.cache.slid.layers()
         if rows is None:
             rows = torch.arange(Q, device=ids.device).expand(B, Q)
-        capacity = self.cache.capacity
         feeds = {"input_ids": ids, "position_ids": positions, "logits_index": rows,
-                 "attention_mask": capacity_mask(mask, S, capacity),
-                 "window_positions": self.cache.slid.positions(positions[:, 0])}
-        for layers, keys, values in ((self._glob, gk, gv), (self._slid, sk, sv)):
-            feeds.update({f"past_key_{i}": k for i, k in zip(layers, keys)})
-            feeds.update({f"past_value_{i}": v for i, v in zip(layers, values)})
+                 "attention_mask": capacity_mask(mask, S, self.cache.capacity),
+                 **graph_feeds(self.cache, self._names, positions[:, 0])}
         out = self.graph.run(feeds)
         self.cache.reserve(B, self._room(S + Q, headroom), used=S)
-        self.cache.glob.write(S, out["new_key_global"], out["new_value_global"])
-        self.cache.slid.write(out["new_key_sliding"], out["new_value_sliding"], positions, mask[:, S:] != 0)
+        write_new(self.cache, out, S, positions, mask[:, S:] != 0)
         return out["logits"], out["taps"]
-
-    def fork(self) -> "Gemma4OnnxRuntimeTarget":
-        import copy
-
-        other = copy.copy(self)
-        other.cache = self._new_cache(self.cache.dtype)
-        other.valid = other._lengths = None
-        other._pending = 0
-        return other

@@ -16,8 +16,15 @@ real rows (``[:B]``, contiguous) in place. Tensor names and dtypes come from the
 engine's one scratch buffer and stream (``TensorRTEngine``); an engine built with a small-Q verify profile runs
 verify rounds on it. The engine's I/O is checked against the manifest's ``target.io`` at load.
 
-Pure, CPU-tested: ``cache_rows``, ``step_plan``, ``mask_symbol``, ``profile_new_tokens``. Without full
-TensorRT or a GPU, constructing it is a one-line refusal (CLI exit 1).
+``Gemma4TensorRTTarget`` binds a Gemma-4 target graph the same way over its two caches (``targets/gemma4.py``):
+the global layers' ``KVCache`` (capacity ``P``) and the sliding layers' ``RingCache`` (``W`` = the manifest's
+``gemma4.ring`` slots per request, whatever the context: the engine profile reaches it), both bound by address, with
+``window_positions`` [B, W] fed per call (padded requests: −1, an empty ring); ``TensorRTTarget.from_export``
+picks it for a Gemma-4 export.
+
+Pure, CPU-tested: ``cache_rows``, ``step_plan``, ``mask_symbol``, ``profile_new_tokens``, ``gemma4_binding``,
+``check_ring_profile`` (the Gemma-4 binding is run through onnxruntime in ``tests/runtime/targets``). Without
+full TensorRT or a GPU, constructing either is a one-line refusal (CLI exit 1).
 """
 
 from __future__ import annotations
@@ -31,12 +38,16 @@ from ...errors import DSparkTrtError
 from ..cuda_graphs import BoundAddresses, PadPlan, cache_rows
 from .base import TargetOutput
 from .exported import ExportedTarget, capacity_mask
+from .gemma4 import FILLS, Gemma4Storage, cache_names, check_verify_length, graph_feeds, new_caches, ring_size, \
+    write_new
 from ..tensorrt_engine import engine_entry, require_tensorrt
 
-__all__ = ["TensorRTTarget", "target_fills", "mask_symbol", "cache_rows", "step_plan", "profile_new_tokens"]
+__all__ = ["TensorRTTarget", "Gemma4TensorRTTarget", "target_fills", "mask_symbol", "cache_rows", "step_plan",
+           "profile_new_tokens", "gemma4_binding", "gemma4_specs", "check_ring_profile", "TORCH_DTYPES"]
 
 #: padding of the target graph's inputs: (padded requests, padded past slots)
 TARGET_FILLS = {"attention_mask": (1, 0)}
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def target_fills() -> dict[str, tuple[int, int]]:
@@ -92,40 +103,59 @@ class TensorRTTarget(ExportedTarget):
                  graphs: str = "graph", device=None, compact_ratio: float = 2.0):
         require_tensorrt("the tensorrt target backend")
         from ...artifact.export_dir import ExportDir
-        from ...artifact.target_io import MAX_NEW_TOKENS, past_names
         from ..tensorrt_engine import TensorRTEngine, io_tensors
 
         export = ExportDir(export_dir)
         export_dir, manifest = export.root, export.manifest
         t = export.target  # refuses an older (stacked past_key) target in one line
-        if t.get("kv_interface") != "per-layer-capacity-v1":
-            raise DSparkTrtError(f"{export_dir}: the TensorRT target backend does not run a {t.get('architecture')} "
-                                 f"target graph (K/V interface {t.get('kv_interface')}: Gemma-4's per-type caches and "
-                                 f"sliding-window positions); use the onnxruntime backend")
+        if t.get("kv_interface") != self.KV_INTERFACE:
+            raise DSparkTrtError(f"{export_dir}: its target graph has K/V interface {t.get('kv_interface')}, which "
+                                 f"{type(self).__name__} does not run; load it with TensorRTTarget.from_export")
         entry = engine_entry(manifest, "target")
-        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[t["dtype"]]
-        self._init_exported(num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
-                            head_dim=t["head_dim"], hidden_size=t["hidden_size"], vocab_size=t["vocab_size"],
-                            layer_ids=t["layer_ids"], dtype=dtype, eos_token_ids=t.get("eos_token_ids") or (),
-                            device=torch.device(device or "cuda"), compact_ratio=compact_ratio,
-                            max_context=t.get("max_context"),
-                            prefill_chunk=profile_new_tokens(entry, MAX_NEW_TOKENS),  # chunks the profile takes
-                            cache_dtype=dtype)
+        self._init_cache(t, entry, torch.device(device or "cuda"), compact_ratio)
         self.onnx_path = export_dir / t["onnx"]
         self._engine = TensorRTEngine(export_dir / entry["file"], entry, device=self.device, name="target")
         self._tensors = io_tensors(t["io"])
         self._engine.check_io(self._tensors)  # buffers are sized from the manifest: refuse another graph's plan
         self._mask_symbol = mask_symbol(self._tensors)
-        self._past_names = past_names(self.num_layers)
         profile_max = int(entry["build"]["batch"]["max"])
         self._max_batch = min(max_batch or profile_max, profile_max)
         self._max_graph_tokens, self._graph_mode = max_graph_tokens, graphs
         self._graphs: dict[int, object] = {}  # Q → TensorRTGraph
         self._bound = BoundAddresses()  # the cache buffers the graphs are bound to
 
+    #: the target graph I/O this class binds (``artifact/target_io.py``)
+    KV_INTERFACE = "per-layer-capacity-v1"
+
+    def _init_cache(self, t: dict, entry: Mapping, device: torch.device, compact_ratio: float) -> None:
+        """Shapes, dtype and the K/V cache from the manifest's target section ``t`` (the engine's ``entry``)."""
+        from ...artifact.target_io import MAX_NEW_TOKENS, past_names
+
+        dtype = TORCH_DTYPES[t["dtype"]]
+        self._init_exported(num_layers=t["num_layers"], num_key_value_heads=t["num_key_value_heads"],
+                            head_dim=t["head_dim"], hidden_size=t["hidden_size"], vocab_size=t["vocab_size"],
+                            layer_ids=t["layer_ids"], dtype=dtype, eos_token_ids=t.get("eos_token_ids") or (),
+                            device=device, compact_ratio=compact_ratio, max_context=t.get("max_context"),
+                            prefill_chunk=profile_new_tokens(entry, MAX_NEW_TOKENS),  # chunks the profile takes
+                            cache_dtype=dtype)
+        self._past_names = past_names(self.num_layers)
+
     @classmethod
     def from_export(cls, export_dir: str | Path, **opts) -> "TensorRTTarget":
+        """The target of an export directory: a Gemma-4 graph (K/V interface ``gemma4-windowed-v1``) as
+        ``Gemma4TensorRTTarget``, else this class."""
+        from ...artifact.export_dir import ExportDir
+        from ...artifact.target_io import GEMMA4_KV_INTERFACE
+
+        if cls is TensorRTTarget and ExportDir(export_dir).target.get("kv_interface") == GEMMA4_KV_INTERFACE:
+            return Gemma4TensorRTTarget(export_dir, **opts)
         return cls(export_dir, **opts)
+
+    def _storage(self):
+        """The running requests' rows (the cache keeps a bucket of rows; the rest are padding), kept aside by
+        ``extend`` and joined before the new requests' rows."""
+        B = self._lengths.numel()
+        return self.cache.k[:, :B], self.cache.v[:, :B]
 
     def _graph_for(self, Q: int, K: int | None = None):
         """The bucketed graph for Q new tokens (≤ max_graph_tokens, logits for all of them), or an exact-shape one
@@ -220,3 +250,105 @@ class TensorRTTarget(ExportedTarget):
         """Device memory the target's engine holds, by name: its contexts' one scratch buffer, and what TensorRT
         allocated itself (the weights; ``TensorRTEngine.memory_report``)."""
         return self._engine.memory_report()
+
+
+# -- Gemma-4 ---------------------------------------------------------------------------------------------
+def gemma4_binding(tensors, gemma4: Mapping, Q: int) -> dict:
+    """``TensorRTGraph``'s binding options for a Gemma-4 target graph's I/O ``tensors`` scoring ``Q`` new tokens:
+    context ``P`` (the global caches and the mask's first part), ``W`` = the ring, every cache input bound,
+    ``FILLS`` for padded requests."""
+    names = cache_names(gemma4)
+    return {"context_dim": "P", "fills": FILLS, "context_plus": {"attention_mask": (mask_symbol(tensors), Q)},
+            "fixed": {"Q": Q, "K": Q, "W": ring_size(gemma4)}, "bound": [n for group in names for n in group]}
+
+
+def gemma4_specs(tensors, gemma4: Mapping, Q: int):
+    """The graph runner's input specs that ``gemma4_binding`` gives (batch ``B``)."""
+    from ..tensorrt_engine import input_specs
+
+    b = gemma4_binding(tensors, gemma4, Q)
+    return input_specs(tensors, "B", b["context_dim"], b["fills"], b["context_plus"], b["fixed"], b["bound"])
+
+
+def check_ring_profile(entry: Mapping, gemma4: Mapping) -> None:
+    """One line refusing an engine whose profile does not take the runtime's ring (``W``) — an engine built before
+    the export recorded ``gemma4.ring`` (``W`` profiled as ``P``) may stop short of it."""
+    ring = ring_size(gemma4)
+    ranges = ((entry.get("build") or {}).get("dynamic_ranges") or {})
+    w = ranges.get("W")
+    if w is None or not int(w[0]) <= ring <= int(w[2]):
+        raise DSparkTrtError(f"the target engine's profile takes W {list(w) if w else 'unknown'}, the Gemma-4 "
+                             f"runtime binds a ring of {ring} slots per request; rebuild the engine with this "
+                             f"dspark-trt (dspark build-engine EXPORT --force)")
+
+
+class Gemma4TensorRTTarget(Gemma4Storage, TensorRTTarget):
+    """An exported Gemma-4 target's TensorRT engine as a DSpark ``Target`` (CUDA tensors); the arguments are
+    ``TensorRTTarget``'s. Verify rounds score at most ``RING_HEADROOM`` tokens (the ring's rollback)."""
+
+    KV_INTERFACE = "gemma4-windowed-v1"
+
+    def _init_cache(self, t: dict, entry: Mapping, device: torch.device, compact_ratio: float) -> None:
+        from ...artifact.target_io import MAX_NEW_TOKENS
+
+        g = t["gemma4"]
+        check_ring_profile(entry, g)
+        dtype = TORCH_DTYPES[t["dtype"]]
+        gk, gd = g["global_kv"]
+        self._init_exported(num_layers=len(g["stored_layers"]), num_key_value_heads=gk, head_dim=gd,
+                            hidden_size=t["hidden_size"], vocab_size=t["vocab_size"], layer_ids=t["layer_ids"],
+                            dtype=dtype, eos_token_ids=t.get("eos_token_ids") or (), device=device,
+                            compact_ratio=compact_ratio, max_context=t.get("max_context"),
+                            prefill_chunk=profile_new_tokens(entry, MAX_NEW_TOKENS), cache_dtype=dtype)
+        self._gemma4 = dict(g)
+        self._names = cache_names(g)
+        self.cache = new_caches(g, dtype, device)
+
+    def _graph_for(self, Q: int, K: int | None = None):
+        from ...artifact.kv_capacity import capacity_bucket
+        from ..tensorrt_engine import TensorRTGraph
+
+        key = Q if Q <= self._max_graph_tokens and K in (None, Q) else 0
+        if key not in self._graphs:
+            self._graphs[key] = TensorRTGraph(
+                self._engine, self._tensors, max_batch=self._max_batch,
+                max_context=capacity_bucket(int(self.max_context or 8192)), role="target", graphs=self._graph_mode,
+                device=self.device, bucketed=key != 0, **gemma4_binding(self._tensors, self._gemma4, Q))
+        return self._graphs[key]
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
+             headroom: int = 0):
+        """``TensorRTTarget._run`` over both caches: the global slots and rings bound in place, then the new K/V
+        written (the global cache grown first when they do not fit; the ring at ``position mod ring``)."""
+        B, Q = ids.shape
+        S = mask.shape[1] - Q
+        if self.max_context is not None and S + Q > self.max_context:
+            raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
+                                 f"export again with a larger --max-context")
+        n_rows = cache_rows(B, self._max_batch)
+        self.cache.reserve(n_rows, max(S, 1), used=S)
+        self._forget_moved_buffers()
+        plan, replay = step_plan(B, S, Q, self.cache.capacity, self.cache.batch, max_batch=self._max_batch,
+                                 max_graph_tokens=self._max_graph_tokens, logits=None if rows is None else rows.shape[1])
+        feeds = graph_feeds(self.cache, self._names, positions[:, 0], rows=None if replay else B)
+        if not replay:  # exact shapes: the real rows and the mask over the whole capacity
+            mask = capacity_mask(mask, S, self.cache.capacity)
+        if rows is None:
+            rows = torch.arange(Q, device=self.device).expand(B, Q)
+        feeds.update({"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64),
+                      "logits_index": rows.to(self.device)})
+        out = self._graph_for(Q, rows.shape[1]).run(feeds, plan=plan, replay=replay)
+        self.cache.reserve(n_rows, self._room(S + Q, headroom), used=S)
+        write_new(self.cache, out, S, positions, mask[:, mask.shape[1] - Q:] != 0)
+        return out["logits"], out["taps"]
+
+    def _forget_moved_buffers(self) -> None:
+        c = self.cache
+        if self._bound.moved(c.glob.k, c.glob.v, c.slid.k, c.slid.v):
+            for graph in self._graphs.values():
+                graph.forget(lambda key: True)
+
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, *, with_taps: bool = True) -> TargetOutput:
+        check_verify_length(tokens.shape[1])
+        return super().verify(tokens, with_taps=with_taps)
