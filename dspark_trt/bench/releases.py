@@ -35,7 +35,8 @@ __all__ = ["SIZES", "STEPS", "release_depth", "run_release", "greedy_equal", "ad
 TINY = dict(hidden_size=64, intermediate_size=96, head_dim=16, num_attention_heads=4, num_key_value_heads=2)
 TINY_GEMMA4 = dict(TINY, global_head_dim=32, sliding_window=8)
 SIZES = ("tiny", "reduced", "full")
-STEPS = ("write", "load", "export+validate", "greedy == target", "engine")
+STEPS = ("write", "load", "export+validate", "greedy == target", "drafter engines", "target engine")
+ENGINE_STEPS = STEPS[4:]
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5]]
 
 
@@ -119,14 +120,17 @@ def _greedy(preset, name: str, work: Path, size: str, depth: dict, row: dict) ->
         raise DSparkTrtError("greedy speculative decoding differs from the target alone")
 
 
-def _engine(preset, name: str, work: Path, size: str, depth: dict, row: dict, engine: str = "auto") -> None:
-    from ..export.pipeline import ExportOptions, build_engines
+def _engines(graphs: tuple[str, ...]):
+    def build(preset, name: str, work: Path, size: str, depth: dict, row: dict, engine: str = "auto") -> None:
+        from ..export.pipeline import ExportOptions, build_engines
 
-    manifest = build_engines(work / "export", engine=engine, options=ExportOptions(max_context=256))
-    row["engine"] = ", ".join(sorted(manifest.get("engines") or {})) or "none built"
+        manifest = build_engines(work / "export", engine=engine, options=ExportOptions(max_context=256), graphs=graphs)
+        row["engine"] = ", ".join(sorted(manifest.get("engines") or {})) or "none built"
+    return build
 
 
-STEP_FUNCTIONS = dict(zip(STEPS, (_write, _load, _export, _greedy, _engine)))
+STEP_FUNCTIONS = dict(zip(STEPS, (_write, _load, _export, _greedy, _engines(("context", "draft")),
+                                  _engines(("target",)))))
 
 
 def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str = "auto",
@@ -146,14 +150,14 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
     work = Path(work)
     row = {"preset": name, "size": size, "depth": depth, "status": "pass", "step": None, "detail": "", "steps": {}}
     if steps is None:
-        steps = STEPS if engine != "none" else STEPS[:-1]
+        steps = STEPS if engine != "none" else STEPS[:-len(ENGINE_STEPS)]
     start = time.perf_counter()
     step = steps[0]
     try:
         for step in steps:
             t = time.perf_counter()
-            if step == "engine":
-                _engine(preset, name, work, size, depth, row, engine=engine)
+            if step in ENGINE_STEPS:
+                STEP_FUNCTIONS[step](preset, name, work, size, depth, row, engine=engine)
             else:
                 STEP_FUNCTIONS[step](preset, name, work, size, depth, row)
             row["steps"][step] = round(time.perf_counter() - t, 1)
@@ -235,7 +239,7 @@ def _run_child(name: str, args: argparse.Namespace, *extra: str) -> dict:
 
 def _stepwise_row(name: str, args: argparse.Namespace) -> dict:
     """A row whose steps each run in a child process of their own, on one work directory: each step's peak."""
-    steps = STEPS if args.engine != "none" else STEPS[:-1]
+    steps = STEPS if args.engine != "none" else STEPS[:-len(ENGINE_STEPS)]
     row: dict = {}
     with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as work:
         for step in steps:

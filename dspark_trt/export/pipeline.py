@@ -170,8 +170,10 @@ class PtxForExport:
 class EnginesForExport:
     """Lazy: build the context and draft engines of an export directory → manifest ``engines`` entries."""
 
-    def __init__(self, export_dir: Path, manifest: dict, config: EngineBuildConfig, *, force: bool = False):
+    def __init__(self, export_dir: Path, manifest: dict, config: EngineBuildConfig, *, force: bool = False,
+                 graphs: tuple[str, ...] | None = None):
         self.export_dir, self.manifest, self.config, self.force = export_dir, manifest, config, force
+        self.graphs = graphs  # None: every graph of the export (context, draft, and the target when exported)
 
     def __call__(self) -> dict:
         flavor = self.config.flavor
@@ -185,6 +187,8 @@ class EnginesForExport:
 
             check_kv_interface(target, str(self.export_dir))  # an older target graph: re-export, not rebuild
         for graph in GRAPHS + (("target",) if target else ()):
+            if self.graphs is not None and graph not in self.graphs:
+                continue
             config = self.config
             if graph == "target":
                 onnx_file = target["onnx"]
@@ -505,12 +509,19 @@ def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir
 
 
 def build_engines(export_dir: str | Path, *, engine: str = "auto", options: ExportOptions | None = None,
-                  force: bool = False) -> dict:
-    """``dspark build-engine``: build the engines of an existing export directory; update its manifest."""
+                  force: bool = False, graphs: tuple[str, ...] | None = None) -> dict:
+    """``dspark build-engine``: build the engines of an existing export directory; update its manifest.
+
+    ``graphs``: only these of ``context``, ``draft``, ``target`` (default: all that the export has), e.g. each in a
+    process of its own so that one build's memory is not held while the next runs."""
     from ..artifact.export_dir import ExportDir
 
     export = ExportDir(export_dir)
     export_dir, manifest = export.root, export.manifest
+    known = GRAPHS + (("target",) if manifest.get("target") else ())
+    unknown = sorted(set(graphs or ()) - set(known))
+    if unknown:
+        raise DSparkTrtError(f"{export_dir} has no {unknown[0]} graph to build: choose from {', '.join(known)}")
     options = options or ExportOptions()
     check_version_compatible(options.version_compatible,
                              _plugin_op(manifest.get("topk"), int(manifest.get("markov_topm") or 0),
@@ -527,14 +538,15 @@ def build_engines(export_dir: str | Path, *, engine: str = "auto", options: Expo
                           kernel_dir=export_dir / kernel.get("dir", "plugin") if kernel else None,
                           markov_topm=int(manifest.get("markov_topm") or 0),
                           markov_head_type=_markov_head_type(manifest))
-    graphs = {export_dir / g["file"] for g in manifest.get("graphs", {}).values()} | \
-        ({export_dir / manifest["target"]["onnx"]} if manifest.get("target") else set())
-    data = {f for g in graphs if g.is_file() for f in external_data_files(g)}  # each .data file once
-    weights = sum(p.stat().st_size for p in graphs | data if p.is_file())
+    files = {export_dir / g["file"] for name, g in manifest.get("graphs", {}).items() if not graphs or name in graphs} | \
+        ({export_dir / manifest["target"]["onnx"]} if manifest.get("target") and (not graphs or "target" in graphs)
+         else set())
+    data = {f for g in files if g.is_file() for f in external_data_files(g)}  # each .data file once
+    weights = sum(p.stat().st_size for p in files | data if p.is_file())
     disk = DiskEstimate(0, 0, engines=weights)  # an engine holds about its graph's weights
     check_free_disk(export_dir, disk, what="the engines")
     with disk_full_errors(export_dir, disk, what="the engine build"):
-        built = EnginesForExport(export_dir, manifest, build, force=force)()
+        built = EnginesForExport(export_dir, manifest, build, force=force, graphs=graphs)()
     manifest["engines"] = {**manifest.get("engines", {}), **built}
     if "files" in manifest:  # only the new engines are hashed; the rest of the export did not change
         manifest["files"] = dict(sorted({**manifest["files"],

@@ -121,8 +121,12 @@ def test_engine_less_export_then_build_engine(tiny_pair, tmp_path):
                                                             export_target=False), target_dir=tiny_pair.target)
     assert result.manifest["engines"] == {} and not (out / "engines").exists()
     assert any("dspark build-engine" in note for note in result.notes)
-    manifest = build_engines(out, engine="tensorrt-rtx", options=ExportOptions(max_batch_size=2))
-    assert set(manifest["engines"]) == {"context.tensorrt-rtx", "draft.tensorrt-rtx"}
+    with pytest.raises(DSparkTrtError, match="has no target graph to build: choose from context, draft"):
+        build_engines(out, engine="tensorrt-rtx", graphs=("target",))  # exported without its target
+    manifest = build_engines(out, engine="tensorrt-rtx", options=ExportOptions(max_batch_size=2), graphs=("context",))
+    assert set(manifest["engines"]) == {"context.tensorrt-rtx"} and not (out / "engines" / "draft.rtx.plan").exists()
+    manifest = build_engines(out, engine="tensorrt-rtx", options=ExportOptions(max_batch_size=2), graphs=("draft",))
+    assert set(manifest["engines"]) == {"context.tensorrt-rtx", "draft.tensorrt-rtx"}  # one at a time, both kept
     assert check_manifest(out, digests=True) == []  # the engines added to "files", the rest as recorded
     assert {e["file"] for e in manifest["engines"].values()} <= set(manifest["files"])
     assert json.loads((out / "manifest.json").read_text())["engines"] == manifest["engines"]
