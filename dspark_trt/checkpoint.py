@@ -50,23 +50,11 @@ LAYER_TENSORS = (
     "mlp.up_proj.weight",
     "mlp.down_proj.weight",
 )
-#: a Gemma-4 draft layer's (DeepSpec's Gemma4DSparkModel): no v_proj with attention_k_eq_v, v_norm has no weight
-GEMMA4_LAYER_TENSORS = (
-    "input_layernorm.weight",
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "self_attn.q_norm.weight",
-    "self_attn.k_norm.weight",
-    "post_attention_layernorm.weight",
-    "pre_feedforward_layernorm.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "post_feedforward_layernorm.weight",
-    "layer_scalar",
-)
+#: a Gemma-4 draft layer's (DeepSpec's Gemma4DSparkModel): the Qwen3 layer's with a norm before and after the MLP and
+#: ``layer_scalar``; no v_proj with attention_k_eq_v, and v_norm has no weight
+_ATTENTION_END = LAYER_TENSORS.index("post_attention_layernorm.weight") + 1
+GEMMA4_LAYER_TENSORS = (LAYER_TENSORS[:_ATTENTION_END] + ("pre_feedforward_layernorm.weight",)
+                        + LAYER_TENSORS[_ATTENTION_END:] + ("post_feedforward_layernorm.weight", "layer_scalar"))
 
 
 class SafetensorsCheckpoint:

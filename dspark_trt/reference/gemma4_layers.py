@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .layers import apply_rope, rope_tables, two_part_attention
+from .layers import DSparkAttention, apply_rope, rope_tables
 
 __all__ = ["Gemma4RMSNorm", "Gemma4DraftAttention", "Gemma4MLP", "Gemma4DraftLayer"]
 
@@ -47,12 +47,16 @@ class Gemma4RMSNorm(nn.Module):
         return out.to(x.dtype)
 
 
-class Gemma4DraftAttention(nn.Module):
-    """Block queries over the cached context K/V and the block slots, Gemma-4 style (module docstring)."""
+class Gemma4DraftAttention(DSparkAttention):
+    """Block queries over the cached context K/V and the block slots, Gemma-4 style (module docstring): the Qwen3
+    layer's attention with Gemma-4's norms (an unscaled one on V), partial RoPE, scores unscaled, K as V with
+    ``k_eq_v``."""
+
+    score_scale = 1.0
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, theta: float,
                  rotary_factor: float, k_eq_v: bool = False):
-        super().__init__()
+        nn.Module.__init__(self)  # its own projections and norms, not the Qwen3 layer's
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.theta, self.rotary_factor, self.k_eq_v = theta, rotary_factor, k_eq_v
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
@@ -73,22 +77,6 @@ class Gemma4DraftAttention(nn.Module):
         v = k if self.v_proj is None else self.v_proj(h).view(B, S, self.kv_heads, self.head_dim)
         cos, sin = self._rope(positions, h.dtype)
         return apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
-
-    def forward(
-        self,
-        x: torch.Tensor,  # [B, Q, d] normed block input
-        positions: torch.Tensor,  # [B, Q] int64
-        ctx_k: torch.Tensor,  # [B, H_kv, T, D] cached context keys (RoPE applied), heads first
-        ctx_v: torch.Tensor,  # [B, H_kv, T, D]
-        key_valid: torch.Tensor,  # [B, Q or 1, T + Q] bool (block_attention_mask)
-    ) -> torch.Tensor:
-        B, Q, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(B, Q, self.heads, self.head_dim))
-        cos, sin = self._rope(positions, x.dtype)
-        q = apply_rope(q, cos, sin)  # [B, Q, H, D]
-        k_blk, v_blk = self.key_value(x, positions)  # [B, Q, H_kv, D]
-        out = two_part_attention(q, ctx_k, ctx_v, k_blk, v_blk, key_valid, 1.0)  # [B, Q, H, D]: unscaled
-        return self.o_proj(out.reshape(B, Q, self.heads * self.head_dim))
 
 
 class Gemma4MLP(nn.Module):

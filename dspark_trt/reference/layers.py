@@ -142,8 +142,16 @@ class DSparkAttention(nn.Module):
         """h [B, S, d], positions [B, S] → K, V [B, S, H_kv, D] (k_norm + RoPE on K, nothing on V)."""
         B, S, _ = h.shape
         k = self.k_norm(self.k_proj(h).view(B, S, self.kv_heads, self.head_dim))
-        cos, sin = rope_tables(positions, self.head_dim, self.theta, h.dtype)
+        cos, sin = self._rope(positions, h.dtype)
         return apply_rope(k, cos, sin), self.v_proj(h).view(B, S, self.kv_heads, self.head_dim)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_tables(positions, self.head_dim, self.theta, dtype)
+
+    @property
+    def score_scale(self) -> float:
+        """The factor on q·k before the softmax: 1/√D."""
+        return self.head_dim ** -0.5
 
     def forward(
         self,
@@ -155,10 +163,10 @@ class DSparkAttention(nn.Module):
     ) -> torch.Tensor:
         B, Q, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, Q, self.heads, self.head_dim))
-        cos, sin = rope_tables(positions, self.head_dim, self.theta, x.dtype)
+        cos, sin = self._rope(positions, x.dtype)
         q = apply_rope(q, cos, sin)  # [B, Q, H, D]
         k_blk, v_blk = self.key_value(x, positions)  # [B, Q, H_kv, D]
-        out = two_part_attention(q, ctx_k, ctx_v, k_blk, v_blk, key_valid, self.head_dim ** -0.5)  # [B, Q, H, D]
+        out = two_part_attention(q, ctx_k, ctx_v, k_blk, v_blk, key_valid, self.score_scale)  # [B, Q, H, D]
         out = out.reshape(B, Q, self.heads * self.head_dim)
         return self.o_proj(out)
 

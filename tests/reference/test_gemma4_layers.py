@@ -161,7 +161,7 @@ def test_the_drafter_is_deepspecs_gemma4_backbone_over_transformers_modules(k_eq
     assert model.lm_head(states).abs().max() > c.final_logit_softcapping  # and the cap mattered here
 
 
-def test_a_qwen3_style_scaled_attention_is_caught():
+def test_a_qwen3_style_scaled_attention_is_caught(monkeypatch):
     """The parity above can fail: the same drafter with scores × D^-0.5 (Qwen3's scale) differs from DeepSpec's."""
     import dspark_trt.reference.gemma4_layers as gl
 
@@ -173,13 +173,9 @@ def test_a_qwen3_style_scaled_attention_is_caught():
     ids, positions = model.block_ids(torch.tensor([7]), ctx_len)
     with torch.no_grad():
         want, _ = deepspec_block(model, taps, ctx_positions, ids, positions, ctx_len)
-    attention = gl.two_part_attention
-    try:
-        gl.two_part_attention = lambda *a: attention(*a[:-1], c.head_dim ** -0.5)
+        monkeypatch.setattr(gl.Gemma4DraftAttention, "score_scale", c.head_dim ** -0.5)
         k, v = model.context_kv(taps, ctx_positions)
         got = model.block_states(torch.tensor([7]), k, v, ctx_len)
-    finally:
-        gl.two_part_attention = attention
     assert (got - want).abs().max() > 1e-2
 
 
