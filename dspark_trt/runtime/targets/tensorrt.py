@@ -147,7 +147,9 @@ class TensorRTTarget(ExportedTarget):
         from ...artifact.export_dir import ExportDir
         from ...artifact.target_io import GEMMA4_KV_INTERFACE
 
-        if cls is TensorRTTarget and ExportDir(export_dir).target.get("kv_interface") == GEMMA4_KV_INTERFACE:
+        export = ExportDir(export_dir)
+        # no manifest: the constructor's own checks speak first (TensorRT and a GPU, then the directory)
+        if cls is TensorRTTarget and export.exists() and export.target.get("kv_interface") == GEMMA4_KV_INTERFACE:
             return Gemma4TensorRTTarget(export_dir, **opts)
         return cls(export_dir, **opts)
 
