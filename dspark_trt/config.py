@@ -394,11 +394,21 @@ def _from_deepseek(raw: dict[str, Any], where: str) -> DSparkConfig:
         ids = raw.get("dspark_target_layer_ids")
     if ids is None:
         raise DSparkTrtError(f"{where}: missing required key 'target_layer_ids'")
-    vocab = int(_require(raw, "vocab_size", where))
     return DSparkConfig(
+        **_backbone_fields(raw, where),
+        **_deepseek_dspark_fields(raw, ids, where),
+        sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
+        **_attention_fields(raw, raw.get("sliding_window_non_causal"), where),
+    )
+
+
+def _deepseek_dspark_fields(raw: dict[str, Any], ids, where: str) -> dict[str, Any]:
+    """The DSpark keys of a DeepSeek-format config (DeepSpec's Qwen3 and Gemma-4 drafters alike): vocabularies,
+    block, taps, Markov and confidence heads, draft defaults."""
+    vocab = int(_require(raw, "vocab_size", where))
+    return dict(
         vocab_size=vocab,
         draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
-        **_backbone_fields(raw, where),
         block_size=int(_require(raw, "block_size", where)),
         mask_token_id=int(_require(raw, "mask_token_id", where)),
         target_layer_ids=tuple(int(i) for i in ids),
@@ -408,11 +418,9 @@ def _from_deepseek(raw: dict[str, Any], where: str) -> DSparkConfig:
         enable_confidence_head=bool(raw.get("enable_confidence_head", True)),
         confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", True)),
         logit_scale=float(raw.get("logit_scale", 1.0)),
-        sample_from_anchor=bool(raw.get("sample_from_anchor", True)),
         draft_topk=_draft_topk(raw),
         draft_markov_topm=int(raw.get("draft_markov_topm") or 0),
         source_format="deepseek",
-        **_attention_fields(raw, raw.get("sliding_window_non_causal"), where),
     )
 
 
@@ -486,7 +494,6 @@ def _from_gemma4(raw: dict[str, Any], where: str) -> DSparkConfig:
     theta, factor = _gemma4_rope(raw, where)
     backbone["rope_theta"] = theta
     ids = _require(raw, "target_layer_ids", where)
-    vocab = int(_require(raw, "vocab_size", where))
     cap = raw.get("final_logit_softcapping")
     num_layers = backbone["num_hidden_layers"]
     types = raw.get("layer_types") or ["full_attention"] * num_layers
@@ -496,24 +503,10 @@ def _from_gemma4(raw: dict[str, Any], where: str) -> DSparkConfig:
     problem = _attention_problem(hidden_act, tuple(types), num_layers, None, "gemma4")
     if problem:
         raise DSparkTrtError(f"{where}: {problem}")
-    markov_rank = int(_require(raw, "markov_rank", where))
     return DSparkConfig(
-        vocab_size=vocab,
-        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
         **backbone,
-        block_size=int(_require(raw, "block_size", where)),
-        mask_token_id=int(_require(raw, "mask_token_id", where)),
-        target_layer_ids=tuple(int(i) for i in ids),
-        num_target_layers=None if raw.get("num_target_layers") is None else int(raw["num_target_layers"]),
-        markov_rank=markov_rank,
-        markov_head_type=_markov_head_type(raw, where),
-        enable_confidence_head=bool(raw.get("enable_confidence_head", True)),
-        confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", True)),
-        logit_scale=float(raw.get("logit_scale", 1.0)),
+        **_deepseek_dspark_fields(raw, ids, where),
         sample_from_anchor=True,  # DeepSpec: every slot predicts (anchor-first)
-        draft_topk=_draft_topk(raw),
-        draft_markov_topm=int(raw.get("draft_markov_topm") or 0),
-        source_format="deepseek",
         hidden_act=hidden_act,
         layer_types=tuple(types),
         layer_family="gemma4",

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .layers import DSparkAttention, apply_rope, rope_tables
+from .layers import DSparkAttention, DSparkMLP, apply_rope, rope_tables
 
 __all__ = ["Gemma4RMSNorm", "Gemma4DraftAttention", "Gemma4MLP", "Gemma4DraftLayer"]
 
@@ -79,17 +79,12 @@ class Gemma4DraftAttention(DSparkAttention):
         return apply_rope(self.k_norm(k), cos, sin), self.v_norm(v)
 
 
-class Gemma4MLP(nn.Module):
+class Gemma4MLP(DSparkMLP):
     """``down(gelu_tanh(gate(x)) ⊙ up(x))`` (Gemma4TextMLP, hidden_activation gelu_pytorch_tanh)."""
 
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+    @staticmethod
+    def activation(x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
 
 
 class Gemma4DraftLayer(nn.Module):

@@ -172,14 +172,20 @@ class DSparkAttention(nn.Module):
 
 
 class DSparkMLP(nn.Module):
+    """``down(act(gate(x)) ⊙ up(x))``, act SiLU."""
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    @staticmethod
+    def activation(x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DSparkDecoderLayer(nn.Module):

@@ -189,20 +189,27 @@ class TensorRTTarget(ExportedTarget):
         self._forget_moved_buffers()
         plan, replay = step_plan(B, S, Q, self.cache.capacity, self.cache.batch, max_batch=self._max_batch,
                                  max_graph_tokens=self._max_graph_tokens, logits=None if rows is None else rows.shape[1])
-        keys, values = self.cache.layers()  # L × [rows, H, capacity, D]: the bound buffers
+        feeds = self._cache_feeds(B, positions, replay)
         if not replay:  # exact shapes: the real rows (a contiguous block) and the mask over the whole capacity
-            keys, values = [k[:B] for k in keys], [v[:B] for v in values]
             mask = capacity_mask(mask, S, self.cache.capacity)
         if rows is None:
             rows = torch.arange(Q, device=self.device).expand(B, Q)
-        feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64),
-                 "logits_index": rows.to(self.device)}
-        feeds.update(zip(self._past_names[0], keys))
-        feeds.update(zip(self._past_names[1], values))
+        feeds.update({"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64),
+                      "logits_index": rows.to(self.device)})
         out = self._graph_for(Q, rows.shape[1]).run(feeds, plan=plan, replay=replay)
         self.cache.reserve(n_rows, self._room(S + Q, headroom), used=S)
-        self.cache.write(S, out["new_key"], out["new_value"])  # [L, B, H, Q, D] into rows 0 … B-1
+        self._write_new(S, out, positions, mask)
         return out["logits"], out["taps"]
+
+    def _cache_feeds(self, B: int, positions: torch.Tensor, replay: bool) -> dict:
+        """The cache inputs, bound in place: every row of the bucket (replayed graphs) or the B real rows."""
+        keys, values = self.cache.layers()  # L × [rows, H, capacity, D]: the bound buffers
+        if not replay:
+            keys, values = [k[:B] for k in keys], [v[:B] for v in values]
+        return {**dict(zip(self._past_names[0], keys)), **dict(zip(self._past_names[1], values))}
+
+    def _write_new(self, S: int, out: dict, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        self.cache.write(S, out["new_key"], out["new_value"])  # [L, B, H, Q, D] into rows 0 … B-1
 
     def _forget_moved_buffers(self) -> None:
         """When the cache's buffers were replaced (growth, another batch bucket, requests joining), the captured
@@ -318,31 +325,14 @@ class Gemma4TensorRTTarget(Gemma4Storage, TensorRTTarget):
                 device=self.device, bucketed=key != 0, **gemma4_binding(self._tensors, self._gemma4, Q))
         return self._graphs[key]
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor | None = None,
-             headroom: int = 0):
-        """``TensorRTTarget._run`` over both caches: the global slots and rings bound in place, then the new K/V
-        written (the global cache grown first when they do not fit; the ring at ``position mod ring``)."""
-        B, Q = ids.shape
-        S = mask.shape[1] - Q
-        if self.max_context is not None and S + Q > self.max_context:
-            raise DSparkTrtError(f"the batch needs {S + Q} KV slots but the export's bound is {self.max_context}; "
-                                 f"export again with a larger --max-context")
-        n_rows = cache_rows(B, self._max_batch)
-        self.cache.reserve(n_rows, max(S, 1), used=S)
-        self._forget_moved_buffers()
-        plan, replay = step_plan(B, S, Q, self.cache.capacity, self.cache.batch, max_batch=self._max_batch,
-                                 max_graph_tokens=self._max_graph_tokens, logits=None if rows is None else rows.shape[1])
-        feeds = graph_feeds(self.cache, self._names, positions[:, 0], rows=None if replay else B)
-        if not replay:  # exact shapes: the real rows and the mask over the whole capacity
-            mask = capacity_mask(mask, S, self.cache.capacity)
-        if rows is None:
-            rows = torch.arange(Q, device=self.device).expand(B, Q)
-        feeds.update({"input_ids": ids, "position_ids": positions, "attention_mask": mask.to(torch.int64),
-                      "logits_index": rows.to(self.device)})
-        out = self._graph_for(Q, rows.shape[1]).run(feeds, plan=plan, replay=replay)
-        self.cache.reserve(n_rows, self._room(S + Q, headroom), used=S)
+    def _cache_feeds(self, B: int, positions: torch.Tensor, replay: bool) -> dict:
+        """Both caches bound in place (the global slots and the rings) with each row's window positions."""
+        return graph_feeds(self.cache, self._names, positions[:, 0], rows=None if replay else B)
+
+    def _write_new(self, S: int, out: dict, positions: torch.Tensor, mask: torch.Tensor) -> None:
+        """The new K/V: the global cache at slots S …, the ring at ``position mod ring`` (valid tokens only)."""
+        Q = positions.shape[1]
         write_new(self.cache, out, S, positions, mask[:, mask.shape[1] - Q:] != 0)
-        return out["logits"], out["taps"]
 
     def _forget_moved_buffers(self) -> None:
         c = self.cache
