@@ -70,12 +70,29 @@ GATES = {
 }
 
 
+#: the tritonserver group's first module: its first ``dspark serve`` start exports the demo pair into the run's serve
+#: cache (``serve_cache_dir``), the export every later module of the group serves (``embedded_export``)
+TRITONSERVER_GROUP_FIRST = "tests/serving/test_dspark_serve.py::"
+
+
+def _group(item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    return (marker.args[0] if marker.args else marker.kwargs.get("name")) if marker is not None else None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for marker, (available, reason) in GATES.items():
             # markers only: item.keywords also holds directory names (a checkout named "gpu" would match)
             if item.get_closest_marker(marker) is not None and not available():
                 item.add_marker(pytest.mark.skip(reason=reason))
+    # `--dist loadgroup` runs a group's tests in collection order: test_dspark_serve.py's go first within the
+    # tritonserver group (the slots the group holds, everything else stays where it is), so the demo pair is exported
+    # once per run, not once by the fixture and again by that module's first start
+    slots = [i for i, item in enumerate(items) if _group(item) == "tritonserver"]
+    grouped = sorted((items[i] for i in slots), key=lambda item: not item.nodeid.startswith(TRITONSERVER_GROUP_FIRST))
+    for i, item in zip(slots, grouped):
+        items[i] = item
 
 
 @pytest.fixture(scope="session")
@@ -399,8 +416,9 @@ def serve_cache_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def embedded_export(serve_cache_dir):
     """The embedded demo pair exported (fp32, no engine, target graph validated) into ``serve_cache_dir`` as ``dspark
-    serve`` exports it on a CPU host: the first start of test_dspark_serve.py, first of the tritonserver group, has
-    exported it already, and the other tritonserver modules serve that export instead of making their own."""
+    serve`` exports it on a CPU host: the first start of test_dspark_serve.py, first of the tritonserver group
+    (``pytest_collection_modifyitems`` puts it there), has exported it already, and the other tritonserver modules
+    serve that export instead of making their own."""
     from dspark_trt.export.pipeline import ExportOptions
     from dspark_trt.serving.export_cache import cached_export
     from dspark_trt.demo.pair import embedded_pair

@@ -172,21 +172,31 @@ def test_read_tensor_refuses_a_truncated_shard(tiny_pair, tmp_path):
     assert np.isfinite(placeholders.read_tensor(tiny_pair.drafter, "fc.weight").float().numpy()).all()
 
 
-def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair, tmp_path):
+@pytest.fixture(scope="module")
+def streamed_target(tiny_pair, tmp_path_factory):
+    """The tiny target's bf16 graph (taps 1, 2, 4) traced on placeholders and streamed, once for the module (its
+    validations only read it) → (graph path, the placeholders it was traced on)."""
+    from dspark_trt.export.target_onnx import build_target_model, export_target_onnx
+
+    ph = placeholders.Placeholders()
+    out = tmp_path_factory.mktemp("streamed-target") / "s" / "target.onnx"
+    return export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4], out,
+                              placeholders=ph), ph
+
+
+def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair, streamed_target, tmp_path):
     """The target graph traced on placeholders (build_target_model) and streamed equals the in-memory export;
     validation at size takes the full graph when it fits, else the same export of a subset of layers — and says
     which."""
     import onnx
     from onnx import numpy_helper
 
-    from dspark_trt.export.target_onnx import build_target_model, export_target_onnx, load_target_model
+    from dspark_trt.export.target_onnx import export_target_onnx, load_target_model
     from dspark_trt.export.validate_target import validate_target_files
 
-    ph = placeholders.Placeholders()
-    a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
-                           tmp_path / "s" / "target.onnx", placeholders=ph)
+    a, ph = streamed_target
     b = export_target_onnx(load_target_model(tiny_pair.target, torch.bfloat16), [1, 2, 4], tmp_path / "m" / "target.onnx")
-    assert ph.regions and (tmp_path / "s" / "target.onnx.data").is_file()
+    assert ph.regions and a.with_name("target.onnx.data").is_file()
     A, B = onnx.load(str(a)), onnx.load(str(b))
     assert [(i.name, list(i.dims)) for i in A.graph.initializer] == [(i.name, list(i.dims)) for i in B.graph.initializer]
     for x, y in zip(A.graph.initializer, B.graph.initializer):
@@ -201,16 +211,13 @@ def test_streamed_target_equals_in_memory_and_validates_full_or_subset(tiny_pair
     assert not (tmp_path / "w").exists()
 
 
-def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, tmp_path, monkeypatch):
+def test_target_validation_is_sized_for_one_copy_of_the_weights(tiny_pair, streamed_target, tmp_path, monkeypatch):
     """The reference runs before the graph is mapped, so the full graph validates once one copy of the weights (+ the
     bf16 casts + 1 GB) fits; below that a subset, whose size free disk bounds too (the title says which bound)."""
     import dspark_trt.export.validate_target as vt
     from dspark_trt.artifact.external_data import load_graph_only
-    from dspark_trt.export.target_onnx import build_target_model, export_target_onnx
 
-    ph = placeholders.Placeholders()
-    a = export_target_onnx(build_target_model(tiny_pair.target, torch.bfloat16, placeholders=ph), [1, 2, 4],
-                           tmp_path / "s" / "target.onnx", placeholders=ph)
+    a, _ = streamed_target
     sizes = [vt._nbytes(i) for i in load_graph_only(a).graph.initializer]
     need = vt.validation_need(sum(sizes), 2 * max(sizes))
     assert need == sum(sizes) + 4 * max(sizes) + (1 << 30)

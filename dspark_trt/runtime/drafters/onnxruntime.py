@@ -110,8 +110,10 @@ class OnnxRuntimeDrafterBackend(DrafterBackend):
         ``dtype`` defaults to fp32 (onnxruntime's CPU provider computes bf16 only through emulation).
         """
         from ...cache import cache_dir as default_cache_dir
+        from ...optional import require
         from ..exporter import onnx_exporter
 
+        require("onnxruntime", "the onnxruntime drafter backend")  # before the export, which takes a while
         export = onnx_exporter(exporter)
         options = dict(target_dir=target_dir, dtype=dtype or "fp32", target="onnxruntime", max_context=max_context,
                        validate=validate)
