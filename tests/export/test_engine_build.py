@@ -163,3 +163,81 @@ def test_tf32_is_cleared_on_a_real_builder_config():
     assert build.get_flag(trt.BuilderFlag.TF32)  # TensorRT's default, left alone
     apply_build_flags(build, trt, EngineBuildConfig("tensorrt-rtx", tf32=False))
     assert not build.get_flag(trt.BuilderFlag.TF32)
+
+
+@pytest.fixture(scope="module")
+def gather_onnx(tmp_path_factory):
+    """An embedding lookup whose table (300,000 × 64 fp32, 77 MB of random rows) makes a plan of more than one
+    64 MiB piece."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.random.default_rng(1).standard_normal((300_000, 64)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)], "gather",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "T"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["B", "T", 64])],
+        initializer=[numpy_helper.from_array(table, "table")])
+    path = tmp_path_factory.mktemp("gather") / "gather.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path, table
+
+
+@pytest.mark.rtx
+def test_tensorrt_rtx_streams_the_plan_into_its_file(gather_onnx, tmp_path, monkeypatch):
+    """``write_engine`` has the serializer write the plan into the file piece by piece (no whole plan in memory):
+    TensorRT's buffer-returning build is never called, the pieces are at most 64 MiB and add up to the file, the
+    file is as long as the buffered plan, and the table's first and last rows are in it byte for byte."""
+    import tensorrt_rtx as trt
+
+    from dspark_trt.export import engine_build
+    from dspark_trt.export.engine_build import write_engine
+
+    path, table = gather_onnx
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=2, dynamic_ranges={"T": (1, 4, 8)})
+    buffered = EngineFromOnnx(path, config)()  # the buffer path, for its length
+    pieces = []
+    real_writer = engine_build._file_writer
+
+    def counting_writer(trt_module, f):
+        class Counting:
+            def __init__(self, inner):
+                self.inner = inner
+
+            def write(self, data):
+                pieces.append(len(data))
+                return f.write(data)
+
+        return real_writer(trt_module, Counting(f))
+
+    monkeypatch.setattr(engine_build, "_file_writer", counting_writer)
+
+    def no_buffer(*args, **kwargs):
+        raise AssertionError("the whole plan was built into a buffer")
+
+    monkeypatch.setattr(trt.Builder, "build_serialized_network", no_buffer)
+    size = write_engine(path, config, tmp_path / "gather.plan")
+    plan = (tmp_path / "gather.plan").read_bytes()
+    assert len(pieces) > 1 and max(pieces) <= 1 << 26 and sum(pieces) == size == len(plan) == len(buffered)
+    assert table[:16].tobytes() in plan and table[-16:].tobytes() in plan
+
+
+@pytest.mark.rtx
+def test_a_failed_plan_write_is_raised_and_leaves_no_plan(small_onnx, tmp_path, monkeypatch):
+    """A write error inside the stream (a full disk) ends the build and is raised as itself; the atomic write
+    leaves no file behind."""
+    import errno
+
+    from dspark_trt.export import engine_build
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_writer = engine_build._file_writer
+    monkeypatch.setattr(engine_build, "_file_writer", lambda trt_module, f: real_writer(trt_module, FullDisk()))
+    config = EngineBuildConfig("tensorrt-rtx", max_batch_size=2, dynamic_ranges={"ctx": (1, 8, 32)})
+    with pytest.raises(OSError) as info:
+        engine_build.write_engine(small_onnx, config, tmp_path / "small.plan")
+    assert info.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
