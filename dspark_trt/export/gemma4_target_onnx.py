@@ -168,13 +168,26 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     tokens: two prefill chunks and a verify of 4 tokens, the sliding layers holding only their ring; logits, taps,
     new K/V within ``gemma4_tolerance(dtype)`` (fp32 elementwise; fp16/bf16 the rounding tolerance per row, n = the
     layers a value has passed; a bf16 or fp16 graph runs as its fp32 emulation twin, op by op as PyTorch rounds:
-    ``runtime/ort_session.py``). ``dtype``: the export's (default: the model's)."""
+    ``runtime/ort_session.py``). ``dtype``: the export's (default: the model's).
+
+    ``model`` is the transformers model, or a function that builds it: then the reference runs first and is dropped
+    before onnxruntime maps the graph (its weights stay on disk, cast per run: ``low_memory``), so the two never hold
+    their weights at once, as the Qwen3 target's validation (``validate_target.py``)."""
+    import gc
+    from types import SimpleNamespace
+
     from ..runtime.ort_session import OrtGraph
     from ..taps import LayerTaps
     from .gemma4_target_graph import Gemma4TargetGraph
     from .validate_target import _compare
 
-    graph = Gemma4TargetGraph(model, layer_ids)
+    build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
+    if build is not None:
+        model = build()
+    full = Gemma4TargetGraph(model, layer_ids)
+    graph = SimpleNamespace(stored=full.stored, layer_types=full.layer_types, kv_shape=full.kv_shape,
+                            window=full.window, num_layers=full.num_layers)  # what the ring and the checks read
+    del full
     if dtype is None:
         dtype = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[next(model.parameters()).dtype]
     window = graph.window
@@ -190,14 +203,22 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
             ref = model(ids, output_hidden_states=True, use_cache=True)
     finally:
         model.config._attn_implementation = before
-    cache = ref.past_key_values
+    Q_last = chunks[-1][1] - chunks[-1][0]
+    ref_logits = ref.logits  # [1, T, V] in the model's dtype
     all_taps = taps_of.select(ref.hidden_states)  # [1, T, m·d]
+    cache_tail = {i: (ref.past_key_values.layers[i].keys[:, :, -Q_last:].float(),  # [1, H, ≤Q, D]
+                      ref.past_key_values.layers[i].values[:, :, -Q_last:].float()) for i in graph.stored}
+    del ref
+    if build is not None:
+        del model
+        gc.collect()  # the reference's weights are gone before the graph's are mapped
     tol = gemma4_tolerance(dtype)
     tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
     logit_depths = [graph.num_layers + 1]  # every layer, then the lm_head
     report = ValidationReport(dtype, tol, title=f"Gemma-4 target validation: onnxruntime vs transformers, a prompt of "
                                                 f"{T} tokens (sliding window {window}) in chunks {chunks}")
-    session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True)  # op by op as torch
+    session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True,  # op by op as torch
+                       low_memory=build is not None)
     ring = _Ring(graph, window - 1 + RING_HEADROOM)
     glob, slid = ring.glob, ring.slid
     for n, (a, b) in enumerate(chunks):
@@ -214,7 +235,7 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
                                                    "new_value_sliding"))
         label = "verify" if n == len(chunks) - 1 else f"prefill chunk {n + 1}"
         ref_taps = all_taps[:, a:b]
-        report.checks += [_compare(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref.logits[:, a:b].float(), tol,
+        report.checks += [_compare(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref_logits[:, a:b].float(), tol,
                                    logit_depths),
                           _compare(f"{label} taps [Q={Q}, m·d]", taps.float(), ref_taps.float(), tol, tap_depths)]
         new = {i: (kg[glob.index(i)], vg[glob.index(i)]) if i in glob else (ks[slid.index(i)], vs[slid.index(i)])
@@ -222,10 +243,10 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
         if n == len(chunks) - 1:  # the new slots' K/V: transformers' cache holds them (its sliding layers: the last)
             worst = []
             for i in graph.stored:
-                layer = cache.layers[i]
-                m = min(Q, layer.keys.shape[2])
+                keys, values = cache_tail[i]
+                m = min(Q, keys.shape[2])
                 worst.append(_compare(f"new K/V of layer {i}", torch.cat([new[i][0][:, :, -m:], new[i][1][:, :, -m:]]),
-                                      torch.cat([layer.keys[:, :, -m:], layer.values[:, :, -m:]]).float(), tol,
+                                      torch.cat([keys[:, :, -m:], values[:, :, -m:]]), tol,
                                       [i + 1]))  # [2, H, m, D]: one row per head and token
             bad = [c for c in worst if not c.ok]
             report.checks.append(bad[0] if bad else Check(f"verify new K/V of the {len(graph.stored)} storing layers "

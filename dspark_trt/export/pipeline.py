@@ -332,7 +332,10 @@ class TargetForExport:
 
     def _gemma4(self, export_dir: Path) -> dict:
         """A Gemma-4 text target: its own graph (per-type K/V, sliding layers by position), built in memory in the
-        export dtype; fp16 first passes the activation range check (as every target)."""
+        export dtype; fp16 first passes the activation range check (as every target). Its validation holds one copy
+        of the weights at a time (``validate_gemma4_target_onnx`` with a builder)."""
+        import gc
+
         from ..artifact.layout import TARGET_ONNX, TOKENIZER_DIR
         from ..artifact.manifest import graph_io
         from ..loader import resolve_dtype
@@ -346,13 +349,17 @@ class TargetForExport:
 
             fp16_range = check_target_fp16(model)
         path = export_gemma4_target_onnx(model, self.config.target_layer_ids, export_dir / TARGET_ONNX)
-        report = validate_gemma4_target_onnx(path, model, self.config.target_layer_ids, dtype=self.dtype).lines() \
-            if self.validate else None
+        gemma4 = gemma4_section(model, self.config.target_layer_ids)
+        del model  # the validation loads its reference again and drops it before onnxruntime maps the graph
+        gc.collect()
+        report = validate_gemma4_target_onnx(
+            path, lambda: load_target_model(self.target_dir, resolve_dtype(self.dtype)), self.config.target_layer_ids,
+            dtype=self.dtype).lines() if self.validate else None
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
         section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
                                      dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,
                                      max_context=self.max_context, validation=report)
-        section.update(gemma4_section(model, self.config.target_layer_ids))
+        section.update(gemma4)
         if fp16_range is not None:
             section["fp16_range"] = fp16_range
         return section

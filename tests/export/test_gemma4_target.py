@@ -136,6 +136,43 @@ def test_the_validation_fails_against_another_window(gemma4_export, gemma4_pair)
     assert not report.ok
 
 
+@pytest.mark.onnx
+def test_a_built_reference_is_dropped_before_onnxruntime_maps_the_graph(gemma4_export, gemma4_pair, monkeypatch):
+    """Given a builder (as the export passes it), the validation holds one copy of the weights at a time: the
+    transformers model is gone when the onnxruntime session opens, and the graph still validates against it; a
+    reference with another window still fails through the same path."""
+    import gc
+    import weakref
+
+    import transformers
+
+    from dspark_trt.export import gemma4_target_onnx
+    from dspark_trt.runtime import ort_session
+
+    built, alive_at_session = [], []
+
+    def build(window=None):
+        model = transformers.AutoModelForCausalLM.from_pretrained(gemma4_pair.target, dtype=torch.float32)
+        if window is not None:
+            model.config.sliding_window = window
+        built.append(weakref.ref(model))
+        return model
+
+    class Probe(ort_session.OrtGraph):
+        def __init__(self, *args, **kwargs):
+            gc.collect()
+            alive_at_session.append((built[-1]() is not None, kwargs.get("low_memory")))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ort_session, "OrtGraph", Probe)
+    path = gemma4_export / "onnx" / "target.onnx"
+    report = gemma4_target_onnx.validate_gemma4_target_onnx(path, build, [1, 3, 4], raise_on_failure=False)
+    assert report.ok, report.lines()
+    assert not gemma4_target_onnx.validate_gemma4_target_onnx(path, lambda: build(12), [1, 3, 4],
+                                                              raise_on_failure=False).ok
+    assert alive_at_session == [(False, True), (False, True)]
+
+
 def test_moe_and_multimodal_gemma4_targets_are_refused_in_one_line():
     from dspark_trt.export.target_graph import check_architecture
 
