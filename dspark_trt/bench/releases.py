@@ -232,9 +232,22 @@ def _run_child(name: str, args: argparse.Namespace, *extra: str) -> dict:
     try:
         return json.loads(last)
     except json.JSONDecodeError:
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"preset": name, "size": args.size, "depth": {}, "status": "fail", "step": "?", "seconds": 0,
-                "steps": {}, "detail": f"exit {proc.returncode}: {err}"}
+        return {"preset": name, "size": args.size, "depth": {}, "status": "fail", "step": extra[1] if extra else "?",
+                "seconds": 0, "steps": {}, "detail": exit_detail(proc.returncode, proc.stderr)}
+
+
+def exit_detail(returncode: int, stderr: str) -> str:
+    """One line for a step's process that printed no row: the signal that ended it (SIGKILL: most likely the kernel's
+    out-of-memory killer), else its exit status and last line of stderr."""
+    import signal
+
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else str(-returncode)
+        oom = " (most likely the kernel's out-of-memory killer: the step needs more memory than is free)" \
+            if returncode == -signal.SIGKILL else ""
+        return f"killed by {name}{oom}"
+    err = (stderr.strip().splitlines() or ["no output"])[-1]
+    return f"exit {returncode}: {err}"
 
 
 def _stepwise_row(name: str, args: argparse.Namespace) -> dict:

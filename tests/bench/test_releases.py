@@ -34,3 +34,15 @@ def test_a_step_that_fails_in_its_own_process_ends_the_row_there(target_layers):
     assert (row["status"], row["step"]) == ("refused", "write"), row
     assert list(row["step_peak_rss_mb"]) == ["write"] and row["step_peak_rss_mb"]["write"] > 0
     assert "tapped layers" in row["detail"] and "\n" not in row["detail"]
+
+
+def test_a_step_killed_by_a_signal_says_so_in_one_line():
+    """A step's process that the out-of-memory killer ends prints no row: the row names the signal and the likely
+    cause, not the last warning on stderr; an exit status keeps its stderr line."""
+    import signal
+
+    killed = releases.exit_detail(-signal.SIGKILL, "a warning\n[transformers] something deprecated\n")
+    assert killed.startswith("killed by SIGKILL") and "out-of-memory" in killed and "deprecated" not in killed
+    assert releases.exit_detail(-signal.SIGTERM, "") == "killed by SIGTERM"
+    assert releases.exit_detail(3, "Traceback\nValueError: bad\n") == "exit 3: ValueError: bad"
+    assert releases.exit_detail(1, "") == "exit 1: no output"
