@@ -63,3 +63,34 @@ def test_masked_rows_are_not_compared_and_shapes_must_match():
 def test_the_report_header_names_the_bound():
     assert "10·u·√n·rms(ref)" in TARGET_TOLERANCES["bf16"].summary()
     assert TARGET_TOLERANCES["fp32"].summary() == "atol 0.0002, rtol 0.0001"
+
+
+@pytest.mark.parametrize("case", ["pass", "shift", "outlier", "nan", "masked"])
+def test_row_slices_give_the_statistics_of_the_whole(case, monkeypatch):
+    """The check runs over slices of rows (a full-vocabulary prefill's logits in fp64 at once were GBs): one row per
+    slice, a few rows per slice and all rows at once give the same verdict and the same numbers."""
+    from dspark_trt.export import validate_target
+
+    tol = TARGET_TOLERANCES["bf16"]
+    x = stream(5)
+    a, b = rounded_twice(x, torch.bfloat16, 1), rounded_twice(x, torch.bfloat16, 2)
+    mask = None
+    if case == "shift":
+        b = rounded_twice(x + 0.45 * torch.randn(x.shape, generator=torch.Generator().manual_seed(3)), torch.bfloat16, 2)
+    elif case == "outlier":
+        b[0, 4, 150] += 200 * tol.unit * 29 ** 0.5 * 3
+    elif case == "nan":
+        b[0, 1, 5], b[1, 3, 9] = float("nan"), float("inf")
+    elif case == "masked":
+        b[1, 4] = 1e3
+        mask = torch.ones(2, 5, dtype=torch.bool)
+        mask[1, 4] = False
+    results = []
+    for elements in (1, 3 * 64 * 3, 1 << 22):  # one row per slice, three rows, everything at once
+        monkeypatch.setattr(validate_target, "CHECK_SLICE_ELEMENTS", elements)
+        check = tol.check("taps", a, b, DEPTHS, mask=mask)
+        results.append((check.ok, check.detail))
+    assert results[0] == results[1] == results[2]
+    assert results[0][0] == (case in ("pass", "masked"))
+    if case == "nan":
+        assert results[0][1].startswith("2 non-finite")
