@@ -429,12 +429,15 @@ def drain(cluster: Cluster, load: Load, drain_timeout: float) -> tuple[dict, boo
             time.sleep(0.02)
         refused["in_flight"] = victim.in_flight()
         victim.signal(signal.SIGTERM)
-        until = time.monotonic() + 10  # until the replica has taken the signal (on a loaded host, not at once)
-        while time.monotonic() < until and _get(f"{victim.url}/health/ready")[0] == 200:
+        # until the replica says it drains (on a loaded host it takes the signal late, and a probe that times out
+        # is no answer: status 0 goes on polling) or it has exited
+        until = time.monotonic() + 20
+        while time.monotonic() < until and victim.proc.poll() is None and \
+                _get(f"{victim.url}/health/ready", timeout=5.0)[0] != 503:
             time.sleep(0.02)
         status, body, headers = _post(f"{victim.url}/v1/completions",
                                       {"model": "dspark", "prompt": "late", "max_tokens": 4})
-        ready = _get(f"{victim.url}/health/ready")[0]
+        ready = _answered(f"{victim.url}/health/ready", victim)
         retry_after = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
         refused.update(status=status, retry_after=retry_after, ready=ready)
         refused["exit"] = victim.wait_exit(drain_timeout + 30)
@@ -492,6 +495,16 @@ def throughput(cluster: Cluster, clients: int, requests_per_replica: int, max_to
     print(f"{'':<8} goal: together >= 0.9x the sum alone: {ratio:.2f}x on {os.cpu_count()} cores for "
           f"{len(cluster.replicas)} replicas: {'met' if met else 'NOT MET'}", flush=True)
     return row, met
+
+
+def _answered(url: str, replica, tries: int = 4) -> int:
+    """The status of a GET that the replica answers: a probe that times out on a loaded host is asked again (while
+    the replica runs), up to ``tries`` times; 0 if it never answers."""
+    for _ in range(tries):
+        status = _get(url, timeout=5.0)[0]
+        if status or replica.proc.poll() is not None:
+            return status
+    return 0
 
 
 def _post(url: str, body: dict, timeout: float = 10.0) -> tuple[int, dict, dict]:
