@@ -106,8 +106,24 @@ class Replica:
             time.sleep(0.2)
         raise DSparkTrtError(f"replica {self.name} not ready within {timeout:.0f} s")
 
-    def in_flight(self) -> int:
-        return int(_get(f"{self.url}/health/live")[1].get("in_flight", 0))
+    def in_flight(self) -> int | None:
+        """Requests in flight on the replica (its /health/live), or None when it does not answer in 5 s (a loaded
+        host: no answer is not zero)."""
+        status, body, _ = _get(f"{self.url}/health/live", timeout=5.0)
+        return int(body.get("in_flight", 0)) if status == 200 else None
+
+    def wait_in_flight(self, at_least: int, timeout: float) -> int:
+        """Poll until ``at_least`` requests are in flight on the replica (or ``timeout`` s pass); returns the last
+        count it answered (0 if it never answered)."""
+        deadline, seen = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline:
+            n = self.in_flight()
+            if n is not None:
+                seen = n
+                if n >= at_least:
+                    break
+            time.sleep(0.02)
+        return seen
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -391,10 +407,7 @@ def kill(cluster: Cluster, load: Load, requests: int) -> tuple[list[dict], bool]
     seen = {}
 
     def kill_one():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and victim.in_flight() < 3:  # wait until it carries load
-            time.sleep(0.05)
-        seen["in_flight"] = victim.in_flight()
+        seen["in_flight"] = victim.wait_in_flight(3, 60)  # wait until it carries load
         seen["at"] = time.monotonic()
         victim.kill_all()
         cluster.restart(victim)
@@ -424,10 +437,7 @@ def drain(cluster: Cluster, load: Load, drain_timeout: float) -> tuple[dict, boo
     refused = {}
 
     def sigterm_mid_streams():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and victim.in_flight() < 3:
-            time.sleep(0.02)
-        refused["in_flight"] = victim.in_flight()
+        refused["in_flight"] = victim.wait_in_flight(3, 60)  # the count it answered, not a second probe's
         victim.signal(signal.SIGTERM)
         # until the replica says it drains (on a loaded host it takes the signal late, and a probe that times out
         # is no answer: status 0 goes on polling) or it has exited
