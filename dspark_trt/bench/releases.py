@@ -242,7 +242,10 @@ def exit_detail(returncode: int, stderr: str) -> str:
     import signal
 
     if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else str(-returncode)
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:  # a number without a name here
+            name = str(-returncode)
         oom = " (most likely the kernel's out-of-memory killer: the step needs more memory than is free)" \
             if returncode == -signal.SIGKILL else ""
         return f"killed by {name}{oom}"

@@ -179,11 +179,9 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     from ..runtime.ort_session import OrtGraph
     from ..taps import LayerTaps
     from .gemma4_target_graph import Gemma4TargetGraph
-    from .validate_target import _compare
+    from .validate_target import _compare, reference_model
 
-    build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
-    if build is not None:
-        model = build()
+    model, build = reference_model(model)
     full = Gemma4TargetGraph(model, layer_ids)
     graph = SimpleNamespace(stored=full.stored, layer_types=full.layer_types, kv_shape=full.kv_shape,
                             window=full.window, num_layers=full.num_layers)  # what the ring and the checks read

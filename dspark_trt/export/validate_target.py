@@ -145,6 +145,13 @@ def _play(target, layer_ids: Sequence[int], vocab_size: int, seed: int) -> dict:
     return {"steps": steps, "lengths": target.lengths.tolist(), "valid": valid}
 
 
+def reference_model(model) -> tuple:
+    """``model`` (a transformers model, or a function that builds one) → (the model, the builder or None). A validation
+    given a builder owns the model: it may drop it once the reference has run, before the graph's weights are mapped."""
+    build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
+    return (build() if build is not None else model), build
+
+
 def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int], *, dtype: str, seed: int = 0,
                          raise_on_failure: bool = True) -> ValidationReport:
     """Run ``onnx_path`` (``OnnxRuntimeTarget``) and ``model`` (``HFTarget``) through prefill, verify, rollback,
@@ -159,9 +166,7 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
     from ..runtime.targets.hf import HFTarget
     from .target_graph import target_shape
 
-    build = model if callable(model) and not isinstance(model, torch.nn.Module) else None
-    if build is not None:
-        model = build()
+    model, build = reference_model(model)
     shape = target_shape(model.config)
     tol = TARGET_TOLERANCES[dtype]
     report = ValidationReport(dtype, tol, title="target validation: onnxruntime vs transformers, prefill + verify + "
