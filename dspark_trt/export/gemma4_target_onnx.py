@@ -26,7 +26,8 @@ from ..errors import DSparkTrtError
 from .validate import Check, ValidationReport
 
 __all__ = ["export_gemma4_target_onnx", "validate_gemma4_target_onnx", "gemma4_section", "gemma4_tolerance",
-           "RING_HEADROOM", "GEMMA4_ROW_RMS"]
+           "RING_HEADROOM", "GEMMA4_ROW_RMS",
+           "OWN_ROUNDING_FACTOR", "OwnRounding"]
 
 log = logging.getLogger("dspark.export")
 
@@ -35,6 +36,9 @@ RING_HEADROOM = 3
 #: the per-row rms bound c of a half-precision Gemma-4 validation (the Llama/Qwen target's tolerance has 10): see
 #: ``gemma4_tolerance``
 GEMMA4_ROW_RMS = 30.0
+#: two implementations that each round as the model does lie up to ~√2 × its own rounding error apart (independent
+#: errors of one size add in quadrature): a half-precision block's bound is max(c, this × the model's own error)
+OWN_ROUNDING_FACTOR = 2 ** 0.5
 
 
 def gemma4_tolerance(dtype: str):
@@ -162,8 +166,77 @@ class _Ring:
         self.pos = pos[order]
 
 
+def _reference_run(model, ids: torch.Tensor, layer_ids: Sequence[int], num_layers: int, stored: Sequence[int],
+                   last: int) -> tuple:
+    """transformers over the whole prompt (eager attention): logits [1, T, V] and taps [1, T, m·d] in the model's
+    dtype, the K/V of the last ``last`` positions per stored layer ([1, H, ≤last, D] fp32 each), and the hidden states
+    (L+1 tensors [1, T, d]: the taps one layer off are read from them)."""
+    from ..taps import LayerTaps
+
+    before = model.config._attn_implementation
+    model.config._attn_implementation = "eager"
+    taps_of = LayerTaps(layer_ids, num_layers)  # the last layer tapped before the final norm, as the graph
+    try:
+        with torch.no_grad(), taps_of.capture(model):
+            out = model(ids, output_hidden_states=True, use_cache=True)
+    finally:
+        model.config._attn_implementation = before
+    cache = {i: (out.past_key_values.layers[i].keys[:, :, -last:].float(),
+                 out.past_key_values.layers[i].values[:, :, -last:].float()) for i in stored}
+    return out.logits, taps_of.select(out.hidden_states), cache, out.hidden_states
+
+
+class OwnRounding:
+    """What the half-precision model's own rounding moves, per check: transformers in the export dtype against
+    itself in fp32 (the same weights, upcast), in the tolerance's worst-row units u·√n·rms, per block (the logits;
+    each tap; one layer's K/V). A graph that rounds where the model rounds lies about that far from it, not further:
+    the bound of a block is max(c, √2·own) (``OWN_ROUNDING_FACTOR``; ``RoundingTolerance.widened``)."""
+
+    def __init__(self, tol):
+        self.tol, self.own = tol, {}  # (chunk, kind) → [worst row per block]
+
+    def measure(self, key: tuple, half: torch.Tensor, fp32: torch.Tensor, depths: Sequence[int]) -> None:
+        """``half``/``fp32`` [..., len(depths)·w]: one block per depth."""
+        w = half.shape[-1] // len(depths)
+        self.own[key] = [self.tol.measure(half[..., j * w:(j + 1) * w].float(), fp32[..., j * w:(j + 1) * w],
+                                          [n]).worst_row for j, n in enumerate(depths)]
+
+    def bounds(self, key: tuple, blocks: int) -> list:
+        own = self.own.get(key, [0.0] * blocks)
+        return [self.tol.widened(e, OWN_ROUNDING_FACTOR) for e in own]
+
+
+def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequence, depths: Sequence[int],
+                  own: Sequence[float] | None, apart: Sequence[float] | None = None) -> Check:
+    """Each block of ``got``/``ref`` [..., len(depths)·w] within its own bound ``tols[j]``; one line for all.
+    ``own``: the model's own rounding per block (None: not measured); ``apart``: how far a tap one layer off lies,
+    per block (reported with the taps, and which of them this shape cannot tell from their neighbour)."""
+    if got.shape != ref.shape:
+        return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
+    w = got.shape[-1] // len(depths)
+    stats = [t.measure(got[..., j * w:(j + 1) * w], ref[..., j * w:(j + 1) * w], [n])
+             for j, (t, n) in enumerate(zip(tols, depths))]
+    nonfinite = sum(s.nonfinite for s in stats)
+    if nonfinite:
+        return Check(name, False, f"{nonfinite} non-finite values (graph or transformers)")
+    ok = all(s.worst_row <= t.row_rms and s.outside == 0 for s, t in zip(stats, tols))
+    fmt = lambda xs: "/".join(f"{x:.2g}" for x in xs)  # noqa: E731
+    detail = (f"max |Δ| {max(s.max_diff for s in stats):.3g}, worst row rms|Δ| {fmt(s.worst_row for s in stats)}"
+              f"·u·√n·rms (limit {fmt(t.row_rms for t in tols)}), {sum(s.outside for s in stats)} of "
+              f"{sum(s.elements for s in stats)} elements outside their bound")
+    if own is not None:
+        detail += f"; transformers' own rounding {fmt(own)}"
+    if apart is not None:
+        blind = [j for j, (a, t) in enumerate(zip(apart, tols)) if a <= t.row_rms]
+        detail += f"; a tap one layer off lies {fmt(apart)}"
+        if blind:
+            detail += f" (within the limit for tap{'s' if len(blind) > 1 else ''} {blind}: not told apart at this shape)"
+    return Check(name, ok, detail)
+
+
 def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int], *, dtype: str | None = None,
-                                seed: int = 0, raise_on_failure: bool = True) -> ValidationReport:
+                                seed: int = 0, raise_on_failure: bool = True, reference_fp32=None,
+                                available: int | None = None) -> ValidationReport:
     """onnxruntime on ``onnx_path`` vs ``model`` (transformers in the export dtype) over a prompt of 2·window + 5
     tokens: two prefill chunks and a verify of 4 tokens, the sliding layers holding only their ring; logits, taps,
     new K/V within ``gemma4_tolerance(dtype)`` (fp32 elementwise; fp16/bf16 the rounding tolerance per row, n = the
@@ -172,14 +245,20 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
 
     ``model`` is the transformers model, or a function that builds it: then the reference runs first and is dropped
     before onnxruntime maps the graph (its weights stay on disk, cast per run: ``low_memory``), so the two never hold
-    their weights at once, as the Qwen3 target's validation (``validate_target.py``)."""
+    their weights at once, as the Qwen3 target's validation (``validate_target.py``).
+
+    ``reference_fp32`` (fp16/bf16 only; a model or a builder, as ``model``): the same weights in fp32. The half
+    model's own rounding error is measured against it (``OwnRounding``), and each block's bound becomes
+    max(c, √2·own): at full head sizes a Gemma-4's own bf16 error is several times the tiny models' c. A builder is
+    skipped, falling back to c, when its fp32 run does not fit ``available`` memory (default: what the kernel
+    reports available)."""
     import gc
     from types import SimpleNamespace
 
     from ..runtime.ort_session import OrtGraph
     from ..taps import LayerTaps
     from .gemma4_target_graph import Gemma4TargetGraph
-    from .validate_target import _compare, reference_model
+    from .validate_target import RoundingTolerance, _compare, memory_available, reference_model
 
     model, build = reference_model(model)
     full = Gemma4TargetGraph(model, layer_ids)
@@ -191,35 +270,63 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     window = graph.window
     T = 2 * window + 5
     chunks = [(0, window + 2), (window + 2, T - 4), (T - 4, T)]  # prefill, prefill, verify
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, int(model.config.vocab_size), (1, T), generator=gen)
-    before = model.config._attn_implementation
-    model.config._attn_implementation = "eager"
-    taps_of = LayerTaps(layer_ids, graph.num_layers)  # the last layer tapped before the final norm, as the graph
-    try:
-        with torch.no_grad(), taps_of.capture(model):
-            ref = model(ids, output_hidden_states=True, use_cache=True)
-    finally:
-        model.config._attn_implementation = before
+    labels = [f"prefill chunk {n + 1}" for n in range(len(chunks) - 1)] + ["verify"]
     Q_last = chunks[-1][1] - chunks[-1][0]
-    ref_logits = ref.logits  # [1, T, V] in the model's dtype
-    all_taps = taps_of.select(ref.hidden_states)  # [1, T, m·d]
-    cache_tail = {i: (ref.past_key_values.layers[i].keys[:, :, -Q_last:].float(),  # [1, H, ≤Q, D]
-                      ref.past_key_values.layers[i].values[:, :, -Q_last:].float()) for i in graph.stored}
-    del ref
-    if build is not None:
-        del model
-        gc.collect()  # the reference's weights are gone before the graph's are mapped
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (1, T), generator=torch.Generator().manual_seed(seed))
+    params = sum(p.numel() for p in model.parameters())
+    ref_logits, all_taps, cache_tail, hidden = _reference_run(model, ids, layer_ids, graph.num_layers, graph.stored,
+                                                              Q_last)  # [1, T, V], [1, T, m·d] in the model's dtype
     tol = gemma4_tolerance(dtype)
     tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
     logit_depths = [graph.num_layers + 1]  # every layer, then the lm_head
+    own, apart, own_note = None, None, ""
+    if isinstance(tol, RoundingTolerance):  # how far a tap one layer off lies (from the reference's own states)
+        off = LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], graph.num_layers).select(hidden)
+        d = all_taps.shape[-1] // len(layer_ids)
+        apart = {label: [tol.measure(off[:, a:b, j * d:(j + 1) * d].float(), all_taps[:, a:b, j * d:(j + 1) * d].float(),
+                                     [n]).worst_row for j, n in enumerate(tap_depths)]
+                 for label, (a, b) in zip(labels, chunks)}
+        del off
+    del hidden
+    if build is not None:
+        del model
+        gc.collect()  # the reference's weights are gone before the next are built or the graph's mapped
+    if isinstance(tol, RoundingTolerance) and reference_fp32 is not None:
+        need = 4 * params + 3 * 4 * T * vocab + (1 << 30)  # fp32 weights, its logits and their soft-capping, the rest
+        usable = int(0.9 * (memory_available() if available is None else available))
+        if callable(reference_fp32) and not isinstance(reference_fp32, torch.nn.Module) and need > usable:
+            own_note = (f"; transformers' own rounding not measured: its fp32 run needs ~{need / 1e9:.1f} GB, "
+                        f"{usable / 1e9:.1f} GB usable")
+        else:
+            fp32_model, _ = reference_model(reference_fp32)
+            f_logits, f_taps, f_cache, _ = _reference_run(fp32_model, ids, layer_ids, graph.num_layers, graph.stored,
+                                                          Q_last)
+            del fp32_model
+            own = OwnRounding(tol)
+            for label, (a, b) in zip(labels, chunks):
+                own.measure((label, "logits"), ref_logits[:, a:b], f_logits[:, a:b].float(), logit_depths)
+                own.measure((label, "taps"), all_taps[:, a:b], f_taps[:, a:b].float(), tap_depths)
+            for i in graph.stored:
+                own.measure(("verify", i), torch.cat(cache_tail[i]), torch.cat(f_cache[i]), [i + 1])
+            del f_logits, f_taps, f_cache
+            gc.collect()
+    bound = (f"; each block within max(c, {OWN_ROUNDING_FACTOR:.3g}·transformers' own {dtype} rounding error, "
+             f"measured against its fp32)" if own is not None else own_note)
     report = ValidationReport(dtype, tol, title=f"Gemma-4 target validation: onnxruntime vs transformers, a prompt of "
-                                                f"{T} tokens (sliding window {window}) in chunks {chunks}")
+                                                f"{T} tokens (sliding window {window}) in chunks {chunks}{bound}")
     session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True,  # op by op as torch
                        low_memory=build is not None)
     ring = _Ring(graph, window - 1 + RING_HEADROOM)
     glob, slid = ring.glob, ring.slid
-    for n, (a, b) in enumerate(chunks):
+
+    def compare(name, got, ref, key, depths, apart_of=None):
+        if not isinstance(tol, RoundingTolerance):
+            return _compare(name, got, ref, tol, depths)
+        bounds = own.bounds(key, len(depths)) if own is not None else [tol] * len(depths)
+        return _check_blocks(name, got, ref, bounds, depths, None if own is None else own.own[key], apart_of)
+
+    for n, ((a, b), label) in enumerate(zip(chunks, labels)):
         feeds, P, used = ring.feeds()
         Q = b - a
         mask = torch.zeros(1, P + Q, dtype=torch.int64)
@@ -231,11 +338,10 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
         logits, taps = out["logits"], out["taps"]
         kg, vg, ks, vs = (out[k].float() for k in ("new_key_global", "new_value_global", "new_key_sliding",
                                                    "new_value_sliding"))
-        label = "verify" if n == len(chunks) - 1 else f"prefill chunk {n + 1}"
-        ref_taps = all_taps[:, a:b]
-        report.checks += [_compare(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref_logits[:, a:b].float(), tol,
-                                   logit_depths),
-                          _compare(f"{label} taps [Q={Q}, m·d]", taps.float(), ref_taps.float(), tol, tap_depths)]
+        report.checks += [compare(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref_logits[:, a:b].float(),
+                                  (label, "logits"), logit_depths),
+                          compare(f"{label} taps [Q={Q}, m·d]", taps.float(), all_taps[:, a:b].float(), (label, "taps"),
+                                  tap_depths, None if apart is None else apart[label])]
         new = {i: (kg[glob.index(i)], vg[glob.index(i)]) if i in glob else (ks[slid.index(i)], vs[slid.index(i)])
                for i in graph.stored}
         if n == len(chunks) - 1:  # the new slots' K/V: transformers' cache holds them (its sliding layers: the last)
@@ -243,13 +349,13 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
             for i in graph.stored:
                 keys, values = cache_tail[i]
                 m = min(Q, keys.shape[2])
-                worst.append(_compare(f"new K/V of layer {i}", torch.cat([new[i][0][:, :, -m:], new[i][1][:, :, -m:]]),
-                                      torch.cat([keys[:, :, -m:], values[:, :, -m:]]), tol,
-                                      [i + 1]))  # [2, H, m, D]: one row per head and token
+                worst.append(compare(f"new K/V of layer {i}", torch.cat([new[i][0][:, :, -m:], new[i][1][:, :, -m:]]),
+                                     torch.cat([keys[:, :, -m:], values[:, :, -m:]]), ("verify", i),
+                                     [i + 1]))  # [2, H, m, D]: one row per head and token
             bad = [c for c in worst if not c.ok]
             report.checks.append(bad[0] if bad else Check(f"verify new K/V of the {len(graph.stored)} storing layers "
                                                           f"({len(glob)} global, {len(slid)} sliding)", True,
-                                                          worst[0].detail))
+                                                          worst[-1].detail))
         ring.append(a, new)
     report.checks.append(Check("sliding layers held only their ring", len(ring.pos) == window - 1 + RING_HEADROOM < T,
                                f"{len(ring.pos)} of {T} positions ({window} window − 1 + {RING_HEADROOM} headroom)"))

@@ -333,8 +333,11 @@ class TargetForExport:
     def _gemma4(self, export_dir: Path) -> dict:
         """A Gemma-4 text target: its own graph (per-type K/V, sliding layers by position), built in memory in the
         export dtype; fp16 first passes the activation range check (as every target). Its validation holds one copy
-        of the weights at a time (``validate_gemma4_target_onnx`` with a builder)."""
+        of the weights at a time (``validate_gemma4_target_onnx`` with a builder); in fp16/bf16 it also measures the
+        model's own rounding against the same weights in fp32 (a third build, where that fits in memory)."""
         import gc
+
+        import torch
 
         from ..artifact.layout import TARGET_ONNX, TOKENIZER_DIR
         from ..artifact.manifest import graph_io
@@ -354,7 +357,8 @@ class TargetForExport:
         gc.collect()
         report = validate_gemma4_target_onnx(
             path, lambda: load_target_model(self.target_dir, resolve_dtype(self.dtype)), self.config.target_layer_ids,
-            dtype=self.dtype).lines() if self.validate else None
+            dtype=self.dtype, reference_fp32=lambda: load_target_model(self.target_dir, torch.float32),
+        ).lines() if self.validate else None
         tokenizer = copy_tokenizer(self.target_dir, export_dir / TOKENIZER_DIR)
         section = new_target_section(target_dir=self.target_dir, target_config=self.target_config, config=self.config,
                                      dtype=self.dtype, io=graph_io(path), tokenizer=tokenizer,

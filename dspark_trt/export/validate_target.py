@@ -25,6 +25,7 @@ on each side.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,11 +64,15 @@ class RoundingTolerance:
         return (f"per row over n layers rms|Δ| ≤ {self.row_rms:g}·u·√n·rms(ref), each |Δ| ≤ "
                 f"{self.element:g}·u·|ref| + {self.row_tail:g}·u·√n·rms(ref), u = {self.unit:.3g}")
 
-    def check(self, name: str, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
-              mask: torch.Tensor | None = None) -> Check:
+    def widened(self, own: float, factor: float) -> "RoundingTolerance":
+        """This bound, or ``factor`` × a model's own measured rounding error ``own`` (worst row, in u·√n·rms) where
+        that is larger: c' = max(c, factor·own), the tail kept at t'/c' = t/c."""
+        c = max(self.row_rms, factor * own)
+        return dataclasses.replace(self, row_rms=c, row_tail=self.row_tail * c / self.row_rms)
+
+    def measure(self, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
+                mask: torch.Tensor | None = None) -> RowStats:
         """``got``/``ref`` [..., len(depths)·w]: one row of width w per depth n; ``mask`` [...] selects rows."""
-        if got.shape != ref.shape:
-            return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
         blocks = len(depths)
         G = got.reshape(*got.shape[:-1], blocks, -1)  # [..., m, w] in the compared dtypes
         R = ref.reshape(*ref.shape[:-1], blocks, -1)
@@ -94,12 +99,32 @@ class RoundingTolerance:
             if rel.numel():
                 worst_row, max_diff = max(worst_row, float(rel.max())), max(max_diff, float(diff.max()))
             n_out += int(outside.sum())
-        if nonfinite:
-            return Check(name, False, f"{nonfinite} non-finite values (graph or transformers)")
-        ok = worst_row <= self.row_rms and n_out == 0
-        return Check(name, ok, f"max |Δ| {max_diff:.3g}, worst row rms|Δ| "
-                               f"{worst_row:.2g}·u·√n·rms (limit {self.row_rms:g}), {n_out} of {G.numel()} "
+        return RowStats(nonfinite, worst_row, n_out, max_diff, G.numel())
+
+    def check(self, name: str, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
+              mask: torch.Tensor | None = None) -> Check:
+        """``measure``, judged: every row within c and no element past its bound."""
+        if got.shape != ref.shape:
+            return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
+        s = self.measure(got, ref, depths, mask)
+        if s.nonfinite:
+            return Check(name, False, f"{s.nonfinite} non-finite values (graph or transformers)")
+        ok = s.worst_row <= self.row_rms and s.outside == 0
+        return Check(name, ok, f"max |Δ| {s.max_diff:.3g}, worst row rms|Δ| "
+                               f"{s.worst_row:.2g}·u·√n·rms (limit {self.row_rms:.3g}), {s.outside} of {s.elements} "
                                f"elements outside their bound")
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What ``RoundingTolerance.measure`` finds: non-finite values, the worst row's rms|Δ| in u·√n·rms(ref), the
+    elements past their bound, the largest |Δ| and the elements compared."""
+
+    nonfinite: int
+    worst_row: float
+    outside: int
+    max_diff: float
+    elements: int
 
 
 #: per export dtype; the reason is printed with every report

@@ -266,6 +266,66 @@ def test_a_half_precision_export_is_validated_and_decodes_as_the_target_alone(ha
     assert not validate_gemma4_target_onnx(path, model, [1, 3, 4], raise_on_failure=False).ok
 
 
+@pytest.mark.onnx
+@pytest.mark.slow  # reads the bf16 export of half_export
+@pytest.mark.parametrize("half_export", ["bf16"], indirect=True)
+def test_a_bf16_bound_is_the_models_own_rounding_and_still_tells_a_shifted_tap(half_export, gemma4_pair):
+    """Given the same weights in fp32, each block's bound is max(c, √2 · transformers' own rounding error), measured
+    independently here (bf16 vs fp32 transformers, per tap); the export's own validation (which builds the fp32
+    reference) passes, a graph read with taps one layer off and a reference over another window still fail, and
+    an fp32 run that does not fit the memory given falls back to c and says so."""
+    import transformers
+
+    from dspark_trt.export.gemma4_target_onnx import GEMMA4_ROW_RMS, OWN_ROUNDING_FACTOR, validate_gemma4_target_onnx
+    from dspark_trt.export.gemma4_target_onnx import gemma4_tolerance
+    from dspark_trt.taps import LayerTaps
+
+    _, out, manifest = half_export
+    lines = manifest["target"]["validation"]
+    assert "max(c, 1.41·transformers' own bf16 rounding error" in lines[0], lines[0]
+    assert all(line.strip().startswith("ok") for line in lines[1:]), lines
+
+    load = lambda dt: transformers.AutoModelForCausalLM.from_pretrained(gemma4_pair.target, dtype=dt).eval()  # noqa: E731
+    half, fp32 = load(torch.bfloat16), load(torch.float32)
+    ids = [1, 3, 4]
+    path = out / "onnx" / "target.onnx"
+    report = validate_gemma4_target_onnx(path, half, ids, reference_fp32=fp32, raise_on_failure=False)
+    assert report.ok, report.lines()
+    # the limits the report states for the first chunk's taps == max(c, √2 · own), own measured here
+    window = int(half.config.sliding_window)
+    x = torch.randint(0, int(half.config.vocab_size), (1, 2 * window + 5), generator=torch.Generator().manual_seed(0))
+    tol, taps = gemma4_tolerance("bf16"), []
+    for model in (half, fp32):
+        model.config._attn_implementation = "eager"
+        t = LayerTaps(ids, int(model.config.num_hidden_layers))
+        with torch.no_grad(), t.capture(model):
+            taps.append(t.select(model(x, output_hidden_states=True).hidden_states)[:, :window + 2].float())
+    d = taps[0].shape[-1] // len(ids)
+    own = [tol.measure(taps[0][..., j * d:(j + 1) * d], taps[1][..., j * d:(j + 1) * d], [i + 1]).worst_row
+           for j, i in enumerate(ids)]
+    limits = "/".join(f"{max(GEMMA4_ROW_RMS, OWN_ROUNDING_FACTOR * e):.2g}" for e in own)
+    line = next(c.detail for c in report.checks if c.name.startswith("prefill chunk 1 taps"))
+    assert f"(limit {limits})" in line, (line, own)
+
+    shifted = validate_gemma4_target_onnx(path, half, [0, 2, 3], reference_fp32=fp32, raise_on_failure=False)
+    assert not shifted.ok and all(c.ok for c in shifted.checks if "taps" not in c.name)
+    half.config.sliding_window = fp32.config.sliding_window = 12  # both references attend further back
+    assert not validate_gemma4_target_onnx(path, half, ids, reference_fp32=fp32, raise_on_failure=False).ok
+    half.config.sliding_window = window
+    small = validate_gemma4_target_onnx(path, half, ids, reference_fp32=lambda: load(torch.float32), available=0,
+                                        raise_on_failure=False)
+    assert small.ok and "own rounding not measured" in small.title and f"(limit {GEMMA4_ROW_RMS:g}/" in small.lines()[2]
+
+
+def test_a_widened_bound_keeps_its_tail_in_proportion():
+    from dspark_trt.export.validate_target import RoundingTolerance
+
+    tol = RoundingTolerance("bf16", "r", row_rms=30.0, row_tail=300.0)
+    assert tol.widened(10.0, 2 ** 0.5) == tol  # the model's own error under c: c stays
+    wide = tol.widened(100.0, 2 ** 0.5)
+    assert wide.row_rms == pytest.approx(141.42, rel=1e-4) and wide.row_tail / wide.row_rms == pytest.approx(10.0)
+
+
 def test_the_ring_keeps_each_requests_last_tokens_past_its_padding():
     """Right-padded rows: a row whose real tokens end early keeps them, though the batch writes more than a ring."""
     from dspark_trt.runtime.targets.gemma4 import RingCache
