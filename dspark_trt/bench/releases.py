@@ -106,8 +106,10 @@ def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) ->
     result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
                                                                       max_context=256),
                           target_dir=out.target, force=True)
-    bad = [line for line in (result.manifest.get("validation") or []) + (result.manifest["target"].get(
-        "validation") or []) if line.strip().startswith(("FAIL", "fail"))]
+    row["validation"] = {"drafter": result.manifest.get("validation") or [],
+                         "target": result.manifest["target"].get("validation") or []}  # the reports, in the JSON row
+    bad = [line for line in row["validation"]["drafter"] + row["validation"]["target"]
+           if line.strip().startswith(("FAIL", "fail"))]
     if bad:
         raise DSparkTrtError(f"validation failed: {bad[0].strip()}")
 
@@ -266,7 +268,7 @@ def _stepwise_row(name: str, args: argparse.Namespace) -> dict:
             row["step_peak_rss_mb"][step] = part.get("peak_rss_mb")
             row["seconds"] = round(row["seconds"] + part.get("seconds", 0), 1)
             row["peak_rss_mb"] = max(v or 0 for v in row["step_peak_rss_mb"].values())
-            for key in ("accepted_per_round", "engine"):
+            for key in ("accepted_per_round", "engine", "validation"):
                 if key in part:
                     row[key] = part[key]
             if part["status"] != "pass":
