@@ -213,8 +213,11 @@ def table(rows: list[dict]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", action="append", default=None, help="a drafter preset (repeatable; default: all)")
     p.add_argument("--size", choices=SIZES, default="tiny", help="tiny (default), reduced or full (see above)")
-    p.add_argument("--target-layers", type=int, default=None,
-                   help="the target's depth (default: the least that keeps the drafter's taps)")
+    p.add_argument("--target-layers", type=_target_layers, default=None, metavar="N|fit",
+                   help="the target's depth (default: the least that keeps the drafter's taps); 'fit': the largest "
+                        "whose row fits --memory-gb (bench/release_fit.py)")
+    p.add_argument("--memory-gb", type=float, default=None,
+                   help="the memory budget of --target-layers fit (default: 90%% of what the kernel reports available)")
     p.add_argument("--engine", default="auto", help="engine flavor for the build step: auto | tensorrt-rtx | none")
     p.add_argument("--per-step", action="store_true",
                    help="each step in a process of its own: each step's peak memory (always with --size full)")
@@ -224,11 +227,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--_work", default=None, help=argparse.SUPPRESS)
 
 
-def _run_child(name: str, args: argparse.Namespace, *extra: str) -> dict:
+def _target_layers(text: str) -> int | str:
+    if text == "fit":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a depth >= 1 or 'fit', got {text!r}")
+    return value
+
+
+def _depth_of(name: str, args: argparse.Namespace) -> tuple[int | None, str]:
+    """The target depth a row runs at (None: the default) and, for ``fit``, the line saying why."""
+    if args.target_layers != "fit":
+        return args.target_layers, ""
+    from ..export.validate_target import memory_available
+    from ..synthetic.presets import get_preset
+    from .release_fit import fit_target_layers
+
+    budget = int(args.memory_gb * 1e9) if args.memory_gb else int(0.9 * memory_available())
+    return fit_target_layers(get_preset(name), budget)
+
+
+def _run_child(name: str, args: argparse.Namespace, depth: int | None, *extra: str) -> dict:
     cmd = [sys.executable, "-m", "dspark_trt.cli.main", "bench", "releases", "--_child", name, "--size", args.size,
            "--engine", args.engine, *extra]
-    if args.target_layers:
-        cmd += ["--target-layers", str(args.target_layers)]
+    if depth:
+        cmd += ["--target-layers", str(depth)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
@@ -255,13 +282,13 @@ def exit_detail(returncode: int, stderr: str) -> str:
     return f"exit {returncode}: {err}"
 
 
-def _stepwise_row(name: str, args: argparse.Namespace) -> dict:
+def _stepwise_row(name: str, args: argparse.Namespace, depth: int | None) -> dict:
     """A row whose steps each run in a child process of their own, on one work directory: each step's peak."""
     steps = STEPS if args.engine != "none" else STEPS[:-len(ENGINE_STEPS)]
     row: dict = {}
     with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as work:
         for step in steps:
-            part = _run_child(name, args, "--_step", step, "--_work", work)
+            part = _run_child(name, args, depth, "--_step", step, "--_work", work)
             if not row:
                 row = {**part, "steps": {}, "step_peak_rss_mb": {}, "seconds": 0.0}
             row["steps"].update(part.get("steps", {}))
@@ -289,12 +316,18 @@ def run(args: argparse.Namespace) -> int:
     if targets:
         raise DSparkTrtError(f"{targets[0]} is a target preset: bench releases runs drafter presets, each with its "
                              f"target (the Gemma-4 target: --preset dspark_gemma4_12b_block7)")
+    if args.target_layers == "fit" and args.size != "full":
+        raise DSparkTrtError("--target-layers fit sizes the full-shape target (--size full); at --size "
+                             f"{args.size} pass a depth, or leave it out")
     rows = []
     for name in args.preset or drafter_presets():
-        row = _stepwise_row(name, args) if args.size == "full" or args.per_step else _run_child(name, args)
+        depth, why = _depth_of(name, args)  # once per row: every step runs at that depth
+        row = _stepwise_row(name, args, depth) if args.size == "full" or args.per_step else _run_child(name, args, depth)
+        if why:
+            row["depth_fit"] = why
         rows.append(row)
-        print(json.dumps(row) if args.json else f"{name}: {row['status']} ({row['seconds']} s) {row['detail']}",
-              flush=True)
+        print(json.dumps(row) if args.json else f"{name}: {row['status']} ({row['seconds']} s) {row['detail']}"
+              f"{'; ' + why if why else ''}", flush=True)
     if not args.json:
         print(table(rows))
     return 0 if all(r["status"] in ("pass", "refused") for r in rows) else 1

@@ -30,7 +30,7 @@ def _args(**kw) -> argparse.Namespace:
 def test_a_step_that_fails_in_its_own_process_ends_the_row_there(target_layers):
     """Three taps cannot be spread over a 2-layer target: the write step's process refuses in one line, and the
     row stops there with that step's own peak."""
-    row = releases._stepwise_row("dspark_block5_taps40_42", _args(target_layers=target_layers, engine="none"))
+    row = releases._stepwise_row("dspark_block5_taps40_42", _args(engine="none"), target_layers)
     assert (row["status"], row["step"]) == ("refused", "write"), row
     assert list(row["step_peak_rss_mb"]) == ["write"] and row["step_peak_rss_mb"]["write"] > 0
     assert "tapped layers" in row["detail"] and "\n" not in row["detail"]

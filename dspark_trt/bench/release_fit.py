@@ -1,0 +1,64 @@
+"""The largest target depth whose release row fits a memory budget (``dspark bench releases --target-layers fit``).
+
+A full-shape row holds the target's weights (bf16, 2 bytes a parameter) in three steps. Their peaks, fitted to the
+rows measured at the least depth (docs/checkpoints.md, "At full shape": 4B, 8B, 14B widths, GLM-5; each within
+0.5 GB of the line, the lines rounded up):
+
+    target engine build      ≈ 0.8 GB + 2.35 · T                  (``ENGINE``)
+    greedy decoding          ≈ 3.5 GB + 1.05 · (D + T)            (``PAIR``: both graphs' sessions)
+    export + validate        below both: the target graph is streamed from placeholders and validated on the
+                             layers that fit (``validate_target_files``)
+
+with T the target's and D the drafter graphs' weight bytes (its ``embed_tokens`` and ``lm_head`` included, which a
+speculators drafter reads from the target). ``fit_target_layers`` returns the largest depth (at least
+the least that keeps the drafter's taps, at most the release's own) whose larger estimate is within the budget.
+The estimate is a model, not a promise: the row measures each step's peak and reports it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ENGINE", "PAIR", "weight_bytes", "fit_target_layers"]
+
+#: (fixed bytes, bytes per weight byte) of a target engine build's peak; measured 5.37 / 11.72 / 17.33 / 18.64 GB at
+#: T = 1.99 / 4.80 / 7.08 / 7.73 GB
+ENGINE = (0.8e9, 2.35)
+#: (fixed bytes, bytes per weight byte of D + T) of greedy decoding's peak; measured 8.34 / 12.52 / 17.55 / 18.35 GB
+#: at D + T = 4.78 / 9.54 / 13.91 / 14.04 GB
+PAIR = (3.5e9, 1.05)
+
+
+def weight_bytes(preset, bytes_per_parameter: int = 2) -> tuple[int, int]:
+    """(drafter graphs, target) weight bytes of a drafter preset and its target at their depths, from their tensor
+    shapes (the drafter's in DeepSeek layout: its graphs hold ``embed_tokens`` and ``lm_head`` in every format)."""
+    import dataclasses
+
+    from ..synthetic.presets import drafter_tensor_shapes, parameter_count, target_tensor_shapes
+
+    graphs = dataclasses.replace(preset, lm_head=True) if hasattr(preset, "lm_head") else preset  # read or own
+    drafter = parameter_count(drafter_tensor_shapes(graphs, "deepseek"))
+    target = parameter_count(target_tensor_shapes(preset.target))
+    return bytes_per_parameter * drafter, bytes_per_parameter * target
+
+
+def fit_target_layers(preset, budget_bytes: int) -> tuple[int, str]:
+    """(the largest target depth whose row fits ``budget_bytes``, one line saying why); the least depth that keeps
+    the drafter's taps when even that does not fit (the line says so)."""
+    from ..synthetic.presets import scaled
+
+    least, most = len(preset.target_layer_ids) + 1, int(preset.target.num_hidden_layers)
+    drafter, _ = weight_bytes(preset)
+
+    def peak(depth: int) -> tuple[float, int]:
+        target = weight_bytes(scaled(preset, target_layers=depth))[1]
+        return max(ENGINE[0] + ENGINE[1] * target, PAIR[0] + PAIR[1] * (drafter + target)), target
+
+    best = next((d for d in range(most, least - 1, -1) if peak(d)[0] <= budget_bytes), None)
+    depth = least if best is None else best
+    need, target = peak(depth)
+    why = (f"target depth {depth} of {most}: {target / 1e9:.2f} GB of bf16 weights, estimated peak {need / 1e9:.1f} GB "
+           f"of a {budget_bytes / 1e9:.1f} GB budget")
+    if best is None:
+        why += " (the least depth that keeps the taps; it does not fit the budget)"
+    elif depth < most:
+        why += f" (depth {depth + 1}: {peak(depth + 1)[0] / 1e9:.1f} GB)"
+    return depth, why
