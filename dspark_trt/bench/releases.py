@@ -5,6 +5,7 @@
                                                the Gemma-4 target) at the tiny size (docs/checkpoints.md's table)
   dspark bench releases --size reduced         full widths and vocabulary, one draft layer, the least target depth
   dspark bench releases --preset speculators_glm5_block8 --json
+  dspark bench releases --preset dspark_qwen3_4b_block7 --size full --target-layers fit --memory-gb 20
 
 Each release runs in a subprocess of its own, so its peak resident memory is its own (``ru_maxrss``). A release
 whose feature dspark-trt lacks is a one-line ``refused`` row naming the feature, never a traceback. Sizes:
@@ -13,9 +14,10 @@ whose feature dspark-trt lacks is a one-line ``refused`` row naming the feature,
             draft layer, the least target depth that keeps the taps, V 600
   reduced   the preset's widths and vocabulary, one draft layer, the same target depth
   full      the drafter preset itself (every layer, width and vocabulary) with its target at full width and
-            vocabulary, cut to ``--target-layers`` (default: the least depth that keeps the taps; a whole 8B-class
-            target does not fit beside it on a 24 GB machine). Each step runs in a process of its own, so the row
-            gives each step's peak: the export's and the engine build's are the drafter's with that target.
+            vocabulary, cut to ``--target-layers`` (default: the least depth that keeps the taps; ``fit``: the
+            largest whose row fits ``--memory-gb``, ``bench/release_fit.py``; a whole 8B-class target does not fit
+            beside it on a 24 GB machine). Each step runs in a process of its own, so the row gives each step's
+            peak: the export's and the engine build's are the drafter's with that target.
 """
 
 from __future__ import annotations
