@@ -210,7 +210,8 @@ def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequenc
                   own: Sequence[float] | None, apart: Sequence[float] | None = None) -> Check:
     """Each block of ``got``/``ref`` [..., len(depths)·w] within its own bound ``tols[j]``; one line for all.
     ``own``: the model's own rounding per block (None: not measured); ``apart``: how far a tap one layer off lies,
-    per block (reported with the taps, and which of them this shape cannot tell from their neighbour)."""
+    per block (the taps: block j taps layer depths[j] − 1; reported, with the layers whose tap this shape cannot
+    tell from its neighbour's)."""
     if got.shape != ref.shape:
         return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
     w = got.shape[-1] // len(depths)
@@ -220,17 +221,18 @@ def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequenc
     if nonfinite:
         return Check(name, False, f"{nonfinite} non-finite values (graph or transformers)")
     ok = all(s.worst_row <= t.row_rms and s.outside == 0 for s, t in zip(stats, tols))
-    fmt = lambda xs: "/".join(f"{x:.2g}" for x in xs)  # noqa: E731
+    fmt = lambda xs: "/".join(f"{x:.0f}" if x >= 10 else f"{x:.2g}" for x in xs)  # noqa: E731
     detail = (f"max |Δ| {max(s.max_diff for s in stats):.3g}, worst row rms|Δ| {fmt(s.worst_row for s in stats)}"
               f"·u·√n·rms (limit {fmt(t.row_rms for t in tols)}), {sum(s.outside for s in stats)} of "
               f"{sum(s.elements for s in stats)} elements outside their bound")
     if own is not None:
         detail += f"; transformers' own rounding {fmt(own)}"
     if apart is not None:
-        blind = [j for j, (a, t) in enumerate(zip(apart, tols)) if a <= t.row_rms]
+        blind = [n - 1 for n, a, t in zip(depths, apart, tols) if a <= t.row_rms]
         detail += f"; a tap one layer off lies {fmt(apart)}"
         if blind:
-            detail += f" (within the limit for tap{'s' if len(blind) > 1 else ''} {blind}: not told apart at this shape)"
+            detail += (f" (within the limit for the tap{'s' if len(blind) > 1 else ''} of layer{'s' if len(blind) > 1 else ''} "
+                       f"{blind}: not told from the layer below at this shape)")
     return Check(name, ok, detail)
 
 
