@@ -34,7 +34,7 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run", "measure_export", "tree_rss", "table"]
 
-PHASE = re.compile(r"\[(\d+)/(\d+)\] (.+?) (\.\.\.|done in [0-9.]+s)$")
+PHASE = re.compile(r"\[(\d+)/(\d+)\] (.+?) (\.\.\.|done in [0-9.]+s)(?: \(peak resident memory so far [0-9.]+ GB\))?$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

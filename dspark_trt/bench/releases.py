@@ -108,6 +108,7 @@ def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) ->
     result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
                                                                       max_context=256),
                           target_dir=out.target, force=True)
+    row["export_phase_peak_rss_mb"] = {k: round(v / 2**20) for k, v in result.phase_peak_rss.items()}
     row["validation"] = {"drafter": result.manifest.get("validation") or [],
                          "target": result.manifest["target"].get("validation") or []}  # the reports, in the JSON row
     bad = [line for line in row["validation"]["drafter"] + row["validation"]["target"]
@@ -297,7 +298,7 @@ def _stepwise_row(name: str, args: argparse.Namespace, depth: int | None) -> dic
             row["step_peak_rss_mb"][step] = part.get("peak_rss_mb")
             row["seconds"] = round(row["seconds"] + part.get("seconds", 0), 1)
             row["peak_rss_mb"] = max(v or 0 for v in row["step_peak_rss_mb"].values())
-            for key in ("accepted_per_round", "engine", "validation"):
+            for key in ("accepted_per_round", "engine", "validation", "export_phase_peak_rss_mb"):
                 if key in part:
                     row[key] = part[key]
             if part["status"] != "pass":

@@ -97,6 +97,15 @@ class ExportResult:
     engine_flavor: str | None
     seconds: float
     notes: list[str] = field(default_factory=list)
+    #: the process's peak resident bytes when each phase ended (``ru_maxrss``): the phase where it grew holds the peak
+    phase_peak_rss: dict[str, int] = field(default_factory=dict)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (``ru_maxrss``; KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Phases:
@@ -105,6 +114,7 @@ class Phases:
 
     def __init__(self, names: list[str]):
         self.names, self.index = names, 0
+        self.peak_rss: dict[str, int] = {}  # phase → the process's peak resident bytes when it ended
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
@@ -124,7 +134,9 @@ class Phases:
             with logging_redirect_tqdm():
                 result = fn()
             self.bar.update(1)
-        log.info("[%d/%d] %s done in %.1fs", self.index, len(self.names), name, time.perf_counter() - start)
+        self.peak_rss[name] = peak_rss_bytes()
+        log.info("[%d/%d] %s done in %.1fs (peak resident memory so far %.2f GB)", self.index, len(self.names), name,
+                 time.perf_counter() - start, self.peak_rss[name] / 1e9)
         return result
 
     def close(self) -> None:
@@ -466,7 +478,7 @@ def export_model(model_dir: str | Path, out_dir: str | Path, options: ExportOpti
                                    target)
     finally:
         phases.close()
-    return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes)
+    return ExportResult(out_dir, manifest, flavor, time.perf_counter() - start, notes, dict(phases.peak_rss))
 
 
 def _run_export(phases, notes, config, spec, flavor, options, model_dir, out_dir, target_dir, force,

@@ -12,6 +12,8 @@ def test_phase_lines_parse():
     m = PHASE.search("[I] [2/5] write ONNX weights ...")
     assert m and m.group(3) == "write ONNX weights" and m.group(4) == "..."
     assert PHASE.search("[I] [2/5] write ONNX weights done in 3.2s").group(4).startswith("done")
+    m = PHASE.search("[I] [2/5] write ONNX weights done in 3.2s (peak resident memory so far 1.25 GB)")
+    assert m.group(3) == "write ONNX weights" and m.group(4) == "done in 3.2s"
 
 
 def test_tree_rss_counts_this_process():

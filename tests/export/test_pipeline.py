@@ -43,6 +43,18 @@ def test_onnx_is_valid_and_validated(exported):
     onnx.checker.check_model(str(exported.out_dir / target["onnx"]), full_check=True)
 
 
+def test_each_phase_records_the_peak_resident_memory_it_ended_with(exported):
+    """The process's peak after each phase (the phase where it grew held it): every phase run, in order, never
+    falling, none above the process's peak now."""
+    from dspark_trt.export.pipeline import peak_rss_bytes
+
+    peaks = exported.phase_peak_rss
+    assert list(peaks)[1:4] == ["write ONNX weights", "validate ONNX", "target ONNX + validation"]
+    assert list(peaks)[-1] == "manifest"
+    values = list(peaks.values())
+    assert values == sorted(values) and values[0] > 50 << 20 and values[-1] <= peak_rss_bytes()
+
+
 def test_manifest_is_complete_and_consistent_with_the_files(exported):
     m = read_manifest(exported.out_dir)
     assert check_manifest(exported.out_dir, m) == []
