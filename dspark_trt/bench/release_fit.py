@@ -1,10 +1,10 @@
 """The largest target depth whose release row fits a memory budget (``dspark bench releases --target-layers fit``).
 
-A full-shape row holds the target's weights (bf16, 2 bytes a parameter) in three steps. Their peaks, fitted to the
-rows measured at the least depth (docs/checkpoints.md, "At full shape": 4B, 8B, 14B widths, GLM-5; each within
-0.5 GB of the line, the lines rounded up):
+A full-shape row holds the target's weights (bf16, 2 bytes a parameter) in three steps. Their peaks, as lines over
+the rows measured (docs/checkpoints.md, "At full shape": 4B, 8B, 14B widths, GLM-5 at the least depth, the whole
+4B target; the engine's line an upper envelope, since its factor varies with the model, 2.41–2.70):
 
-    target engine build      ≈ 0.8 GB + 2.35 · T                  (``ENGINE``)
+    target engine build      ≈ 0.4 GB + 2.6 · T                   (``ENGINE``)
     greedy decoding          ≈ 3.5 GB + 1.05 · (D + T)            (``PAIR``: both graphs' sessions)
     export + validate        below both: the target graph is streamed from placeholders and validated on the
                              layers that fit (``validate_target_files``)
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 __all__ = ["ENGINE", "PAIR", "weight_bytes", "fit_target_layers"]
 
-#: (fixed bytes, bytes per weight byte) of a target engine build's peak; measured 5.37 / 11.72 / 17.33 / 18.64 GB at
-#: T = 1.99 / 4.80 / 7.08 / 7.73 GB
-ENGINE = (0.8e9, 2.35)
-#: (fixed bytes, bytes per weight byte of D + T) of greedy decoding's peak; measured 8.34 / 12.52 / 17.55 / 18.35 GB
-#: at D + T = 4.78 / 9.54 / 13.91 / 14.04 GB
+#: (fixed bytes, bytes per weight byte) of a target engine build's peak; measured 5.37 / 11.72 / 17.33 / 18.64 /
+#: 21.23 GB at T = 1.99 / 4.80 / 7.08 / 7.73 / 8.04 GB (the last: Qwen3-4B whole, 36 layers)
+ENGINE = (0.4e9, 2.6)
+#: (fixed bytes, bytes per weight byte of D + T) of greedy decoding's peak; measured 8.34 / 12.52 / 17.55 / 18.35 /
+#: 14.85 GB at D + T = 4.78 / 9.54 / 13.91 / 14.04 / 10.83 GB
 PAIR = (3.5e9, 1.05)
 
 

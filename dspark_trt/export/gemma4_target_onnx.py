@@ -171,10 +171,11 @@ class _Ring:
 
 
 def _reference_run(model, ids: torch.Tensor, layer_ids: Sequence[int], num_layers: int, stored: Sequence[int],
-                   last: int) -> tuple:
-    """transformers over the whole prompt (eager attention): logits [1, T, V] and taps [1, T, m·d] in the model's
-    dtype, the K/V of the last ``last`` positions per stored layer ([1, H, ≤last, D] fp32 each), and the hidden states
-    (L+1 tensors [1, T, d]: the taps one layer off are read from them)."""
+                   last: int, logit_rows: torch.Tensor | None = None) -> tuple:
+    """transformers over the whole prompt (eager attention): logits [1, T, V] (``logit_rows``: only those positions,
+    [1, R, V]) and taps [1, T, m·d] in the model's dtype, the K/V of the last ``last`` positions per stored layer
+    ([1, H, ≤last, D] fp32 each), and the hidden states (L+1 tensors [1, T, d]: the taps one layer off are read from
+    them)."""
     from ..taps import LayerTaps
 
     before = model.config._attn_implementation
@@ -182,7 +183,8 @@ def _reference_run(model, ids: torch.Tensor, layer_ids: Sequence[int], num_layer
     taps_of = LayerTaps(layer_ids, num_layers)  # the last layer tapped before the final norm, as the graph
     try:
         with torch.no_grad(), taps_of.capture(model):
-            out = model(ids, output_hidden_states=True, use_cache=True)
+            out = model(ids, output_hidden_states=True, use_cache=True,
+                        logits_to_keep=0 if logit_rows is None else logit_rows)  # 0: every position
     finally:
         model.config._attn_implementation = before
     cache = {i: (out.past_key_values.layers[i].keys[:, :, -last:].float(),
@@ -240,6 +242,104 @@ def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequenc
     return Check(name, ok, detail)
 
 
+def _round_like(model, names: set, dtype: torch.dtype) -> None:
+    """Round ``model``'s tensors ``names`` (those the half model holds in ``dtype``) to ``dtype`` in place, kept in
+    fp32: the fp32 reference then holds the graph's weights exactly, upcast, whatever dtype the checkpoint has."""
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name in names and tensor.is_floating_point():
+                tensor.copy_(tensor.to(dtype).float())
+
+
+def _play_chunks(session, graph, ids: torch.Tensor, chunks, rows=None):
+    """Run ``chunks`` of ``ids`` through ``session`` as a runtime does (a rotated ring for the sliding layers): per
+    chunk yield (index, label, (a, b), outputs, new K/V per stored layer, the ring). ``rows``: per chunk, the
+    positions whose logits the graph returns (default: all)."""
+    ring = _Ring(graph, graph.window - 1 + RING_HEADROOM)
+    glob, slid = ring.glob, ring.slid
+    for n, (a, b) in enumerate(chunks):
+        feeds, P, used = ring.feeds()
+        Q = b - a
+        mask = torch.zeros(1, P + Q, dtype=torch.int64)
+        mask[0, :used] = 1
+        mask[0, P:] = 1
+        index = torch.arange(Q)[None] if rows is None else (rows[n] - a)[None]
+        feeds.update(input_ids=ids[:, a:b], position_ids=torch.arange(a, b)[None], attention_mask=mask,
+                     logits_index=index)
+        out = session.run(feeds)
+        kg, vg, ks, vs = (out[k].float() for k in ("new_key_global", "new_value_global", "new_key_sliding",
+                                                   "new_value_sliding"))
+        new = {i: (kg[glob.index(i)], vg[glob.index(i)]) if i in glob else (ks[slid.index(i)], vs[slid.index(i)])
+               for i in graph.stored}
+        label = "verify" if n == len(chunks) - 1 else f"prefill chunk {n + 1}"
+        yield n, label, (a, b), out, new, ring
+        ring.append(a, new)
+
+
+def _kv_check(graph, new: dict, cache: dict, Q: int, check) -> Check:
+    """The verify's new K/V of every stored layer against the reference's last slots (``check(name, got, ref, i)``);
+    one line: the first failure, else the last layer's."""
+    worst = []
+    for i in graph.stored:
+        keys, values = cache[i]
+        m = min(Q, keys.shape[2])
+        worst.append(check(f"new K/V of layer {i}", torch.cat([new[i][0][:, :, -m:], new[i][1][:, :, -m:]]),
+                           torch.cat([keys[:, :, -m:], values[:, :, -m:]]), i))  # [2, H, m, D]: a row per head, token
+    bad = [c for c in worst if not c.ok]
+    glob = sum(1 for i in graph.stored if graph.layer_types[i] == "full_attention")
+    return bad[0] if bad else Check(f"verify new K/V of the {len(graph.stored)} storing layers ({glob} global, "
+                                    f"{len(graph.stored) - glob} sliding)", True, worst[-1].detail)
+
+
+#: every this many prefill positions one row of logits is compared in fp32 (own rounding, unrounded check; the verify:
+#: every row): all rows of a 2k-token prompt at 262K ids are GBs in fp32
+UNROUNDED_LOGIT_STRIDE = 16
+#: the unrounded graph against transformers in fp32 (same weights), per row ≤ this · u·√n·rms (u of the export dtype):
+#: both compute in fp32, so they differ by summation order alone (≤ 5·10⁻⁴ on the tiny Gemma-4s of the tests), while
+#: a tap one layer off lies ≥ 50 there and ≥ 40 at full shape: 3 is far from both
+UNROUNDED_ROW_RMS = 3.0
+
+
+def _logit_rows(chunks) -> list:
+    """Per chunk, the positions whose logits the unrounded check compares: every ``UNROUNDED_LOGIT_STRIDE``-th of a
+    prefill chunk, all of the verify ([R_n] int64 each)."""
+    last = len(chunks) - 1
+    return [torch.arange(a, b) if n == last else torch.arange(a, b, UNROUNDED_LOGIT_STRIDE)
+            for n, (a, b) in enumerate(chunks)]
+
+
+def _unrounded_checks(onnx_path, graph, ids, chunks, labels, ref: dict, tap_depths, logit_depths, dtype: str, *,
+                      low_memory: bool) -> list:
+    """The half-precision graph run unrounded (``OrtGraph(rounding=False)``: its ops in fp32) against transformers in
+    fp32 on the same weights (``ref``: its logits at ``rows``, taps, new K/V, the taps one layer off): here no
+    rounding noise hides a structural difference, so a tap one layer off lies far outside ``UNROUNDED_ROW_RMS``
+    at any shape (the report line says how far)."""
+    import dataclasses
+
+    from ..runtime.ort_session import OrtGraph
+    from .validate_target import TARGET_TOLERANCES
+
+    tol = dataclasses.replace(TARGET_TOLERANCES[dtype], row_rms=UNROUNDED_ROW_RMS, row_tail=10 * UNROUNDED_ROW_RMS)
+    session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True, rounding=False,
+                       low_memory=low_memory)
+    checks, seen = [], 0
+    for n, label, (a, b), out, new, _ in _play_chunks(session, graph, ids, chunks, ref["rows"]):
+        R = len(ref["rows"][n])
+        d = ref["taps"].shape[-1] // len(tap_depths)
+        apart = [tol.measure(ref["off"][:, a:b, j * d:(j + 1) * d], ref["taps"][:, a:b, j * d:(j + 1) * d],
+                             [k]).worst_row for j, k in enumerate(tap_depths)]
+        checks += [_check_blocks(f"unrounded {label} logits [{R} rows, V]", out["logits"].float(),
+                                 ref["logits"][:, seen:seen + R], [tol], logit_depths, None),
+                   _check_blocks(f"unrounded {label} taps [Q={b - a}, m·d]", out["taps"].float(),
+                                 ref["taps"][:, a:b], [tol] * len(tap_depths), tap_depths, None, apart)]
+        seen += R
+        if n == len(chunks) - 1:
+            kv = _kv_check(graph, new, ref["cache"], b - a,
+                           lambda name, got, want, i: _check_blocks(name, got, want, [tol], [i + 1], None))
+            checks.append(dataclasses.replace(kv, name="unrounded " + kv.name))
+    return checks
+
+
 def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int], *, dtype: str | None = None,
                                 seed: int = 0, raise_on_failure: bool = True, reference_fp32=None,
                                 available: int | None = None) -> ValidationReport:
@@ -253,11 +353,14 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     before onnxruntime maps the graph (its weights stay on disk, cast per run: ``low_memory``), so the two never hold
     their weights at once, as the Qwen3 target's validation (``validate_target.py``).
 
-    ``reference_fp32`` (fp16/bf16 only; a model or a builder, as ``model``): the same weights in fp32. The half
-    model's own rounding error is measured against it (``OwnRounding``), and each block's bound becomes
-    max(c, √2·own): at full head sizes a Gemma-4's own bf16 error is several times the tiny models' c. A builder is
-    skipped, falling back to c, when its fp32 run does not fit ``available`` memory (default: what the kernel
-    reports available)."""
+    ``reference_fp32`` (fp16/bf16 only; a model or a builder, as ``model``): the target in fp32, its weights first
+    rounded to the export dtype in place (``_round_like``: the graph's weights, upcast). The half model's own
+    rounding error is measured against it (``OwnRounding``; the logits at every ``UNROUNDED_LOGIT_STRIDE``-th prefill
+    position and each verify position), and each block's bound becomes max(c, √2·own): at full
+    head sizes a Gemma-4's own bf16 error is several times the tiny models' c. Then the graph runs a second time
+    unrounded (its ops in fp32) against it, each row within ``UNROUNDED_ROW_RMS``: there no rounding noise hides a
+    tap one layer off, at any shape. A builder is skipped, falling back to c without the unrounded check, when its
+    fp32 run does not fit ``available`` memory (default: what the kernel reports available)."""
     import gc
     from types import SimpleNamespace
 
@@ -281,12 +384,13 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     vocab = int(model.config.vocab_size)
     ids = torch.randint(0, vocab, (1, T), generator=torch.Generator().manual_seed(seed))
     params = sum(p.numel() for p in model.parameters())
+    half = {n for n, t in model.state_dict().items() if t.dtype in (torch.float16, torch.bfloat16)}  # the graph's
     ref_logits, all_taps, cache_tail, hidden = _reference_run(model, ids, layer_ids, graph.num_layers, graph.stored,
                                                               Q_last)  # [1, T, V], [1, T, m·d] in the model's dtype
     tol = gemma4_tolerance(dtype)
     tap_depths = [int(i) + 1 for i in layer_ids]  # layers a tap has passed (id -1: the embeddings)
     logit_depths = [graph.num_layers + 1]  # every layer, then the lm_head
-    own, apart, own_note = None, None, ""
+    own, apart, own_note, unrounded = None, None, "", None
     if isinstance(tol, RoundingTolerance):  # how far a tap one layer off lies (from the reference's own states)
         off = LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], graph.num_layers).select(hidden)
         d = all_taps.shape[-1] // len(layer_ids)
@@ -299,32 +403,39 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
         del model
         gc.collect()  # the reference's weights are gone before the next are built or the graph's mapped
     if isinstance(tol, RoundingTolerance) and reference_fp32 is not None:
-        need = 4 * params + 3 * 4 * T * vocab + (1 << 30)  # fp32 weights, its logits and their soft-capping, the rest
+        rows = _logit_rows(chunks)  # the fp32 run's logits: these rows only (at 262K ids all rows are GBs)
+        R = sum(len(r) for r in rows)
+        need = 4 * params + 3 * 4 * R * vocab + (1 << 30)  # fp32 weights, its logits and their soft-capping, the rest
         usable = int(0.9 * (memory_available() if available is None else available))
         if callable(reference_fp32) and not isinstance(reference_fp32, torch.nn.Module) and need > usable:
             own_note = (f"; transformers' own rounding not measured: its fp32 run needs ~{need / 1e9:.1f} GB, "
                         f"{usable / 1e9:.1f} GB usable")
         else:
             fp32_model, _ = reference_model(reference_fp32)
-            f_logits, f_taps, f_cache, _ = _reference_run(fp32_model, ids, layer_ids, graph.num_layers, graph.stored,
-                                                          Q_last)
+            _round_like(fp32_model, half, {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+            f_logits, f_taps, f_cache, f_hidden = _reference_run(fp32_model, ids, layer_ids, graph.num_layers,
+                                                                 graph.stored, Q_last, torch.cat(rows))
             del fp32_model
             own = OwnRounding(tol)
-            for label, (a, b) in zip(labels, chunks):
-                own.measure((label, "logits"), ref_logits[:, a:b], f_logits[:, a:b].float(), logit_depths)
+            seen = 0
+            for label, (a, b), r in zip(labels, chunks, rows):  # the logits: at ``rows`` (their worst row)
+                own.measure((label, "logits"), ref_logits[:, r], f_logits[:, seen:seen + len(r)].float(), logit_depths)
                 own.measure((label, "taps"), all_taps[:, a:b], f_taps[:, a:b].float(), tap_depths)
+                seen += len(r)
             for i in graph.stored:
                 own.measure(("verify", i), torch.cat(cache_tail[i]), torch.cat(f_cache[i]), [i + 1])
-            del f_logits, f_taps, f_cache
+            f_off = LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], graph.num_layers).select(f_hidden)
+            unrounded = {"rows": rows, "logits": f_logits.float(),  # [1, R, V] fp32
+                         "taps": f_taps.float(), "cache": f_cache, "off": f_off.float()}
+            del f_logits, f_taps, f_hidden, f_off
             gc.collect()
     bound = (f"; each block within max(c, {OWN_ROUNDING_FACTOR:.3g}·transformers' own {dtype} rounding error, "
-             f"measured against its fp32)" if own is not None else own_note)
+             f"measured against its fp32); then the graph unrounded against transformers in fp32, each row within "
+             f"{UNROUNDED_ROW_RMS:g}·u·√n·rms" if own is not None else own_note)
     report = ValidationReport(dtype, tol, title=f"Gemma-4 target validation: onnxruntime vs transformers, a prompt of "
                                                 f"{T} tokens (sliding window {window}) in chunks {chunks}{bound}")
     session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True,  # op by op as torch
                        low_memory=build is not None)
-    ring = _Ring(graph, window - 1 + RING_HEADROOM)
-    glob, slid = ring.glob, ring.slid
 
     def compare(name, got, ref, key, depths, apart_of=None):
         if not isinstance(tol, RoundingTolerance):
@@ -332,37 +443,20 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
         bounds = own.bounds(key, len(depths)) if own is not None else [tol] * len(depths)
         return _check_blocks(name, got, ref, bounds, depths, None if own is None else own.own[key], apart_of)
 
-    for n, ((a, b), label) in enumerate(zip(chunks, labels)):
-        feeds, P, used = ring.feeds()
+    for n, label, (a, b), out, new, ring in _play_chunks(session, graph, ids, chunks):
         Q = b - a
-        mask = torch.zeros(1, P + Q, dtype=torch.int64)
-        mask[0, :used] = 1
-        mask[0, P:] = 1
-        feeds.update(input_ids=ids[:, a:b], position_ids=torch.arange(a, b)[None], attention_mask=mask,
-                     logits_index=torch.arange(Q)[None])
-        out = session.run(feeds)
-        logits, taps = out["logits"], out["taps"]
-        kg, vg, ks, vs = (out[k].float() for k in ("new_key_global", "new_value_global", "new_key_sliding",
-                                                   "new_value_sliding"))
-        report.checks += [compare(f"{label} logits [Q={Q}, V] (soft-capped)", logits, ref_logits[:, a:b].float(),
-                                  (label, "logits"), logit_depths),
-                          compare(f"{label} taps [Q={Q}, m·d]", taps.float(), all_taps[:, a:b].float(), (label, "taps"),
-                                  tap_depths, None if apart is None else apart[label])]
-        new = {i: (kg[glob.index(i)], vg[glob.index(i)]) if i in glob else (ks[slid.index(i)], vs[slid.index(i)])
-               for i in graph.stored}
+        report.checks += [compare(f"{label} logits [Q={Q}, V] (soft-capped)", out["logits"],
+                                  ref_logits[:, a:b].float(), (label, "logits"), logit_depths),
+                          compare(f"{label} taps [Q={Q}, m·d]", out["taps"].float(), all_taps[:, a:b].float(),
+                                  (label, "taps"), tap_depths, None if apart is None else apart[label])]
         if n == len(chunks) - 1:  # the new slots' K/V: transformers' cache holds them (its sliding layers: the last)
-            worst = []
-            for i in graph.stored:
-                keys, values = cache_tail[i]
-                m = min(Q, keys.shape[2])
-                worst.append(compare(f"new K/V of layer {i}", torch.cat([new[i][0][:, :, -m:], new[i][1][:, :, -m:]]),
-                                     torch.cat([keys[:, :, -m:], values[:, :, -m:]]), ("verify", i),
-                                     [i + 1]))  # [2, H, m, D]: one row per head and token
-            bad = [c for c in worst if not c.ok]
-            report.checks.append(bad[0] if bad else Check(f"verify new K/V of the {len(graph.stored)} storing layers "
-                                                          f"({len(glob)} global, {len(slid)} sliding)", True,
-                                                          worst[-1].detail))
-        ring.append(a, new)
+            report.checks.append(_kv_check(graph, new, cache_tail, Q, lambda *a: compare(*a[:3], ("verify", a[3]),
+                                                                                       [a[3] + 1])))
+    del session
+    if unrounded is not None:  # the graph's arithmetic without roundings against transformers in fp32
+        gc.collect()
+        report.checks += _unrounded_checks(onnx_path, graph, ids, chunks, labels, unrounded, tap_depths, logit_depths,
+                                           dtype, low_memory=build is not None)
     report.checks.append(Check("sliding layers held only their ring", len(ring.pos) == window - 1 + RING_HEADROOM < T,
                                f"{len(ring.pos)} of {T} positions ({window} window − 1 + {RING_HEADROOM} headroom)"))
     for line in report.lines():

@@ -24,7 +24,7 @@ from __future__ import annotations
 __all__ = ["emulate_bf16"]
 
 
-def emulate_bf16(model, *, initializer=None, half: str = "bf16"):
+def emulate_bf16(model, *, initializer=None, half: str = "bf16", rounding: bool = True):
     """Return the fp32 bf16-emulation twin of ``model`` (an ``onnx.ModelProto``; not modified).
 
     ``half="fp16"``: the same for an fp16 graph (every fp16 result rounded to fp16 as PyTorch's CPU fp16 ops
@@ -33,7 +33,11 @@ def emulate_bf16(model, *, initializer=None, half: str = "bf16"):
 
     ``initializer``: how to turn one of the graph's initializers into the twin's (default: bf16 → fp32 in
     memory, or for a bf16 weight kept in external data, a ``Cast`` node reading it as it lies on disk); ``export/bf16_emulation.py: main`` passes one that converts a weight from external data and writes it to the twin's, one
-    tensor at a time, so a graph over 2 GiB never has its weights in memory at once."""
+    tensor at a time, so a graph over 2 GiB never has its weights in memory at once.
+
+    ``rounding=False``: the **unrounded twin** — the same ops in fp32 with no rounding between them (``Cast(to=bf16)``
+    becomes a no-op cast to fp32): the graph's arithmetic on its bf16 weights, for a check against the reference
+    model in fp32 with the same (upcast) weights, where no rounding noise hides a structural difference."""
     import numpy as np
     import onnx
     import onnx.inliner
@@ -83,7 +87,7 @@ def emulate_bf16(model, *, initializer=None, half: str = "bf16"):
             nodes.append(node)
             continue
         for idx, out in enumerate(node.output):
-            if out and types.get(out) == HALF:
+            if rounding and out and types.get(out) == HALF:
                 node.output[idx] = out + "__fp32"
                 rounded.append(out)
         nodes.append(node)

@@ -77,10 +77,13 @@ class OrtGraph:
         emulate_fp16 (*optional*): run an fp16 graph as its fp32 fp16-emulation twin too (every fp16 result
             rounded like PyTorch's CPU fp16 ops; onnxruntime's own fp16 drops roundings): to compare it with an
             fp16 reference op by op.
+        rounding (*optional*): False runs a bf16 (fp16) graph as its unrounded twin instead (its ops in fp32, no
+            rounding between them; its outputs fp32): to compare the graph's arithmetic with an fp32 reference of
+            the same weights.
     """
 
     def __init__(self, model, *, providers: list[str] | None = None, threads: int | None = None,
-                 low_memory: bool = False, emulate_fp16: bool = False):
+                 low_memory: bool = False, emulate_fp16: bool = False, rounding: bool = True):
         import onnxruntime as ort
 
         self.providers = providers or ["CPUExecutionProvider"]
@@ -122,9 +125,10 @@ class OrtGraph:
                 from .bf16_emulation import emulate_bf16
 
                 kind = onnx.TensorProto.BFLOAT16 if half == "bf16" else onnx.TensorProto.FLOAT16
-                self._half_outputs = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type == kind}
+                if rounding:  # the twin rounded these outputs already: returned in the half dtype, exactly
+                    self._half_outputs = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type == kind}
                 self._half_dtype = torch.bfloat16 if half == "bf16" else torch.float16
-                proto, self.emulated_bf16 = emulate_bf16(proto, half=half), half == "bf16"
+                proto, self.emulated_bf16 = emulate_bf16(proto, half=half, rounding=rounding), half == "bf16"
                 self.emulated_fp16 = half == "fp16"
                 log.debug("%s graph on onnxruntime CPU: running its fp32 %s-emulation twin", half, half)
                 if source is not None and _has_external(proto):  # weights on disk: the twin beside them
@@ -134,7 +138,7 @@ class OrtGraph:
                         source = twin = _twin_beside(proto, Path(source))
                         proto = None
                     except OSError:  # a read-only export directory: the twin with its weights, in memory
-                        proto = emulate_bf16(model_proto(source), half=half)
+                        proto = emulate_bf16(model_proto(source), half=half, rounding=rounding)
         try:
             self.session = ort.InferenceSession(source if proto is None else proto.SerializeToString(), options,
                                                 providers=self.providers, disabled_optimizers=disabled)

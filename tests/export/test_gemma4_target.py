@@ -271,24 +271,27 @@ def test_a_half_precision_export_is_validated_and_decodes_as_the_target_alone(ha
 @pytest.mark.parametrize("half_export", ["bf16"], indirect=True)
 def test_a_bf16_bound_is_the_models_own_rounding_and_still_tells_a_shifted_tap(half_export, gemma4_pair):
     """Given the same weights in fp32, each block's bound is max(c, √2 · transformers' own rounding error), measured
-    independently here (bf16 vs fp32 transformers, per tap); the export's own validation (which builds the fp32
-    reference) passes, a graph read with taps one layer off and a reference over another window still fail, and
-    an fp32 run that does not fit the memory given falls back to c and says so."""
+    independently here (bf16 vs fp32 transformers, per tap), and the graph run unrounded matches transformers in
+    fp32 to summation order; the export's own validation (which builds the fp32 reference) passes, a graph read with
+    taps one layer off and a reference over another window still fail (the unrounded checks too), and an fp32 run
+    that does not fit the memory given falls back to c and says so."""
     import re
 
     import transformers
 
-    from dspark_trt.export.gemma4_target_onnx import GEMMA4_ROW_RMS, OWN_ROUNDING_FACTOR, validate_gemma4_target_onnx
-    from dspark_trt.export.gemma4_target_onnx import gemma4_tolerance
+    from dspark_trt.export.gemma4_target_onnx import GEMMA4_ROW_RMS, OWN_ROUNDING_FACTOR, UNROUNDED_ROW_RMS
+    from dspark_trt.export.gemma4_target_onnx import gemma4_tolerance, validate_gemma4_target_onnx
     from dspark_trt.taps import LayerTaps
 
     _, out, manifest = half_export
     lines = manifest["target"]["validation"]
     assert "max(c, 1.41·transformers' own bf16 rounding error" in lines[0], lines[0]
     assert all(line.strip().startswith("ok") for line in lines[1:]), lines
+    # the pair's checkpoint is fp32: the export's fp32 reference is rounded to the graph's bf16 weights first
+    assert sum(line.strip().startswith("ok   unrounded") for line in lines) == 7
 
     load = lambda dt: transformers.AutoModelForCausalLM.from_pretrained(gemma4_pair.target, dtype=dt).eval()  # noqa: E731
-    half, fp32 = load(torch.bfloat16), load(torch.float32)
+    half, fp32 = load(torch.bfloat16), load(torch.bfloat16).float()  # the graph's weights, upcast
     ids = [1, 3, 4]
     path = out / "onnx" / "target.onnx"
     report = validate_gemma4_target_onnx(path, half, ids, reference_fp32=fp32, raise_on_failure=False)
@@ -310,14 +313,22 @@ def test_a_bf16_bound_is_the_models_own_rounding_and_still_tells_a_shifted_tap(h
     assert stated == pytest.approx([max(GEMMA4_ROW_RMS, OWN_ROUNDING_FACTOR * e) for e in own], rel=0.05, abs=0.05), \
         (line, own)
 
+    unrounded = [c for c in report.checks if c.name.startswith("unrounded")]  # the graph in fp32 arithmetic
+    assert len(unrounded) == 7 and all(c.ok for c in unrounded)
+    stats = [float(x) for c in unrounded for x in re.search(r"worst row rms\|Δ\| ([^·]*)·", c.detail).group(1).split("/")]
+    assert max(stats) < 0.01 * UNROUNDED_ROW_RMS  # summation order only: far inside its bound
+
     shifted = validate_gemma4_target_onnx(path, half, [0, 2, 3], reference_fp32=fp32, raise_on_failure=False)
     assert not shifted.ok and all(c.ok for c in shifted.checks if "taps" not in c.name)
+    assert all(not c.ok for c in shifted.checks if c.name.startswith("unrounded") and "taps" in c.name)
     half.config.sliding_window = fp32.config.sliding_window = 12  # both references attend further back
-    assert not validate_gemma4_target_onnx(path, half, ids, reference_fp32=fp32, raise_on_failure=False).ok
+    window_12 = validate_gemma4_target_onnx(path, half, ids, reference_fp32=fp32, raise_on_failure=False)
+    assert not window_12.ok and not all(c.ok for c in window_12.checks if c.name.startswith("unrounded"))
     half.config.sliding_window = window
     small = validate_gemma4_target_onnx(path, half, ids, reference_fp32=lambda: load(torch.float32), available=0,
                                         raise_on_failure=False)
     assert small.ok and "own rounding not measured" in small.title and f"(limit {GEMMA4_ROW_RMS:g}/" in small.lines()[2]
+    assert not any(c.name.startswith("unrounded") for c in small.checks)
 
 
 def test_a_widened_bound_keeps_its_tail_in_proportion():

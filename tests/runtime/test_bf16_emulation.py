@@ -57,9 +57,12 @@ def test_twin_matches_torch_bf16_rounding():
     torch.testing.assert_close(out["s"], s_ref, atol=1e-5, rtol=1e-5)
 
 
-def test_plain_fp32_twin_would_not_match():
-    """Control: without the rounding pairs (plain upcast) the results differ from torch bf16 — the twin's
-    rounding is what makes the comparison meaningful."""
+def test_the_unrounded_twin_is_the_fp32_model_and_not_the_bf16_one():
+    """``rounding=False``: the graph's ops in fp32 without the rounding pairs — the same block in fp32 on the upcast
+    weights (to summation order), fp32 outputs; and (the control) not torch's bf16 results: the twin's rounding is
+    what makes the bf16 comparison meaningful."""
+    import copy
+
     import onnx
 
     from dspark_trt.runtime.bf16_emulation import emulate_bf16
@@ -68,22 +71,17 @@ def test_plain_fp32_twin_would_not_match():
 
     block = Block().to(torch.bfloat16)
     x = torch.randn(64, 37, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    twin = emulate_bf16(torch_onnx_export(block, (x,), input_names=["x"], output_names=["y", "s"]).model_proto)
-    keep = [n for n in twin.graph.node if not n.name.endswith(("/to_bf16", "/from_bf16"))]
-    rename = {n.output[0]: n.input[0] for n in twin.graph.node if n.name.endswith("/from_bf16")}
-    rename = {out: rename[out].removesuffix("__bf16") + "__fp32" for out in rename}
-    for n in keep:
-        n.input[:] = [rename.get(i, i) for i in n.input]
-    outputs = {o.name for o in twin.graph.output}
-    for n in keep:
-        n.output[:] = [o.removesuffix("__fp32") if o.removesuffix("__fp32") in outputs else o for o in n.output]
-        n.input[:] = [rename.get(i, i).removesuffix("__fp32") if rename.get(i, i).removesuffix("__fp32") in outputs
-                      else rename.get(i, i) for i in n.input]
-    del twin.graph.node[:]
-    twin.graph.node.extend(keep)
-    onnx.checker.check_model(twin)
-    out = OrtGraph(twin).run({"x": x.float()})["y"].to(torch.bfloat16)
-    assert int(ulps_apart(out, block(x)[0]).max()) > 1
+    proto = torch_onnx_export(block, (x,), input_names=["x"], output_names=["y", "s"]).model_proto
+    twin = emulate_bf16(proto, rounding=False)
+    bf16 = onnx.TensorProto.BFLOAT16
+    assert not any(n.name.endswith(("/to_bf16", "/from_bf16")) for n in twin.graph.node)
+    assert not any(a.name == "to" and a.i == bf16 for n in twin.graph.node for a in n.attribute)
+    out = OrtGraph(proto, rounding=False).run({"x": x})
+    assert out["y"].dtype == torch.float32
+    y32, s32 = copy.deepcopy(block).float()(x.float())  # the same weights, upcast
+    torch.testing.assert_close(out["y"], y32, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["s"], s32, atol=1e-5, rtol=1e-5)
+    assert int(ulps_apart(out["y"].to(torch.bfloat16), block(x)[0]).max()) > 1
 
 
 def test_the_fp16_twin_rounds_as_torch_where_onnxruntimes_own_fp16_does_not():
