@@ -1,6 +1,7 @@
-"""``python -m dspark_trt.export.bf16_emulation IN.onnx OUT.onnx``: write the fp32 bf16-emulation twin of a bf16
-graph (``runtime/bf16_emulation.py``), e.g. for ``polygraphy run OUT.onnx --onnxrt``; the weights are converted one
-tensor at a time, so a graph over 2 GiB never has its weights in memory at once.
+"""``python -m dspark_trt.export.bf16_emulation IN.onnx OUT.onnx [--unrounded]``: write the fp32 bf16-emulation twin
+of a bf16 graph (``runtime/bf16_emulation.py``), e.g. for ``polygraphy run OUT.onnx --onnxrt``; ``--unrounded``: its
+ops in fp32 without the roundings, to compare with a model in fp32. The weights are converted one tensor at a time,
+so a graph over 2 GiB never has its weights in memory at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", metavar="OUT.onnx", help="where to write the fp32 twin (weights inside, or in "
                    "OUT.onnx.data beside it when they exceed 1.5 GiB)")
     p.add_argument("--force", action="store_true", help="replace an existing OUT.onnx")
+    p.add_argument("--unrounded", action="store_true",
+                   help="the unrounded twin: the ops in fp32 with no rounding between them, to compare with the model "
+                        "in fp32 on the same (upcast) weights")
     args = p.parse_args(argv)
     try:
         import onnx
@@ -55,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             if external:
                 sink = stack.enter_context(open(stack.enter_context(atomic_output_file(data)), "wb"))
             convert = _StreamedInitializers(Path(args.model).parent, sink, data.name)
-            twin = emulate_bf16(model, initializer=convert)
+            twin = emulate_bf16(model, initializer=convert, rounding=not args.unrounded)
             if sink is not None:
                 sink.close()
             stack.close()
@@ -64,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except DSparkTrtError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {args.out}{f' (+ {Path(args.out).name}.data)' if external else ''}: the fp32 bf16-emulation twin "
-          f"of {args.model}")
+    kind = "unrounded fp32 twin" if args.unrounded else "fp32 bf16-emulation twin"
+    print(f"wrote {args.out}{f' (+ {Path(args.out).name}.data)' if external else ''}: the {kind} of {args.model}")
     return 0
 
 

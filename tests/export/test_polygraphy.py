@@ -119,3 +119,18 @@ def test_the_twin_tool_refuses_to_overwrite_and_non_bf16_graphs(tiny_pair, onnx_
     assert (tmp_path / "t.onnx").read_text() == "mine"
     assert main([str(onnx_export(tiny_pair, "fp32", 16) / "onnx" / "draft.onnx"), str(tmp_path / "u.onnx")]) == 1
     assert not (tmp_path / "u.onnx").exists()
+
+
+def test_the_twin_tool_writes_the_unrounded_twin(tiny_pair, onnx_export, tmp_path):
+    """``--unrounded``: the same graph without the rounding pairs (fewer nodes, no cast to bf16 left)."""
+    import onnx
+
+    from dspark_trt.export.bf16_emulation import main
+
+    draft = onnx_export(tiny_pair, "bf16", 16) / "onnx" / "draft.onnx"
+    assert main([str(draft), str(tmp_path / "r.onnx")]) == 0
+    assert main([str(draft), str(tmp_path / "u.onnx"), "--unrounded"]) == 0
+    rounded, unrounded = (onnx.load(str(tmp_path / f)) for f in ("r.onnx", "u.onnx"))
+    to_bf16 = lambda m: [n for n in m.graph.node if n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.BFLOAT16]  # noqa: E731
+    assert to_bf16(rounded) and not to_bf16(unrounded)
+    assert len(unrounded.graph.node) == len(rounded.graph.node) - 2 * len(to_bf16(rounded))
