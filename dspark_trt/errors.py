@@ -17,7 +17,12 @@ class MissingDependency(DSparkTrtError):
 
 
 class ValidationMismatch(DSparkTrtError):
-    """An exported artifact disagrees with the reference (CLI exit 3)."""
+    """An exported artifact disagrees with the reference (CLI exit 3). ``report``: the validation report's lines
+    (every check, passed or not; the message names the first failure)."""
+
+    def __init__(self, message: str, report: list[str] | None = None):
+        super().__init__(message)
+        self.report = list(report or [])
 
 
 class ServerBusy(DSparkTrtError):

@@ -100,14 +100,18 @@ def _load(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> N
 
 
 def _export(preset, name: str, work: Path, size: str, depth: dict, row: dict) -> None:
-    from ..errors import DSparkTrtError
+    from ..errors import DSparkTrtError, ValidationMismatch
     from ..export.pipeline import ExportOptions, export_model
 
     out = _pair_paths(work)
     dtype = "fp32" if size == "tiny" else "bf16"  # as written
-    result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
-                                                                      max_context=256),
-                          target_dir=out.target, force=True)
+    try:
+        result = export_model(out.drafter, work / "export", ExportOptions(topk=8, dtype=dtype, engine="none",
+                                                                          max_context=256),
+                              target_dir=out.target, force=True)
+    except ValidationMismatch as e:
+        row["validation"] = {"failed": e.report}  # the whole report (each check, passed or not), in the JSON row
+        raise
     row["export_phase_peak_rss_mb"] = {k: round(v / 2**20) for k, v in result.phase_peak_rss.items()}
     row["validation"] = {"drafter": result.manifest.get("validation") or [],
                          "target": result.manifest["target"].get("validation") or []}  # the reports, in the JSON row

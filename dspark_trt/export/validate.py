@@ -102,7 +102,7 @@ class ValidationReport:
             bad = [c for c in self.checks if not c.ok]
             raise ValidationMismatch(
                 f"exported ONNX disagrees with the reference ({len(bad)} of {len(self.checks)} checks): "
-                f"{bad[0].name}: {bad[0].detail}; re-export, or report a bug if it persists"
+                f"{bad[0].name}: {bad[0].detail}; re-export, or report a bug if it persists", self.lines()
             )
 
 

@@ -222,7 +222,7 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
         bad = [c for c in report.checks if not c.ok]
         raise ValidationMismatch(f"the exported target graph disagrees with transformers ({len(bad)} of "
                                  f"{len(report.checks)} checks): {bad[0].name}: {bad[0].detail}; re-export, or report "
-                                 f"a bug if it persists")
+                                 f"a bug if it persists", report.lines())
     return report
 
 
@@ -301,7 +301,7 @@ def validate_target_files(onnx_path: str | Path, target_dir: str | Path, layer_i
         bad = [c for c in report.checks if not c.ok]
         raise ValidationMismatch(f"the exported target graph disagrees with transformers ({len(bad)} of "
                                  f"{len(report.checks)} checks, layer subset): {bad[0].name}: {bad[0].detail}; "
-                                 f"re-export, or report a bug if it persists")
+                                 f"re-export, or report a bug if it persists", report.lines())
     return report
 
 

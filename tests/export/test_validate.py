@@ -142,3 +142,17 @@ def test_a_pick_the_other_side_could_not_make_is_judged_as_a_boundary_tie():
     far = base.clone()
     far[b, j, outside] = -10.0  # not a tie at all: the candidate-set rule fails it
     assert failed(compare_draft(got, ref, TOLERANCES["bf16"], vocab=V, base_logits=far)) == ["ids"]
+
+
+def test_a_failed_report_raises_with_every_line_of_it():
+    """The exception names the first failure in one line and carries the whole report (each check, passed or not):
+    a caller such as ``dspark bench releases`` keeps every failure, not only the first."""
+    from dspark_trt.errors import ValidationMismatch
+    from dspark_trt.export.validate import Check, ValidationReport
+
+    report = ValidationReport("fp32", TOLERANCES["fp32"], [Check("a", True, "fine"), Check("b", False, "off by 3"),
+                                                           Check("c", False, "off by 9")])
+    with pytest.raises(ValidationMismatch) as e:
+        report.raise_on_failure()
+    assert "\n" not in str(e.value) and "b: off by 3" in str(e.value) and "(2 of 3 checks)" in str(e.value)
+    assert e.value.report == report.lines() and sum("FAIL" in line for line in e.value.report) == 2
