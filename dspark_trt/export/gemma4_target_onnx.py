@@ -171,15 +171,15 @@ class _Ring:
 
 
 def _reference_run(model, ids: torch.Tensor, layer_ids: Sequence[int], num_layers: int, stored: Sequence[int],
-                   last: int, logit_rows: torch.Tensor | None = None) -> tuple:
-    """transformers over the whole prompt (eager attention): logits [1, T, V] (``logit_rows``: only those positions,
+                   last: int, logit_rows: torch.Tensor | None = None, attention: str = "eager") -> tuple:
+    """transformers over the whole prompt (``attention``: eager, or sdpa as a second implementation): logits [1, T, V] (``logit_rows``: only those positions,
     [1, R, V]) and taps [1, T, m·d] in the model's dtype, the K/V of the last ``last`` positions per stored layer
     ([1, H, ≤last, D] fp32 each), and the hidden states (L+1 tensors [1, T, d]: the taps one layer off are read from
     them)."""
     from ..taps import LayerTaps
 
     before = model.config._attn_implementation
-    model.config._attn_implementation = "eager"
+    model.config._attn_implementation = attention
     taps_of = LayerTaps(layer_ids, num_layers)  # the last layer tapped before the final norm, as the graph
     try:
         with torch.no_grad(), taps_of.capture(model):
@@ -193,27 +193,33 @@ def _reference_run(model, ids: torch.Tensor, layer_ids: Sequence[int], num_layer
 
 
 class OwnRounding:
-    """What the half-precision model's own rounding moves, per check: transformers in the export dtype against
-    itself in fp32 (the same weights, upcast), in the tolerance's worst-row units u·√n·rms, per block (the logits;
-    each tap; one layer's K/V). A graph that rounds where the model rounds lies about that far from it, not further:
-    the bound of a block is max(c, √2·own) (``OWN_ROUNDING_FACTOR``; ``RoundingTolerance.widened``)."""
+    """How far a second implementation of the model lies from the reference, per check, in the tolerance's units
+    u·√n·rms, per block (the logits; each tap; one layer's K/V): its worst row and worst element. For the half
+    precision checks, transformers in the export dtype against itself in fp32 (the same weights, upcast: the
+    model's own rounding); for the unrounded check, transformers in fp32 with sdpa against eager attention (how far
+    summation order alone moves the model at this shape). A graph that computes as the model does lies about that
+    far from it, not further: the bound of a block is max(c, √2·own) (``OWN_ROUNDING_FACTOR``;
+    ``RoundingTolerance.widened``), the element tail likewise."""
 
     def __init__(self, tol):
-        self.tol, self.own = tol, {}  # (chunk, kind) → [worst row per block]
+        self.tol, self.own, self.tail = tol, {}, {}  # (chunk, kind) → [worst row per block], [worst element]
 
-    def measure(self, key: tuple, half: torch.Tensor, fp32: torch.Tensor, depths: Sequence[int]) -> None:
-        """``half``/``fp32`` [..., len(depths)·w]: one block per depth."""
-        w = half.shape[-1] // len(depths)
-        self.own[key] = [self.tol.measure(half[..., j * w:(j + 1) * w].float(), fp32[..., j * w:(j + 1) * w],
-                                          [n]).worst_row for j, n in enumerate(depths)]
+    def measure(self, key: tuple, other: torch.Tensor, ref: torch.Tensor, depths: Sequence[int]) -> None:
+        """``other``/``ref`` [..., len(depths)·w]: one block per depth."""
+        w = other.shape[-1] // len(depths)
+        stats = [self.tol.measure(other[..., j * w:(j + 1) * w].float(), ref[..., j * w:(j + 1) * w].float(), [n])
+                 for j, n in enumerate(depths)]
+        self.own[key] = [s.worst_row for s in stats]
+        self.tail[key] = [s.worst_tail for s in stats]
 
     def bounds(self, key: tuple, blocks: int) -> list:
-        own = self.own.get(key, [0.0] * blocks)
-        return [self.tol.widened(e, OWN_ROUNDING_FACTOR) for e in own]
+        own, tail = self.own.get(key, [0.0] * blocks), self.tail.get(key, [0.0] * blocks)
+        return [self.tol.widened(e, OWN_ROUNDING_FACTOR, t) for e, t in zip(own, tail)]
 
 
 def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequence, depths: Sequence[int],
-                  own: Sequence[float] | None, apart: Sequence[float] | None = None) -> Check:
+                  own: Sequence[float] | None, apart: Sequence[float] | None = None,
+                  own_label: str = "transformers' own rounding") -> Check:
     """Each block of ``got``/``ref`` [..., len(depths)·w] within its own bound ``tols[j]``; one line for all.
     ``own``: the model's own rounding per block (None: not measured); ``apart``: how far a tap one layer off lies,
     per block (the taps: block j taps layer depths[j] − 1; reported, with the layers whose tap this shape cannot
@@ -232,7 +238,7 @@ def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequenc
               f"·u·√n·rms (limit {fmt(t.row_rms for t in tols)}), {sum(s.outside for s in stats)} of "
               f"{sum(s.elements for s in stats)} elements outside their bound")
     if own is not None:
-        detail += f"; transformers' own rounding {fmt(own)}"
+        detail += f"; {own_label} {fmt(own)}"
     if apart is not None:
         blind = [n - 1 for n, a, t in zip(depths, apart, tols) if a <= t.row_rms]
         detail += f"; a tap one layer off lies {fmt(apart)}"
@@ -294,10 +300,21 @@ def _kv_check(graph, new: dict, cache: dict, Q: int, check) -> Check:
 #: every this many prefill positions one row of logits is compared in fp32 (own rounding, unrounded check; the verify:
 #: every row): all rows of a 2k-token prompt at 262K ids are GBs in fp32
 UNROUNDED_LOGIT_STRIDE = 16
-#: the unrounded graph against transformers in fp32 (same weights), per row ≤ this · u·√n·rms (u of the export dtype):
-#: both compute in fp32, so they differ by summation order alone (≤ 5·10⁻⁴ on the tiny Gemma-4s of the tests), while
-#: a tap one layer off lies ≥ 50 there and ≥ 40 at full shape: 3 is far from both
+#: the unrounded graph against transformers in fp32 (same weights), per row ≤ this · u·√n·rms (u of the export dtype),
+#: or √2 × what summation order alone moves the model (sdpa vs eager) where that is larger: both compute in fp32,
+#: so on the tiny Gemma-4s of the tests they differ by ≤ 5·10⁻⁴ while a tap one layer off lies ≥ 50; at full width
+#: with random weights the model amplifies summation order layer by layer (to ~20 by layer 8)
 UNROUNDED_ROW_RMS = 3.0
+
+
+def unrounded_tolerance(dtype: str):
+    """The unrounded check's base bound: the target's rounding tolerance of ``dtype`` with c = ``UNROUNDED_ROW_RMS``
+    (t = 10·c), widened per block like the half-precision checks (``OwnRounding``: sdpa against eager in fp32)."""
+    import dataclasses
+
+    from .validate_target import TARGET_TOLERANCES
+
+    return dataclasses.replace(TARGET_TOLERANCES[dtype], row_rms=UNROUNDED_ROW_RMS, row_tail=10 * UNROUNDED_ROW_RMS)
 
 
 def _logit_rows(chunks) -> list:
@@ -311,31 +328,35 @@ def _logit_rows(chunks) -> list:
 def _unrounded_checks(onnx_path, graph, ids, chunks, labels, ref: dict, tap_depths, logit_depths, dtype: str, *,
                       low_memory: bool) -> list:
     """The half-precision graph run unrounded (``OrtGraph(rounding=False)``: its ops in fp32) against transformers in
-    fp32 on the same weights (``ref``: its logits at ``rows``, taps, new K/V, the taps one layer off): here no
-    rounding noise hides a structural difference, so a tap one layer off lies far outside ``UNROUNDED_ROW_RMS``
-    at any shape (the report line says how far)."""
+    fp32 on the same weights (``ref``: its logits at ``rows``, taps, new K/V, the taps one layer off, and ``order``:
+    sdpa against eager, the bound per block): here no rounding noise hides a structural difference — unless the
+    model's own summation order moves it as far at this shape (the report line says how far a tap one layer off
+    lies, and which taps the bound cannot tell from the layer below)."""
     import dataclasses
 
     from ..runtime.ort_session import OrtGraph
-    from .validate_target import TARGET_TOLERANCES
 
-    tol = dataclasses.replace(TARGET_TOLERANCES[dtype], row_rms=UNROUNDED_ROW_RMS, row_tail=10 * UNROUNDED_ROW_RMS)
+    order = ref["order"]
     session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True, rounding=False,
                        low_memory=low_memory)
     checks, seen = [], 0
     for n, label, (a, b), out, new, _ in _play_chunks(session, graph, ids, chunks, ref["rows"]):
         R = len(ref["rows"][n])
         d = ref["taps"].shape[-1] // len(tap_depths)
-        apart = [tol.measure(ref["off"][:, a:b, j * d:(j + 1) * d], ref["taps"][:, a:b, j * d:(j + 1) * d],
-                             [k]).worst_row for j, k in enumerate(tap_depths)]
+        apart = [order.tol.measure(ref["off"][:, a:b, j * d:(j + 1) * d], ref["taps"][:, a:b, j * d:(j + 1) * d],
+                                   [k]).worst_row for j, k in enumerate(tap_depths)]
+        sdpa = "transformers fp32 sdpa vs eager"
         checks += [_check_blocks(f"unrounded {label} logits [{R} rows, V]", out["logits"].float(),
-                                 ref["logits"][:, seen:seen + R], [tol], logit_depths, None),
+                                 ref["logits"][:, seen:seen + R], order.bounds((label, "logits"), 1), logit_depths,
+                                 order.own[(label, "logits")], own_label=sdpa),
                    _check_blocks(f"unrounded {label} taps [Q={b - a}, m·d]", out["taps"].float(),
-                                 ref["taps"][:, a:b], [tol] * len(tap_depths), tap_depths, None, apart)]
+                                 ref["taps"][:, a:b], order.bounds((label, "taps"), len(tap_depths)), tap_depths,
+                                 order.own[(label, "taps")], apart, own_label=sdpa)]
         seen += R
         if n == len(chunks) - 1:
             kv = _kv_check(graph, new, ref["cache"], b - a,
-                           lambda name, got, want, i: _check_blocks(name, got, want, [tol], [i + 1], None))
+                           lambda name, got, want, i: _check_blocks(name, got, want, order.bounds(("verify", i), 1),
+                                                                    [i + 1], order.own[("verify", i)], own_label=sdpa))
             checks.append(dataclasses.replace(kv, name="unrounded " + kv.name))
     return checks
 
@@ -359,7 +380,9 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     position and each verify position), and each block's bound becomes max(c, √2·own): at full
     head sizes a Gemma-4's own bf16 error is several times the tiny models' c. Then the graph runs a second time
     unrounded (its ops in fp32) against it, each row within ``UNROUNDED_ROW_RMS``: there no rounding noise hides a
-    tap one layer off, at any shape. A builder is skipped, falling back to c without the unrounded check, when its
+    tap one layer off, unless summation order alone moves the model as far at that shape (each block within
+    max(``UNROUNDED_ROW_RMS``, √2 × sdpa against eager in fp32)). A builder is skipped, falling back to c without the
+    unrounded check, when its
     fp32 run does not fit ``available`` memory (default: what the kernel reports available)."""
     import gc
     from types import SimpleNamespace
@@ -415,7 +438,6 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
             _round_like(fp32_model, half, {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
             f_logits, f_taps, f_cache, f_hidden = _reference_run(fp32_model, ids, layer_ids, graph.num_layers,
                                                                  graph.stored, Q_last, torch.cat(rows))
-            del fp32_model
             own = OwnRounding(tol)
             seen = 0
             for label, (a, b), r in zip(labels, chunks, rows):  # the logits: at ``rows`` (their worst row)
@@ -425,13 +447,28 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
             for i in graph.stored:
                 own.measure(("verify", i), torch.cat(cache_tail[i]), torch.cat(f_cache[i]), [i + 1])
             f_off = LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], graph.num_layers).select(f_hidden)
+            del f_hidden
+            # a second fp32 implementation (sdpa): how far summation order alone moves the model at this shape
+            g_logits, g_taps, g_cache, _ = _reference_run(fp32_model, ids, layer_ids, graph.num_layers, graph.stored,
+                                                          Q_last, torch.cat(rows), attention="sdpa")
+            del fp32_model
+            order = OwnRounding(unrounded_tolerance(dtype))
+            seen = 0
+            for label, (a, b), r in zip(labels, chunks, rows):
+                order.measure((label, "logits"), g_logits[:, seen:seen + len(r)], f_logits[:, seen:seen + len(r)],
+                              logit_depths)
+                order.measure((label, "taps"), g_taps[:, a:b], f_taps[:, a:b], tap_depths)
+                seen += len(r)
+            for i in graph.stored:
+                order.measure(("verify", i), torch.cat(g_cache[i]), torch.cat(f_cache[i]), [i + 1])
             unrounded = {"rows": rows, "logits": f_logits.float(),  # [1, R, V] fp32
-                         "taps": f_taps.float(), "cache": f_cache, "off": f_off.float()}
-            del f_logits, f_taps, f_hidden, f_off
+                         "taps": f_taps.float(), "cache": f_cache, "off": f_off.float(), "order": order}
+            del f_logits, f_taps, f_off, g_logits, g_taps, g_cache
             gc.collect()
     bound = (f"; each block within max(c, {OWN_ROUNDING_FACTOR:.3g}·transformers' own {dtype} rounding error, "
-             f"measured against its fp32); then the graph unrounded against transformers in fp32, each row within "
-             f"{UNROUNDED_ROW_RMS:g}·u·√n·rms" if own is not None else own_note)
+             f"measured against its fp32); then the graph unrounded against transformers in fp32, each block within "
+             f"max({UNROUNDED_ROW_RMS:g}, {OWN_ROUNDING_FACTOR:.3g}·transformers' fp32 sdpa vs eager)·u·√n·rms"
+             if own is not None else own_note)
     report = ValidationReport(dtype, tol, title=f"Gemma-4 target validation: onnxruntime vs transformers, a prompt of "
                                                 f"{T} tokens (sliding window {window}) in chunks {chunks}{bound}")
     session = OrtGraph(onnx_path, threads=torch.get_num_threads(), emulate_fp16=True,  # op by op as torch

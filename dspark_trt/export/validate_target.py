@@ -64,11 +64,12 @@ class RoundingTolerance:
         return (f"per row over n layers rms|Δ| ≤ {self.row_rms:g}·u·√n·rms(ref), each |Δ| ≤ "
                 f"{self.element:g}·u·|ref| + {self.row_tail:g}·u·√n·rms(ref), u = {self.unit:.3g}")
 
-    def widened(self, own: float, factor: float) -> "RoundingTolerance":
-        """This bound, or ``factor`` × a model's own measured rounding error ``own`` (worst row, in u·√n·rms) where
-        that is larger: c' = max(c, factor·own), the tail kept at t'/c' = t/c."""
+    def widened(self, own: float, factor: float, own_tail: float = 0.0) -> "RoundingTolerance":
+        """This bound, or ``factor`` × a model's own measured error where that is larger: c' = max(c, factor·own)
+        (``own``: its worst row, in u·√n·rms), t' = max(t·c'/c, factor·own_tail) (``own_tail``: its worst element
+        past a·u·|ref|, in the same units: ``RowStats.worst_tail``)."""
         c = max(self.row_rms, factor * own)
-        return dataclasses.replace(self, row_rms=c, row_tail=self.row_tail * c / self.row_rms)
+        return dataclasses.replace(self, row_rms=c, row_tail=max(self.row_tail * c / self.row_rms, factor * own_tail))
 
     def measure(self, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
                 mask: torch.Tensor | None = None) -> RowStats:
@@ -84,7 +85,7 @@ class RoundingTolerance:
         # rows in slices of ~CHECK_SLICE_ELEMENTS float64 values: the same statistics, computed row by row, in a
         # bounded amount of memory (a prefill's logits at full vocabulary are GBs; fp64 copies of them were 5x that)
         step = max(1, CHECK_SLICE_ELEMENTS // max(1, blocks * G.shape[-1]))
-        nonfinite, worst_row, n_out, max_diff = 0, 0.0, 0, 0.0
+        nonfinite, worst_row, n_out, max_diff, worst_tail = 0, 0.0, 0, 0.0, 0.0
         for start in range(0, G.shape[0], step):
             g = G[start:start + step].to(torch.float64)  # [rows', m, w]
             r = R[start:start + step].to(torch.float64)
@@ -95,11 +96,14 @@ class RoundingTolerance:
             scale = root_n * r.pow(2).mean(-1).sqrt()  # [rows', m]: u·√n·rms(ref_row)
             err = diff.pow(2).mean(-1).sqrt()  # [rows', m]
             rel = torch.where(err == 0, 0.0, err / scale.clamp_min(torch.finfo(torch.float64).tiny))
-            outside = diff > self.element * u * r.abs() + self.row_tail * scale.unsqueeze(-1)
+            past = diff - self.element * u * r.abs()  # [rows', m, w]: beyond the element's own roundings
+            outside = past > self.row_tail * scale.unsqueeze(-1)
             if rel.numel():
                 worst_row, max_diff = max(worst_row, float(rel.max())), max(max_diff, float(diff.max()))
+                tail = past / scale.unsqueeze(-1).clamp_min(torch.finfo(torch.float64).tiny)
+                worst_tail = max(worst_tail, float(tail.max()))
             n_out += int(outside.sum())
-        return RowStats(nonfinite, worst_row, n_out, max_diff, G.numel())
+        return RowStats(nonfinite, worst_row, n_out, max_diff, G.numel(), worst_tail)
 
     def check(self, name: str, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int],
               mask: torch.Tensor | None = None) -> Check:
@@ -118,13 +122,15 @@ class RoundingTolerance:
 @dataclass(frozen=True)
 class RowStats:
     """What ``RoundingTolerance.measure`` finds: non-finite values, the worst row's rms|Δ| in u·√n·rms(ref), the
-    elements past their bound, the largest |Δ| and the elements compared."""
+    elements past their bound, the largest |Δ|, the elements compared, and the worst element's |Δ| beyond its own
+    roundings (a·u·|ref|) in u·√n·rms(ref) of its row (the tail t it would need)."""
 
     nonfinite: int
     worst_row: float
     outside: int
     max_diff: float
     elements: int
+    worst_tail: float = 0.0
 
 
 #: per export dtype; the reason is printed with every report
