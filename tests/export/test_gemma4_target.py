@@ -331,6 +331,26 @@ def test_a_bf16_bound_is_the_models_own_rounding_and_still_tells_a_shifted_tap(h
     assert not any(c.name.startswith("unrounded") for c in small.checks)
 
 
+def test_the_fp32_reference_holds_the_graphs_weights_and_embedding_scale():
+    """``_round_like``: an fp32 model's weights rounded to bf16 (kept fp32) are the bf16 model's, upcast, and so is
+    its embedding scale, which transformers casts to the weight dtype where it is used (√48 = 6.93 → 6.94 in bf16)."""
+    import copy
+
+    from dspark_trt.export.gemma4_target_onnx import _round_like
+
+    fp32 = tiny_gemma4(hidden_size=48)
+    half = copy.deepcopy(fp32).to(torch.bfloat16)
+    names = {n for n, t in half.state_dict().items() if t.dtype == torch.bfloat16}
+    _round_like(fp32, names, torch.bfloat16)
+    for name, tensor in half.state_dict().items():
+        assert torch.equal(fp32.state_dict()[name], tensor.float()), name
+    scale = fp32.model.embed_tokens.embed_scale
+    assert scale.dtype == torch.float32 and float(scale) == float(torch.tensor(48 ** 0.5).to(torch.bfloat16)) != 48 ** 0.5
+    ids = torch.randint(0, 300, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the scaled embeddings now agree to the bf16 model's values, exactly
+        assert torch.equal(fp32.model.embed_tokens(ids).to(torch.bfloat16), half.model.embed_tokens(ids))
+
+
 def test_a_widened_bound_keeps_its_tail_in_proportion():
     from dspark_trt.export.validate_target import RoundingTolerance
 
