@@ -14,7 +14,8 @@ from dspark_trt.artifact.export_dir import check_manifest, read_manifest
 from dspark_trt.artifact.manifest import graph_io
 from dspark_trt.export.pipeline import ExportOptions, build_engines, export_model
 
-pytestmark = [pytest.mark.onnx, pytest.mark.triton]
+# one worker builds the module's README export once (loadgroup; else each worker that runs a test here builds it)
+pytestmark = [pytest.mark.onnx, pytest.mark.triton, pytest.mark.xdist_group("export-pipeline")]
 
 
 @pytest.fixture(scope="module")
