@@ -192,6 +192,22 @@ def _reference_run(model, ids: torch.Tensor, layer_ids: Sequence[int], num_layer
     return out.logits, taps_of.select(out.hidden_states), cache, out.hidden_states
 
 
+def _block_stats(tols: Sequence, got: torch.Tensor, ref: torch.Tensor, depths: Sequence[int]) -> list:
+    """``got``/``ref`` [..., len(depths)·w]: each block of width w measured with its own tolerance ``tols[j]`` and
+    depth → [RowStats per block]."""
+    w = got.shape[-1] // len(depths)
+    return [t.measure(got[..., j * w:(j + 1) * w], ref[..., j * w:(j + 1) * w], [n])
+            for j, (t, n) in enumerate(zip(tols, depths))]
+
+
+def _one_layer_off(layer_ids: Sequence[int], num_layers: int, hidden) -> torch.Tensor:
+    """The taps a graph one layer off would give (layer i − 1 for each id i; the embeddings' neighbour is layer 0),
+    read from transformers' hidden states (L+1 tensors [1, T, d]) → [1, T, m·d]."""
+    from ..taps import LayerTaps
+
+    return LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], num_layers).select(hidden)
+
+
 class OwnRounding:
     """How far a second implementation of the model lies from the reference, per check, in the tolerance's units
     u·√n·rms, per block (the logits; each tap; one layer's K/V): its worst row and worst element. For the half
@@ -206,9 +222,7 @@ class OwnRounding:
 
     def measure(self, key: tuple, other: torch.Tensor, ref: torch.Tensor, depths: Sequence[int]) -> None:
         """``other``/``ref`` [..., len(depths)·w]: one block per depth."""
-        w = other.shape[-1] // len(depths)
-        stats = [self.tol.measure(other[..., j * w:(j + 1) * w].float(), ref[..., j * w:(j + 1) * w].float(), [n])
-                 for j, n in enumerate(depths)]
+        stats = _block_stats([self.tol] * len(depths), other.float(), ref.float(), depths)
         self.own[key] = [s.worst_row for s in stats]
         self.tail[key] = [s.worst_tail for s in stats]
 
@@ -226,9 +240,7 @@ def _check_blocks(name: str, got: torch.Tensor, ref: torch.Tensor, tols: Sequenc
     tell from its neighbour's)."""
     if got.shape != ref.shape:
         return Check(name, False, f"shape {list(got.shape)} != reference {list(ref.shape)}")
-    w = got.shape[-1] // len(depths)
-    stats = [t.measure(got[..., j * w:(j + 1) * w], ref[..., j * w:(j + 1) * w], [n])
-             for j, (t, n) in enumerate(zip(tols, depths))]
+    stats = _block_stats(tols, got, ref, depths)
     nonfinite = sum(s.nonfinite for s in stats)
     if nonfinite:
         return Check(name, False, f"{nonfinite} non-finite values (graph or transformers)")
@@ -348,9 +360,8 @@ def _unrounded_checks(onnx_path, graph, ids, chunks, labels, ref: dict, tap_dept
     checks, seen = [], 0
     for n, label, (a, b), out, new, _ in _play_chunks(session, graph, ids, chunks, ref["rows"]):
         R = len(ref["rows"][n])
-        d = ref["taps"].shape[-1] // len(tap_depths)
-        apart = [order.tol.measure(ref["off"][:, a:b, j * d:(j + 1) * d], ref["taps"][:, a:b, j * d:(j + 1) * d],
-                                   [k]).worst_row for j, k in enumerate(tap_depths)]
+        apart = [st.worst_row for st in _block_stats([order.tol] * len(tap_depths), ref["off"][:, a:b],
+                                                     ref["taps"][:, a:b], tap_depths)]
         sdpa = "transformers fp32 sdpa vs eager"
         checks += [_check_blocks(f"unrounded {label} logits [{R} rows, V]", out["logits"].float(),
                                  ref["logits"][:, seen:seen + R], order.bounds((label, "logits"), 1), logit_depths,
@@ -394,7 +405,6 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     from types import SimpleNamespace
 
     from ..runtime.ort_session import OrtGraph
-    from ..taps import LayerTaps
     from .gemma4_target_graph import Gemma4TargetGraph
     from .validate_target import RoundingTolerance, _compare, memory_available, reference_model
 
@@ -421,10 +431,9 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
     logit_depths = [graph.num_layers + 1]  # every layer, then the lm_head
     own, apart, own_note, unrounded = None, None, "", None
     if isinstance(tol, RoundingTolerance):  # how far a tap one layer off lies (from the reference's own states)
-        off = LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], graph.num_layers).select(hidden)
-        d = all_taps.shape[-1] // len(layer_ids)
-        apart = {label: [tol.measure(off[:, a:b, j * d:(j + 1) * d].float(), all_taps[:, a:b, j * d:(j + 1) * d].float(),
-                                     [n]).worst_row for j, n in enumerate(tap_depths)]
+        off = _one_layer_off(layer_ids, graph.num_layers, hidden)
+        apart = {label: [st.worst_row for st in _block_stats([tol] * len(tap_depths), off[:, a:b].float(),
+                                                             all_taps[:, a:b].float(), tap_depths)]
                  for label, (a, b) in zip(labels, chunks)}
         del off
     del hidden
@@ -452,7 +461,7 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
                 seen += len(r)
             for i in graph.stored:
                 own.measure(("verify", i), torch.cat(cache_tail[i]), torch.cat(f_cache[i]), [i + 1])
-            f_off = LayerTaps([i - 1 if i >= 0 else i + 1 for i in layer_ids], graph.num_layers).select(f_hidden)
+            f_off = _one_layer_off(layer_ids, graph.num_layers, f_hidden)
             del f_hidden
             # a second fp32 implementation (sdpa): how far summation order alone moves the model at this shape
             g_logits, g_taps, g_cache, _ = _reference_run(fp32_model, ids, layer_ids, graph.num_layers, graph.stored,
