@@ -45,6 +45,8 @@ import statistics
 import time
 from pathlib import Path
 
+from ..process_memory import peak_rss_bytes
+
 log = logging.getLogger("dspark")
 
 CONTEXTS = (128, 512, 1024, 2048, 4096, 8192)
@@ -330,8 +332,6 @@ def goals(report: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------------ run
 def run(args: argparse.Namespace) -> int:
-    import resource
-
     import torch
 
     from ..errors import DSparkTrtError
@@ -369,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
             costs = draft_round_costs(runners, contexts, batches, args.repeats)
         report["draft_rounds"] = {n: {B: {S: sec for S, sec in by_s.items()} for B, by_s in by_b.items()}
                                   for n, by_b in costs.items()}
-    report["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    report["peak_rss_bytes"] = peak_rss_bytes()
     report["goals"] = goals(json.loads(json.dumps(report)))  # string keys, as in the JSON file
     text = tables(json.loads(json.dumps(report)))
     if args.out:

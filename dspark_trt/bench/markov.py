@@ -57,6 +57,7 @@ from typing import Callable
 import torch
 
 from ..errors import DSparkTrtError
+from ..process_memory import peak_rss_bytes, reset_peak_rss
 
 __all__ = ["MarkovBenchConfig", "run_markov_bench", "plot_rows", "format_table", "add_arguments", "run"]
 
@@ -148,32 +149,15 @@ class _PeakMemory:
         self.device = device
 
     def reset(self) -> None:
-        try:  # Linux: "5" resets VmHWM to the current RSS
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass  # the peak since the process started
+        reset_peak_rss()  # elsewhere than Linux: the peak since the process started
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def read(self) -> dict:
-        out = {"peak_rss_mb": round(_peak_rss_bytes() / 2**20, 1)}
+        out = {"peak_rss_mb": round(peak_rss_bytes() / 2**20, 1)}
         if self.device.type == "cuda":
             out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
         return out
-
-
-def _peak_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
 def run_markov_bench(cfg: MarkovBenchConfig) -> list[dict]:

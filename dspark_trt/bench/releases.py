@@ -23,14 +23,16 @@ whose feature dspark-trt lacks is a one-line ``refused`` row naming the feature,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ..process_memory import MemoryCgroup, evict_page_cache, peak_rss_bytes
 
 __all__ = ["SIZES", "STEPS", "release_depth", "run_release", "greedy_equal", "add_arguments", "run"]
 
@@ -180,10 +182,6 @@ def run_release(name: str, work: str | Path, size: str = "tiny", *, engine: str 
     return row
 
 
-def _peak_rss_mb() -> int:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-
-
 def _child(name: str, size: str, engine: str, *, work: str | None = None, step: str | None = None,
            target_layers: int | None = None) -> dict:
     if work is not None:  # one step of a --size full row, on the row's work directory
@@ -191,7 +189,7 @@ def _child(name: str, size: str, engine: str, *, work: str | None = None, step: 
     else:
         with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as tmp:
             row = run_release(name, tmp, size, engine=engine, target_layers=target_layers)
-    row["peak_rss_mb"] = _peak_rss_mb()
+    row["peak_rss_mb"] = round(peak_rss_bytes() / 2**20)
     return row
 
 
@@ -228,6 +226,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="auto", help="engine flavor for the build step: auto | tensorrt-rtx | none")
     p.add_argument("--per-step", action="store_true",
                    help="each step in a process of its own: each step's peak memory (always with --size full)")
+    p.add_argument("--drafter-memory-limit-gb", type=float, default=None, metavar="G",
+                   help="build the drafter's engines (its own step) in a memory cgroup of G GB: anonymous memory and "
+                        "page cache together, as on a G GB host (Linux; needs a writable memory cgroup)")
     p.add_argument("--json", action="store_true", help="one JSON object per release")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_step", default=None, help=argparse.SUPPRESS)
@@ -258,25 +259,43 @@ def _depth_of(name: str, args: argparse.Namespace) -> tuple[int | None, str]:
     return fit_target_layers(get_preset(name), budget)
 
 
-def _run_child(name: str, args: argparse.Namespace, depth: int | None, *extra: str) -> dict:
+def _run_child(name: str, args: argparse.Namespace, depth: int | None, *extra: str,
+               limit_bytes: int | None = None) -> dict:
+    """One child process's row; with ``limit_bytes`` the child runs in a memory cgroup of that size, the work
+    directory's files evicted from the page cache first so that its reads are charged to it (the row then says its
+    limit, the cgroup's peak, and whether the limit killed it)."""
     cmd = [sys.executable, "-m", "dspark_trt.cli.main", "bench", "releases", "--_child", name, "--size", args.size,
            "--engine", args.engine, *extra]
     if depth:
         cmd += ["--target-layers", str(depth)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if limit_bytes and "--_work" in extra:
+        evict_page_cache(extra[extra.index("--_work") + 1])
+    with MemoryCgroup(limit_bytes) if limit_bytes else contextlib.nullcontext() as cgroup:
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cgroup.join if cgroup else None)
+        limit = {"memory_limit_mb": round(limit_bytes / 2**20), "cgroup_peak_mb": _mb(cgroup.peak_bytes()),
+                 "cgroup_oom_kills": cgroup.oom_kills()} if cgroup else {}
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
-        return json.loads(last)
+        return {**json.loads(last), **limit}
     except json.JSONDecodeError:
+        detail = exit_detail(proc.returncode, proc.stderr, limit_bytes if limit.get("cgroup_oom_kills") else None)
         return {"preset": name, "size": args.size, "depth": {}, "status": "fail", "step": extra[1] if extra else "?",
-                "seconds": 0, "steps": {}, "detail": exit_detail(proc.returncode, proc.stderr)}
+                "seconds": 0, "steps": {}, "detail": detail, **limit}
 
 
-def exit_detail(returncode: int, stderr: str) -> str:
+def _mb(value: int | None) -> int | None:
+    return None if value is None else round(value / 2**20)
+
+
+def exit_detail(returncode: int, stderr: str, limit_bytes: int | None = None) -> str:
     """One line for a step's process that printed no row: the signal that ended it (SIGKILL: most likely the kernel's
-    out-of-memory killer), else its exit status and last line of stderr."""
+    out-of-memory killer; ``limit_bytes``: its memory cgroup's limit killed it), else its exit status and last line
+    of stderr."""
     import signal
 
+    if limit_bytes is not None:
+        return (f"killed by its memory limit of {limit_bytes / 1e9:.2f} GB (the memory cgroup's out-of-memory killer: "
+                f"the step needs more than that, page cache reclaimed)")
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -289,15 +308,28 @@ def exit_detail(returncode: int, stderr: str) -> str:
     return f"exit {returncode}: {err}"
 
 
+def step_memory_limits(args: argparse.Namespace) -> dict[str, int]:
+    """The steps that run in a memory cgroup → its limit in bytes (``--drafter-memory-limit-gb``: the drafter's
+    engines, the one step that holds the drafter alone)."""
+    gb = getattr(args, "drafter_memory_limit_gb", None)
+    return {"drafter engines": int(gb * 1e9)} if gb else {}
+
+
 def _stepwise_row(name: str, args: argparse.Namespace, depth: int | None) -> dict:
     """A row whose steps each run in a child process of their own, on one work directory: each step's peak."""
     steps = STEPS if args.engine != "none" else STEPS[:-len(ENGINE_STEPS)]
+    limits = step_memory_limits(args)
     row: dict = {}
     with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as work:
         for step in steps:
-            part = _run_child(name, args, depth, "--_step", step, "--_work", work)
+            part = _run_child(name, args, depth, "--_step", step, "--_work", work, limit_bytes=limits.get(step))
             if not row:
                 row = {**part, "steps": {}, "step_peak_rss_mb": {}, "seconds": 0.0}
+                for key in ("memory_limit_mb", "cgroup_peak_mb", "cgroup_oom_kills"):
+                    row.pop(key, None)
+            if step in limits:
+                row.setdefault("step_memory_limit", {})[step] = {
+                    key: part.get(key) for key in ("memory_limit_mb", "cgroup_peak_mb", "cgroup_oom_kills")}
             row["steps"].update(part.get("steps", {}))
             row["step_peak_rss_mb"][step] = part.get("peak_rss_mb")
             row["seconds"] = round(row["seconds"] + part.get("seconds", 0), 1)
@@ -326,10 +358,16 @@ def run(args: argparse.Namespace) -> int:
     if args.target_layers == "fit" and args.size != "full":
         raise DSparkTrtError("--target-layers fit sizes the full-shape target (--size full); at --size "
                              f"{args.size} pass a depth, or leave it out")
+    if args.drafter_memory_limit_gb is not None:
+        if args.drafter_memory_limit_gb <= 0 or args.engine == "none":
+            raise DSparkTrtError("--drafter-memory-limit-gb G limits the drafter engines step: give G > 0 and an "
+                                 "engine flavor (not --engine none)")
+        MemoryCgroup(int(args.drafter_memory_limit_gb * 1e9)).remove()  # no cgroup here: one line now, not mid-row
     rows = []
     for name in args.preset or drafter_presets():
         depth, why = _depth_of(name, args)  # once per row: every step runs at that depth
-        row = _stepwise_row(name, args, depth) if args.size == "full" or args.per_step else _run_child(name, args, depth)
+        stepwise = args.size == "full" or args.per_step or step_memory_limits(args)
+        row = _stepwise_row(name, args, depth) if stepwise else _run_child(name, args, depth)
         if why:
             row["depth_fit"] = why
         rows.append(row)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..atomic import atomic_output_dir, check_output_dir
+from ..process_memory import peak_rss_bytes
 from ..checkpoint_integrity import check_checkpoint_files
 from ..config import DSparkConfig
 from ..errors import DSparkTrtError
@@ -99,13 +100,6 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
     #: the process's peak resident bytes when each phase ended (``ru_maxrss``): the phase where it grew holds the peak
     phase_peak_rss: dict[str, int] = field(default_factory=dict)
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (``ru_maxrss``; KiB on Linux)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Phases:

@@ -46,3 +46,37 @@ def test_a_step_killed_by_a_signal_says_so_in_one_line():
     assert releases.exit_detail(-signal.SIGTERM, "") == "killed by SIGTERM"
     assert releases.exit_detail(3, "Traceback\nValueError: bad\n") == "exit 3: ValueError: bad"
     assert releases.exit_detail(1, "") == "exit 1: no output"
+
+
+def test_a_step_runs_in_a_memory_cgroup_of_its_limit(tmp_path):
+    """A step given a limit runs in a memory cgroup of that size: under a limit smaller than the interpreter with
+    torch, the kernel kills it and the row says its limit killed it (one line); under a roomy one it passes and the
+    row carries the limit and the cgroup's peak."""
+    from dspark_trt.errors import DSparkTrtError
+    from dspark_trt.process_memory import MemoryCgroup
+
+    try:
+        MemoryCgroup(1 << 30).remove()
+    except DSparkTrtError as e:
+        pytest.skip(f"no writable memory cgroup here: {e}")
+    args = _args(engine="none")
+    small = releases._run_child("dspark_qwen3_4b_block7", args, None, "--_step", "write", "--_work",
+                                str(tmp_path / "a"), limit_bytes=120 << 20)
+    assert (small["status"], small["step"]) == ("fail", "write"), small
+    assert small["detail"].startswith("killed by its memory limit of 0.13 GB") and "\n" not in small["detail"]
+    assert small["cgroup_oom_kills"] >= 1 and small["memory_limit_mb"] == 120
+    roomy = releases._run_child("dspark_qwen3_4b_block7", args, None, "--_step", "write", "--_work",
+                                str(tmp_path / "b"), limit_bytes=4 << 30)
+    assert roomy["status"] == "pass" and roomy["cgroup_oom_kills"] == 0, roomy
+    assert 120 < roomy["cgroup_peak_mb"] <= 4 << 10 and roomy["memory_limit_mb"] == 4 << 10
+
+
+def test_the_drafter_memory_limit_applies_to_the_drafter_engines_and_needs_an_engine():
+    assert releases.step_memory_limits(_args(drafter_memory_limit_gb=16)) == {"drafter engines": 16_000_000_000}
+    assert releases.step_memory_limits(_args()) == {}
+    from dspark_trt.errors import DSparkTrtError
+
+    with pytest.raises(DSparkTrtError, match="--drafter-memory-limit-gb G limits the drafter engines step"):
+        releases.run(_args(drafter_memory_limit_gb=16, engine="none", preset="dspark_qwen3_4b_block7"))
+    with pytest.raises(DSparkTrtError, match="G > 0"):
+        releases.run(_args(drafter_memory_limit_gb=0, preset="dspark_qwen3_4b_block7"))

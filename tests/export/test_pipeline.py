@@ -47,7 +47,7 @@ def test_onnx_is_valid_and_validated(exported):
 def test_each_phase_records_the_peak_resident_memory_it_ended_with(exported):
     """The process's peak after each phase (the phase where it grew held it): every phase run, in order, never
     falling, none above the process's peak now."""
-    from dspark_trt.export.pipeline import peak_rss_bytes
+    from dspark_trt.process_memory import peak_rss_bytes
 
     peaks = exported.phase_peak_rss
     assert list(peaks)[1:4] == ["write ONNX weights", "validate ONNX", "target ONNX + validation"]
