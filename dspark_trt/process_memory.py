@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import DSparkTrtError
 
-__all__ = ["peak_rss_bytes", "reset_peak_rss", "evict_page_cache", "MemoryCgroup"]
+__all__ = ["peak_rss_bytes", "reset_peak_rss", "memory_available", "evict_page_cache", "MemoryCgroup"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -50,6 +50,53 @@ def reset_peak_rss() -> None:
             f.write("5")
     except OSError:
         pass
+
+
+def memory_available(*, root: Path = CGROUP_ROOT, proc_cgroup: str | None = None,
+                     meminfo: str | None = None) -> int:
+    """Bytes this process can still use: what the kernel reports available (``MemAvailable``), or less where a
+    memory cgroup it runs in (a container's, a Kubernetes pod's, a ``MemoryCgroup``) leaves less — its limit minus
+    its working set (usage less inactive page cache, as the kubelet counts it), the tightest of it and its
+    ancestors; a large number where neither says."""
+    try:
+        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+        kernel = next(int(line.split()[1]) * 1024 for line in text.splitlines() if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        kernel = 1 << 62
+    try:
+        cgroup = _cgroup_headroom(root, proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text())
+    except OSError:
+        cgroup = None
+    return kernel if cgroup is None else max(0, min(kernel, cgroup))
+
+
+def _stat(path: Path) -> dict[str, int]:
+    return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines() if len(line.split()) == 2)}
+
+
+def _cgroup_headroom(root: Path, proc_cgroup: str) -> int | None:
+    """The least (limit − working set) over this process's memory cgroup and its ancestors; None: no limit."""
+    if (root / "cgroup.controllers").exists():
+        v2, own = True, root / _own_cgroup(2, proc_cgroup).lstrip("/")
+        top = root
+    else:
+        v2, top = False, root / "memory"
+        own = top / _own_cgroup(1, proc_cgroup).lstrip("/")
+    best = None
+    for path in [own, *own.parents]:
+        if not path.is_relative_to(top):
+            break
+        limit_file = path / ("memory.max" if v2 else "memory.limit_in_bytes")
+        if not limit_file.exists():
+            continue
+        raw = limit_file.read_text().strip()
+        if raw == "max" or int(raw) >= 1 << 60:  # v1 writes "no limit" as a page-rounded 2^63 - 1
+            continue
+        usage = int((path / ("memory.current" if v2 else "memory.usage_in_bytes")).read_text())
+        stat = _stat(path / "memory.stat")
+        working = usage - stat.get("inactive_file" if v2 else "total_inactive_file", 0)
+        best = int(raw) - working if best is None else min(best, int(raw) - working)
+    return best
 
 
 def evict_page_cache(*paths: str | os.PathLike) -> int:

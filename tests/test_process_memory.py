@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from dspark_trt.errors import DSparkTrtError
-from dspark_trt.process_memory import MemoryCgroup, _own_cgroup, evict_page_cache, peak_rss_bytes, reset_peak_rss
+from dspark_trt.process_memory import (MemoryCgroup, _own_cgroup, evict_page_cache, memory_available, peak_rss_bytes,
+                                       reset_peak_rss)
 
 V1 = "12:pids:/a\n4:memory:/process_api/abc\n1:name=systemd:/\n0::/\n"
 V2 = "0::/user.slice/session-3.scope\n"
@@ -104,3 +105,46 @@ def test_a_file_evicted_from_the_page_cache_is_charged_to_the_child_that_reads_i
         out = subprocess.run(read, capture_output=True, text=True, preexec_fn=evicted.join)
         assert out.stdout.strip() == expected, out.stderr
         assert evicted.peak_bytes() >= 64 << 20
+
+
+GB = 10**9
+MEMINFO = "MemTotal: 24000000 kB\nMemAvailable: 20000000 kB\n"  # 20.48 GB
+
+
+def _v2(tmp, path: str, limit: str, current: int, inactive: int) -> None:
+    d = tmp / path.lstrip("/")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "memory.max").write_text(limit + "\n")
+    (d / "memory.current").write_text(f"{current}\n")
+    (d / "memory.stat").write_text(f"anon {current - inactive}\ninactive_file {inactive}\nactive_file 0\n")
+
+
+def test_memory_available_is_the_tightest_of_the_kernel_and_each_cgroup_up_the_tree(tmp_path):
+    """A pod's limit (an ancestor) below the kernel's MemAvailable wins, counted as limit − (usage − inactive page
+    cache); no limit anywhere: the kernel's figure; v1 writes "no limit" as 2^63 rounded to a page."""
+    (tmp_path / "cgroup.controllers").write_text("memory\n")
+    _v2(tmp_path, "/kubepods/pod1", str(8 * GB), 5 * GB, 2 * GB)  # 8 − (5 − 2) = 5 GB left
+    _v2(tmp_path, "/kubepods/pod1/ctr", "max", 5 * GB, 2 * GB)
+    assert memory_available(root=tmp_path, proc_cgroup="0::/kubepods/pod1/ctr\n", meminfo=MEMINFO) == 5 * GB
+    _v2(tmp_path, "/kubepods/pod1/ctr", str(4 * GB), 3 * GB, 0)  # 1 GB left: tighter than the pod's
+    assert memory_available(root=tmp_path, proc_cgroup="0::/kubepods/pod1/ctr\n", meminfo=MEMINFO) == 1 * GB
+    _v2(tmp_path, "/kubepods/pod1", "max", 5 * GB, 2 * GB)
+    _v2(tmp_path, "/kubepods/pod1/ctr", "max", 5 * GB, 2 * GB)
+    assert memory_available(root=tmp_path, proc_cgroup="0::/kubepods/pod1/ctr\n", meminfo=MEMINFO) == 20_480_000_000
+    v1 = tmp_path / "v1" / "memory" / "job"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{GB}\n")
+    (v1 / "memory.stat").write_text("total_inactive_file 0\n")
+    assert memory_available(root=tmp_path / "v1", proc_cgroup="4:memory:/job\n", meminfo=MEMINFO) == 20_480_000_000
+    (v1 / "memory.limit_in_bytes").write_text(f"{3 * GB}\n")
+    assert memory_available(root=tmp_path / "v1", proc_cgroup="4:memory:/job\n", meminfo=MEMINFO) == 2 * GB
+
+
+def test_a_child_in_a_memory_cgroup_sees_its_limit_as_available():
+    """The sizing every validation uses (``memory_available``) sees the cgroup's limit, not the host's memory."""
+    probe = [sys.executable, "-c", "from dspark_trt.process_memory import memory_available; print(memory_available())"]
+    with _cgroup(512 << 20) as cg:
+        out = subprocess.run(probe, capture_output=True, text=True, preexec_fn=cg.join)
+        assert out.returncode == 0, out.stderr
+        assert 0 < int(out.stdout) < 512 << 20

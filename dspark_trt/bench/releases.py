@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..process_memory import MemoryCgroup, evict_page_cache, peak_rss_bytes
+from ..process_memory import MemoryCgroup, evict_page_cache, memory_available, peak_rss_bytes
 
 __all__ = ["SIZES", "STEPS", "release_depth", "run_release", "greedy_equal", "add_arguments", "run"]
 
@@ -251,7 +251,6 @@ def _depth_of(name: str, args: argparse.Namespace) -> tuple[int | None, str]:
     """The target depth a row runs at (None: the default) and, for ``fit``, the line saying why."""
     if args.target_layers != "fit":
         return args.target_layers, ""
-    from ..export.validate_target import memory_available
     from ..synthetic.presets import get_preset
     from .release_fit import fit_target_layers
 

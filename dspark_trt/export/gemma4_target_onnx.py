@@ -406,7 +406,8 @@ def validate_gemma4_target_onnx(onnx_path: str | Path, model, layer_ids: Sequenc
 
     from ..runtime.ort_session import OrtGraph
     from .gemma4_target_graph import Gemma4TargetGraph
-    from .validate_target import RoundingTolerance, _compare, memory_available, reference_model
+    from ..process_memory import memory_available
+    from .validate_target import RoundingTolerance, _compare, reference_model
 
     model, build = reference_model(model)
     full = Gemma4TargetGraph(model, layer_ids)

@@ -285,7 +285,8 @@ class OnnxFromCheckpoint(OnnxFromDrafter):
         first k draft layers (written beside them, removed afterwards); the report's title says which."""
         import shutil
 
-        from .validate_target import memory_available, validation_need
+        from ..process_memory import memory_available
+        from .validate_target import validation_need
 
         graph_bytes = sum((out / f"{f}.data").stat().st_size for f in GRAPH_FILES.values() if (out / f"{f}.data").is_file())
         layers, largest, layer_bytes = _drafter_sizes(self.model_dir, self.target_dir, self.dtype)

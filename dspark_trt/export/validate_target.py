@@ -33,6 +33,7 @@ from typing import Sequence
 
 import torch
 
+from ..process_memory import memory_available
 from .validate import Check, Tolerance, ValidationReport, _close
 
 __all__ = ["TARGET_TOLERANCES", "RoundingTolerance", "UNIT_ROUNDOFF", "validate_target_onnx"]
@@ -233,17 +234,6 @@ def validate_target_onnx(onnx_path: str | Path, model, layer_ids: Sequence[int],
 
 
 # -- at size: the full graph when its validation fits in memory, else a subset of its layers -----------------
-def memory_available() -> int:
-    """Bytes the kernel reports available (``MemAvailable``), or a large number where it does not say."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
-
-
 def validation_need(weight_bytes: int, largest_fp32_bytes: int, *, copies: int = 1) -> int:
     """Resident bytes a validation needs: ``copies`` of the weights (1 for the target: the reference runs first and
     is dropped, then onnxruntime maps the graph's external data; 2 for the drafter, whose reference and graphs run
