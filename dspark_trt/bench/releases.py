@@ -226,6 +226,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="auto", help="engine flavor for the build step: auto | tensorrt-rtx | none")
     p.add_argument("--per-step", action="store_true",
                    help="each step in a process of its own: each step's peak memory (always with --size full)")
+    p.add_argument("--memory-limit-gb", type=float, default=None, metavar="G",
+                   help="run every step in a memory cgroup of G GB, as on a G GB host (Linux; needs a writable memory "
+                        "cgroup); --target-layers fit then sizes for G unless --memory-gb says otherwise")
     p.add_argument("--drafter-memory-limit-gb", type=float, default=None, metavar="G",
                    help="build the drafter's engines (its own step) in a memory cgroup of G GB: anonymous memory and "
                         "page cache together, as on a G GB host (Linux; needs a writable memory cgroup)")
@@ -254,7 +257,8 @@ def _depth_of(name: str, args: argparse.Namespace) -> tuple[int | None, str]:
     from ..synthetic.presets import get_preset
     from .release_fit import fit_target_layers
 
-    budget = int(args.memory_gb * 1e9) if args.memory_gb else int(0.9 * memory_available())
+    gb = args.memory_gb or args.memory_limit_gb
+    budget = int(gb * 1e9) if gb else int(0.9 * memory_available())
     return fit_target_layers(get_preset(name), budget)
 
 
@@ -308,10 +312,14 @@ def exit_detail(returncode: int, stderr: str, limit_bytes: int | None = None) ->
 
 
 def step_memory_limits(args: argparse.Namespace) -> dict[str, int]:
-    """The steps that run in a memory cgroup → its limit in bytes (``--drafter-memory-limit-gb``: the drafter's
-    engines, the one step that holds the drafter alone)."""
-    gb = getattr(args, "drafter_memory_limit_gb", None)
-    return {"drafter engines": int(gb * 1e9)} if gb else {}
+    """The steps that run in a memory cgroup → its limit in bytes: every step with ``--memory-limit-gb``; the
+    drafter's engines, the one step that holds the drafter alone, with ``--drafter-memory-limit-gb`` (over the
+    other)."""
+    every, drafter = getattr(args, "memory_limit_gb", None), getattr(args, "drafter_memory_limit_gb", None)
+    limits = {step: int(every * 1e9) for step in STEPS} if every else {}
+    if drafter:
+        limits["drafter engines"] = int(drafter * 1e9)
+    return limits
 
 
 def _stepwise_row(name: str, args: argparse.Namespace, depth: int | None) -> dict:
@@ -357,11 +365,13 @@ def run(args: argparse.Namespace) -> int:
     if args.target_layers == "fit" and args.size != "full":
         raise DSparkTrtError("--target-layers fit sizes the full-shape target (--size full); at --size "
                              f"{args.size} pass a depth, or leave it out")
-    if args.drafter_memory_limit_gb is not None:
-        if args.drafter_memory_limit_gb <= 0 or args.engine == "none":
-            raise DSparkTrtError("--drafter-memory-limit-gb G limits the drafter engines step: give G > 0 and an "
-                                 "engine flavor (not --engine none)")
-        MemoryCgroup(int(args.drafter_memory_limit_gb * 1e9)).remove()  # no cgroup here: one line now, not mid-row
+    if args.drafter_memory_limit_gb is not None and (args.drafter_memory_limit_gb <= 0 or args.engine == "none"):
+        raise DSparkTrtError("--drafter-memory-limit-gb G limits the drafter engines step: give G > 0 and an "
+                             "engine flavor (not --engine none)")
+    if args.memory_limit_gb is not None and args.memory_limit_gb <= 0:
+        raise DSparkTrtError(f"--memory-limit-gb {args.memory_limit_gb:g}: give the limit in GB (> 0)")
+    for limit in set(step_memory_limits(args).values()):
+        MemoryCgroup(limit).remove()  # no memory cgroup here: one line now, not mid-row
     rows = []
     for name in args.preset or drafter_presets():
         depth, why = _depth_of(name, args)  # once per row: every step runs at that depth

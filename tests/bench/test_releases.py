@@ -74,9 +74,22 @@ def test_a_step_runs_in_a_memory_cgroup_of_its_limit(tmp_path):
 def test_the_drafter_memory_limit_applies_to_the_drafter_engines_and_needs_an_engine():
     assert releases.step_memory_limits(_args(drafter_memory_limit_gb=16)) == {"drafter engines": 16_000_000_000}
     assert releases.step_memory_limits(_args()) == {}
+    both = releases.step_memory_limits(_args(memory_limit_gb=20, drafter_memory_limit_gb=16))
+    assert both == {**{step: 20_000_000_000 for step in releases.STEPS}, "drafter engines": 16_000_000_000}
     from dspark_trt.errors import DSparkTrtError
 
     with pytest.raises(DSparkTrtError, match="--drafter-memory-limit-gb G limits the drafter engines step"):
         releases.run(_args(drafter_memory_limit_gb=16, engine="none", preset="dspark_qwen3_4b_block7"))
     with pytest.raises(DSparkTrtError, match="G > 0"):
         releases.run(_args(drafter_memory_limit_gb=0, preset="dspark_qwen3_4b_block7"))
+    with pytest.raises(DSparkTrtError, match="give the limit in GB"):
+        releases.run(_args(memory_limit_gb=-1, preset="dspark_qwen3_4b_block7"))
+
+
+def test_fit_sizes_for_the_memory_limit_unless_a_budget_is_given():
+    limited = releases._depth_of("dspark_qwen3_8b_block7", _args(size="full", target_layers="fit", memory_limit_gb=20))
+    budget = releases._depth_of("dspark_qwen3_8b_block7", _args(size="full", target_layers="fit", memory_gb=20))
+    smaller = releases._depth_of("dspark_qwen3_8b_block7", _args(size="full", target_layers="fit", memory_limit_gb=20,
+                                                                 memory_gb=16))
+    assert limited == budget and "20.0 GB budget" in limited[1]
+    assert smaller[0] < limited[0] and "16.0 GB budget" in smaller[1]
