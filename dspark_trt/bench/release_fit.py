@@ -9,6 +9,16 @@ the rows measured (docs/checkpoints.md, "At full shape": 4B, 8B, 14B widths, GLM
     export + validate        below both: the target graph is streamed from placeholders and validated on the
                              layers that fit (``validate_target_files``)
 
+and for a Gemma-4 pair, whose steps measured more at both depths run (6 and 11 layers):
+
+    greedy decoding          ≈ 3.5 GB + 1.47 · (D + T)            (``PAIR_GEMMA4``)
+    export + validate        ≈ 7.4 GB + 2.97 · T                  (``EXPORT_GEMMA4``: the target is validated whole,
+                             against transformers in bf16 and in fp32, ``export/gemma4_target_onnx.py``)
+
+These are peaks of resident memory, which count the pages of weights a step maps from disk: the kernel can drop
+those and read them again, so a row can run where its estimate exceeds the memory (the Gemma-4 row at 11 layers
+peaked at 28.45 GB on a 23 GB machine, docs/checkpoints.md); the estimate errs on that side.
+
 with T the target's and D the drafter graphs' weight bytes (its ``embed_tokens`` and ``lm_head`` included, which a
 speculators drafter reads from the target). ``fit_target_layers`` returns the largest depth (at least
 the least that keeps the drafter's taps, at most the release's own) whose larger estimate is within the budget.
@@ -17,7 +27,7 @@ The estimate is a model, not a promise: the row measures each step's peak and re
 
 from __future__ import annotations
 
-__all__ = ["ENGINE", "PAIR", "weight_bytes", "fit_target_layers"]
+__all__ = ["ENGINE", "PAIR", "PAIR_GEMMA4", "EXPORT_GEMMA4", "weight_bytes", "estimated_peak", "fit_target_layers"]
 
 #: (fixed bytes, bytes per weight byte) of a target engine build's peak; measured 5.37 / 11.72 / 17.33 / 18.64 /
 #: 21.23 / 20.32 / 19.06 GB at T = 1.99 / 4.80 / 7.08 / 7.73 / 8.04 / 7.44 / 7.51 GB (Qwen3-4B whole, 36 layers; 33
@@ -26,6 +36,10 @@ ENGINE = (0.4e9, 2.7)
 #: (fixed bytes, bytes per weight byte of D + T) of greedy decoding's peak; measured 8.34 / 12.52 / 17.55 / 18.35 /
 #: 14.85 GB at D + T = 4.78 / 9.54 / 13.91 / 14.04 / 10.83 GB
 PAIR = (3.5e9, 1.05)
+#: a Gemma-4 pair's greedy decoding: measured 20.95 / 24.37 GB at D + T = 11.95 / 14.29 GB (6 / 11 target layers)
+PAIR_GEMMA4 = (3.5e9, 1.47)
+#: a Gemma-4 pair's export + validate: measured 21.55 / 28.45 GB at T = 4.80 / 7.13 GB (6 / 11 target layers)
+EXPORT_GEMMA4 = (7.4e9, 2.97)
 
 
 def weight_bytes(preset, bytes_per_parameter: int = 2) -> tuple[int, int]:
@@ -41,17 +55,25 @@ def weight_bytes(preset, bytes_per_parameter: int = 2) -> tuple[int, int]:
     return bytes_per_parameter * drafter, bytes_per_parameter * target
 
 
+def estimated_peak(preset) -> float:
+    """The largest step's estimated peak bytes of a full-shape row of ``preset`` at its target depth."""
+    drafter, target = weight_bytes(preset)
+    if type(preset).__name__.startswith("Gemma4"):  # DeepSpec's Gemma-4 drafter with its Gemma-4 target
+        return max(ENGINE[0] + ENGINE[1] * target, PAIR_GEMMA4[0] + PAIR_GEMMA4[1] * (drafter + target),
+                   EXPORT_GEMMA4[0] + EXPORT_GEMMA4[1] * target)
+    return max(ENGINE[0] + ENGINE[1] * target, PAIR[0] + PAIR[1] * (drafter + target))
+
+
 def fit_target_layers(preset, budget_bytes: int) -> tuple[int, str]:
     """(the largest target depth whose row fits ``budget_bytes``, one line saying why); the least depth that keeps
     the drafter's taps when even that does not fit (the line says so)."""
     from ..synthetic.presets import scaled
 
     least, most = len(preset.target_layer_ids) + 1, int(preset.target.num_hidden_layers)
-    drafter, _ = weight_bytes(preset)
 
     def peak(depth: int) -> tuple[float, int]:
-        target = weight_bytes(scaled(preset, target_layers=depth))[1]
-        return max(ENGINE[0] + ENGINE[1] * target, PAIR[0] + PAIR[1] * (drafter + target)), target
+        at = scaled(preset, target_layers=depth)
+        return estimated_peak(at), weight_bytes(at)[1]
 
     best = next((d for d in range(most, least - 1, -1) if peak(d)[0] <= budget_bytes), None)
     depth = least if best is None else best
