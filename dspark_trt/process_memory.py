@@ -76,12 +76,8 @@ def _stat(path: Path) -> dict[str, int]:
 
 def _cgroup_headroom(root: Path, proc_cgroup: str) -> int | None:
     """The least (limit − working set) over this process's memory cgroup and its ancestors; None: no limit."""
-    if (root / "cgroup.controllers").exists():
-        v2, own = True, root / _own_cgroup(2, proc_cgroup).lstrip("/")
-        top = root
-    else:
-        v2, top = False, root / "memory"
-        own = top / _own_cgroup(1, proc_cgroup).lstrip("/")
+    version, top, own = _memory_hierarchy(root, proc_cgroup)
+    v2 = version == 2
     best = None
     for path in [own, *own.parents]:
         if not path.is_relative_to(top):
@@ -125,6 +121,14 @@ def evict_page_cache(*paths: str | os.PathLike) -> int:
     return advised
 
 
+def _memory_hierarchy(root: Path, proc_cgroup: str) -> tuple[int, Path, Path]:
+    """(cgroup version, the memory hierarchy's root directory, this process's memory cgroup directory): v2 where
+    the unified hierarchy is mounted at ``root``, else v1's memory hierarchy below it."""
+    if (root / "cgroup.controllers").exists():
+        return 2, root, root / _own_cgroup(2, proc_cgroup).lstrip("/")
+    return 1, root / "memory", root / "memory" / _own_cgroup(1, proc_cgroup).lstrip("/")
+
+
 def _own_cgroup(version: int, proc_cgroup: str) -> str:
     """This process's cgroup path in hierarchy ``version`` from the text of ``/proc/self/cgroup``."""
     for line in proc_cgroup.splitlines():
@@ -145,12 +149,11 @@ class MemoryCgroup:
         self.limit_bytes = int(limit_bytes)
         text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
         name = f"dspark-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        if (root / "cgroup.controllers").exists():  # v2: the unified hierarchy at the root
-            self.version, parent = 2, root / _own_cgroup(2, text).lstrip("/")
+        self.version, _, parent = _memory_hierarchy(root, text)
+        if self.version == 2:  # the memory controller must be enabled for this cgroup's children
             enabled = (parent / "cgroup.subtree_control").read_text().split() if parent.exists() else []
             usable = "memory" in enabled
         else:
-            self.version, parent = 1, root / "memory" / _own_cgroup(1, text).lstrip("/")
             usable = parent.is_dir()
         self.path = parent / name
         fix = ("run as root, or where this process's cgroup is delegated to you (systemd-run --user --scope -p "
@@ -185,11 +188,9 @@ class MemoryCgroup:
     def oom_kills(self) -> int:
         """Processes its limit's out-of-memory killer ended (``oom_kill`` in memory.events / memory.oom_control)."""
         try:
-            text = (self.path / ("memory.events" if self.version == 2 else "memory.oom_control")).read_text()
-        except OSError:
+            return _stat(self.path / ("memory.events" if self.version == 2 else "memory.oom_control")).get("oom_kill", 0)
+        except (OSError, ValueError):
             return 0
-        counts = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
-        return int(counts.get("oom_kill", 0))
 
     def remove(self) -> None:
         """Remove the cgroup (its processes have exited); a cgroup still in use is left to the system."""

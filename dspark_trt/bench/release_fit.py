@@ -57,8 +57,10 @@ def weight_bytes(preset, bytes_per_parameter: int = 2) -> tuple[int, int]:
 
 def estimated_peak(preset) -> float:
     """The largest step's estimated peak bytes of a full-shape row of ``preset`` at its target depth."""
+    from ..synthetic.gemma4_presets import Gemma4DrafterPreset
+
     drafter, target = weight_bytes(preset)
-    if type(preset).__name__.startswith("Gemma4"):  # DeepSpec's Gemma-4 drafter with its Gemma-4 target
+    if isinstance(preset, Gemma4DrafterPreset):  # DeepSpec's Gemma-4 drafter with its Gemma-4 target
         return max(ENGINE[0] + ENGINE[1] * target, PAIR_GEMMA4[0] + PAIR_GEMMA4[1] * (drafter + target),
                    EXPORT_GEMMA4[0] + EXPORT_GEMMA4[1] * target)
     return max(ENGINE[0] + ENGINE[1] * target, PAIR[0] + PAIR[1] * (drafter + target))

@@ -41,6 +41,8 @@ TINY_GEMMA4 = dict(TINY, global_head_dim=32, sliding_window=8)
 SIZES = ("tiny", "reduced", "full")
 STEPS = ("write", "load", "export+validate", "greedy == target", "drafter engines", "target engine")
 ENGINE_STEPS = STEPS[4:]
+#: what a step run in a memory cgroup adds to its row: the limit, the cgroup's peak, its out-of-memory kills
+LIMIT_KEYS = ("memory_limit_mb", "cgroup_peak_mb", "cgroup_oom_kills")
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4, 5]]
 
 
@@ -62,7 +64,9 @@ def release_depth(preset, size: str, *, target_layers: int | None = None) -> dic
 
 def is_gemma4(preset) -> bool:
     """A Gemma-4 pair (DeepSpec's Gemma4DSparkModel with its Gemma-4 target): tiny at its own head sizes."""
-    return type(preset).__name__.startswith("Gemma4")
+    from ..synthetic.gemma4_presets import Gemma4DrafterPreset
+
+    return isinstance(preset, Gemma4DrafterPreset)
 
 
 def _one_line(e: BaseException) -> str:
@@ -275,8 +279,8 @@ def _run_child(name: str, args: argparse.Namespace, depth: int | None, *extra: s
         evict_page_cache(extra[extra.index("--_work") + 1])
     with MemoryCgroup(limit_bytes) if limit_bytes else contextlib.nullcontext() as cgroup:
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cgroup.join if cgroup else None)
-        limit = {"memory_limit_mb": round(limit_bytes / 2**20), "cgroup_peak_mb": _mb(cgroup.peak_bytes()),
-                 "cgroup_oom_kills": cgroup.oom_kills()} if cgroup else {}
+        limit = dict(zip(LIMIT_KEYS, (round(limit_bytes / 2**20), _mb(cgroup.peak_bytes()), cgroup.oom_kills()))) \
+            if cgroup else {}
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     try:
         return {**json.loads(last), **limit}
@@ -330,13 +334,11 @@ def _stepwise_row(name: str, args: argparse.Namespace, depth: int | None) -> dic
     with tempfile.TemporaryDirectory(prefix=f"release-{name}-") as work:
         for step in steps:
             part = _run_child(name, args, depth, "--_step", step, "--_work", work, limit_bytes=limits.get(step))
+            limit = {key: part.pop(key) for key in LIMIT_KEYS if key in part}
             if not row:
                 row = {**part, "steps": {}, "step_peak_rss_mb": {}, "seconds": 0.0}
-                for key in ("memory_limit_mb", "cgroup_peak_mb", "cgroup_oom_kills"):
-                    row.pop(key, None)
-            if step in limits:
-                row.setdefault("step_memory_limit", {})[step] = {
-                    key: part.get(key) for key in ("memory_limit_mb", "cgroup_peak_mb", "cgroup_oom_kills")}
+            if limit:
+                row.setdefault("step_memory_limit", {})[step] = limit
             row["steps"].update(part.get("steps", {}))
             row["step_peak_rss_mb"][step] = part.get("peak_rss_mb")
             row["seconds"] = round(row["seconds"] + part.get("seconds", 0), 1)
@@ -370,12 +372,13 @@ def run(args: argparse.Namespace) -> int:
                              "engine flavor (not --engine none)")
     if args.memory_limit_gb is not None and args.memory_limit_gb <= 0:
         raise DSparkTrtError(f"--memory-limit-gb {args.memory_limit_gb:g}: give the limit in GB (> 0)")
-    for limit in set(step_memory_limits(args).values()):
+    limits = step_memory_limits(args)
+    for limit in set(limits.values()):
         MemoryCgroup(limit).remove()  # no memory cgroup here: one line now, not mid-row
     rows = []
     for name in args.preset or drafter_presets():
         depth, why = _depth_of(name, args)  # once per row: every step runs at that depth
-        stepwise = args.size == "full" or args.per_step or step_memory_limits(args)
+        stepwise = args.size == "full" or args.per_step or limits
         row = _stepwise_row(name, args, depth) if stepwise else _run_child(name, args, depth)
         if why:
             row["depth_fit"] = why
